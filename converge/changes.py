@@ -1,0 +1,162 @@
+"""Steps a role yields, how each decides whether the host must change, and the
+scripts that change it: atomic file writes (temp file, then rename, keeping the
+previous version beside it) and plain commands.
+"""
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable
+
+MASK = "********"
+
+
+@dataclass
+class Step:
+    name: str
+    notify: tuple = ()
+
+    def needed(self) -> bool:
+        return True
+
+
+@dataclass
+class Check(Step):
+    """A condition the host must meet; ``message`` says the remedy when it fails."""
+
+    ok: bool = True
+    message: str = ""
+
+
+@dataclass
+class File(Step):
+    """A file with this content, mode and owner. ``current`` is its FileState fact.
+
+    A secret file's content is compared by hash and never shown in a diff.
+    """
+
+    path: str = ""
+    content: str = ""
+    mode: str = "0644"
+    owner: str = "root"
+    group: str = "root"
+    secret: bool = False
+    current: dict | None = None
+    keep_previous: bool = True
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+    def needed(self) -> bool:
+        cur = self.current
+        return (cur is None or cur["sha256"] != self.sha256 or cur["mode"] != self.mode.rjust(4, "0")
+                or cur["owner"] != self.owner or cur["group"] != self.group)
+
+    def content_changed(self) -> bool:
+        return self.current is None or self.current["sha256"] != self.sha256
+
+    def diff(self) -> str:
+        cur = self.current
+        if self.secret:
+            # the host's secret never comes back; show which keys we write, never their values
+            old = [] if cur is None else [f"(secret content, sha256 {cur['sha256'][:12]})\n"]
+            new = [f"(secret content, sha256 {self.sha256[:12]})\n"] + mask_env(self.content).splitlines(keepends=True)
+            text = "".join(difflib.unified_diff(old, new, f"{self.path} (on host)" if cur else "/dev/null",
+                                                 f"{self.path} (wanted)"))
+        else:
+            old = "" if cur is None else cur.get("content", "")
+            text = "".join(difflib.unified_diff(old.splitlines(keepends=True), self.content.splitlines(keepends=True),
+                                                 f"{self.path} (on host)" if cur else "/dev/null",
+                                                 f"{self.path} (wanted)"))
+        if cur is not None and (cur["mode"] != self.mode.rjust(4, "0") or cur["owner"] != self.owner
+                                or cur["group"] != self.group):
+            text += (f"  mode/owner {cur['mode']} {cur['owner']}:{cur['group']} -> "
+                     f"{self.mode.rjust(4, '0')} {self.owner}:{self.group}\n")
+        return text
+
+    def script(self) -> str:
+        return atomic_write_script(self.path, self.content.encode(), self.mode, self.owner, self.group,
+                                   self.keep_previous)
+
+
+def mask_env(text: str) -> str:
+    """``KEY=value`` lines with the value hidden."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        key, sep, _ = line.partition("=")
+        out.append(f"{key}={MASK}\n" if sep and not line.lstrip().startswith("#") else line)
+    return "".join(out)
+
+
+def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:
+    """Write ``data`` to ``path`` so that no reader ever sees half a file.
+
+    The content travels base64-encoded inside a heredoc on the script's stdin,
+    so a secret in it never reaches any command line. The new file is complete,
+    with its final mode and owner, before ``mv`` puts it in place; the previous
+    version is kept as ``PATH.previous`` (a hard link, so same mode).
+    """
+    q = shlex.quote(path)
+    payload = base64.encodebytes(data).decode()
+    keep = f"[ -f {q} ] && ln -f {q} {shlex.quote(path + '.previous')}\n" if keep_previous else ""
+    return (
+        "set -e\n"
+        f"d=$(dirname {q}); mkdir -p \"$d\"\n"
+        f"tmp=$(mktemp \"$d/.$(basename {q}).XXXXXX\")\n"
+        "trap 'rm -f \"$tmp\"' EXIT\n"
+        f"chmod {shlex.quote(mode)} \"$tmp\"; chown {shlex.quote(owner)}:{shlex.quote(group)} \"$tmp\"\n"
+        "base64 -d >\"$tmp\" <<'__CONVERGE_EOF__'\n"
+        f"{payload}__CONVERGE_EOF__\n"
+        "sync \"$tmp\" 2>/dev/null || true\n"
+        f"{keep}"
+        f"mv -f \"$tmp\" {q}\n"
+        "trap - EXIT\n"
+    )
+
+
+@dataclass
+class Command(Step):
+    """A command to run when ``when`` is true. ``describe`` is what check mode shows.
+
+    ``interpret(result)`` may turn the result into a message (or raise StepFailed).
+    """
+
+    script: str = ""
+    when: bool = True
+    describe: str = ""
+    timeout: float | None = 600
+    progress: bool = False
+    interpret: Callable | None = None
+    changes: bool = True  # False for read-only commands (waits, probes)
+
+    def needed(self) -> bool:
+        return self.when
+
+
+@dataclass
+class Role:
+    """What a role module provides to the engine."""
+
+    name: str
+    facts: Callable  # (vars) -> dict[str, Fact]
+    plan: Callable  # (HostContext) -> iterable of Step
+    handlers: Callable | None = None  # (HostContext) -> dict[name, Command]
+    summary: Callable | None = None  # (HostContext) -> dict for the report (--json, tables)
+
+
+@dataclass
+class HostContext:
+    """What a role sees: the host's name, its variables, its facts, what earlier
+    roles decided (``desired``) and which handlers have run."""
+
+    name: str
+    vars: dict
+    facts: object
+    desired: dict = field(default_factory=dict)
+    handlers_run: set = field(default_factory=set)
+    changed_steps: list = field(default_factory=list)
+    check: bool = False

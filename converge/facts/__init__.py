@@ -1,0 +1,89 @@
+"""Facts: a shell command and a pure ``process(output, rc)``.
+
+All facts a host needs are gathered in one script, so one round trip. Each fact's
+output is framed by a random boundary, so no output can be mistaken for another
+fact's.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+
+class FactError(Exception):
+    """A fact could not be read; the message says why and what to do."""
+
+
+class Fact:
+    """Subclasses set ``command`` (a shell snippet) and implement ``process``."""
+
+    command: str = "true"
+
+    def process(self, output: str, rc: int):
+        raise NotImplementedError
+
+
+@dataclass
+class Facts:
+    values: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+
+    def __getitem__(self, name):
+        if name in self.errors:
+            raise FactError(self.errors[name])
+        return self.values[name]
+
+    def get(self, name, default=None):
+        return self.values.get(name, default)
+
+
+def script(facts: dict[str, Fact], boundary: str) -> str:
+    parts = ["exec 2>&1", "LC_ALL=C; export LC_ALL"]
+    for name, fact in facts.items():
+        parts.append(f"printf '%s begin {name}\\n' {boundary}")
+        # a subshell so that one fact's `exit` or `set -e` cannot end the others
+        parts.append(f"( {fact.command}\n) </dev/null")
+        parts.append(f"printf '\\n%s end {name} %s\\n' {boundary} $?")
+    return "\n".join(parts) + "\n"
+
+
+def split(output: str, boundary: str) -> dict[str, tuple[str, int]]:
+    """Cut the gathered output back into ``name -> (output, rc)``."""
+    found: dict[str, tuple[str, int]] = {}
+    current, lines = None, []
+    for line in output.split("\n"):
+        if line.startswith(boundary + " "):
+            _, kind, *rest = line.split(" ")
+            if kind == "begin":
+                current, lines = rest[0], []
+            elif kind == "end" and current == rest[0]:
+                text = "\n".join(lines)
+                found[current] = (text[:-1] if text.endswith("\n") else text, int(rest[1]))
+                current = None
+        elif current is not None:
+            lines.append(line)
+    return found
+
+
+def process_all(facts: dict[str, Fact], raw: dict[str, tuple[str, int]]) -> Facts:
+    result = Facts()
+    for name, fact in facts.items():
+        if name not in raw:
+            result.errors[name] = "gathering stopped before this fact answered"
+            continue
+        output, rc = raw[name]
+        try:
+            result.values[name] = fact.process(output, rc)
+        except FactError as exc:
+            result.errors[name] = str(exc)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            # a parser meeting output it does not know: say so, with the output, per host
+            result.errors[name] = f"could not read the output of fact {name!r} ({exc}): {output.strip()[:200]!r}"
+    return result
+
+
+def gather(connection, facts: dict[str, Fact], timeout: float = 120) -> Facts:
+    """Run every fact on the host in one script and process each answer."""
+    boundary = "@@fact-" + secrets.token_hex(8)
+    result = connection.run(script(facts, boundary), timeout=timeout)
+    return process_all(facts, split(result.stdout, boundary))

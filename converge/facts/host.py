@@ -1,0 +1,144 @@
+"""Facts about the host itself: arch, OS, memory, disk, systemd, files, units."""
+from __future__ import annotations
+
+import base64
+import shlex
+
+from . import Fact, FactError
+
+
+class Arch(Fact):
+    command = "uname -m"
+
+    def process(self, output, rc):
+        return output.strip()
+
+
+def parse_os_release(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip().strip('"').strip("'")
+    return out
+
+
+class OsRelease(Fact):
+    command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release"
+
+    def process(self, output, rc):
+        return parse_os_release(output)
+
+
+def parse_meminfo(text: str) -> dict:
+    """``/proc/meminfo`` in MiB: MemTotal, MemAvailable, ..."""
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            kib = int(fields[0])
+            out[key.strip()] = kib / 1024 if (len(fields) > 1 and fields[1] == "kB") else kib
+    return out
+
+
+class MemInfo(Fact):
+    command = "cat /proc/meminfo"
+
+    def process(self, output, rc):
+        info = parse_meminfo(output)
+        if "MemAvailable" not in info:
+            raise FactError("/proc/meminfo has no MemAvailable (kernel older than 3.14?)")
+        return info
+
+
+class DiskFree(Fact):
+    """Free space (MiB) where ``path`` is or would be created (its nearest existing parent)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        q = shlex.quote(path)
+        self.command = (f"p={q}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
+                        f"df -Pk \"$p\" | tail -n 1")
+
+    def process(self, output, rc):
+        fields = output.split()
+        if rc != 0 or len(fields) < 6:
+            raise FactError(f"df failed for {self.path}: {output.strip()}")
+        return {"path": self.path, "mount": fields[5], "free_mib": int(fields[3]) // 1024}
+
+
+class Systemd(Fact):
+    command = ("if [ -d /run/systemd/system ]; then printf 'running '; systemctl --version | head -n 1; "
+               "systemctl is-system-running 2>/dev/null; else echo absent; fi")
+
+    def process(self, output, rc):
+        lines = output.splitlines()
+        if not lines or not lines[0].startswith("running"):
+            return {"present": False}
+        version = lines[0].split()
+        return {"present": True, "version": int(version[2]) if len(version) > 2 and version[2].isdigit() else None,
+                "state": lines[1].strip() if len(lines) > 1 else "unknown"}
+
+
+class Commands(Fact):
+    """Which of the named commands exist, and where."""
+
+    def __init__(self, *names):
+        self.names = names
+        self.command = "; ".join(
+            f"printf '%s %s\\n' {shlex.quote(n)} \"$(command -v {shlex.quote(n)} || echo -)\"" for n in names)
+
+    def process(self, output, rc):
+        found = {}
+        for line in output.splitlines():
+            name, _, path = line.partition(" ")
+            found[name] = None if path in ("-", "") else path
+        return found
+
+
+class FileState(Fact):
+    """A file's mode, owner, size, sha256 and (unless ``secret``) its content.
+
+    A secret file's content never leaves the host; its hash says enough.
+    """
+
+    def __init__(self, path: str, secret: bool = False):
+        self.path = path
+        self.secret = secret
+        q = shlex.quote(path)
+        content = "" if secret else f"; base64 {q} | tr -d '\\n'; echo"
+        self.command = (f"if [ -f {q} ]; then stat -c '%a %U %G %s' {q}; "
+                        f"sha256sum {q} | cut -d' ' -f1{content}; else echo absent; fi")
+
+    def process(self, output, rc):
+        lines = output.splitlines()
+        if not lines or lines[0] == "absent":
+            return None
+        mode, owner, group, size = lines[0].split()
+        state = {"mode": mode.rjust(4, "0"), "owner": owner, "group": group, "size": int(size),
+                 "sha256": lines[1].strip() if len(lines) > 1 else ""}
+        if not self.secret:
+            state["content"] = base64.b64decode(lines[2]).decode("utf-8", "replace") if len(lines) > 2 else ""
+        return state
+
+
+class UnitState(Fact):
+    """A systemd unit's load, active and enabled state, and when it entered it."""
+
+    def __init__(self, unit: str):
+        self.unit = unit
+        self.command = (f"systemctl show {shlex.quote(unit)} -p LoadState -p ActiveState -p SubState "
+                        f"-p UnitFileState -p NRestarts -p MainPID -p ActiveEnterTimestampMonotonic "
+                        f"-p ExecMainStatus -p NeedDaemonReload -p Result; "
+                        f"printf 'Enabled=%s\\n' \"$(systemctl is-enabled {shlex.quote(unit)} 2>/dev/null)\"")
+
+    def process(self, output, rc):
+        props = {}
+        for line in output.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                props[key] = value
+        if not props:
+            raise FactError(f"systemctl show {self.unit} printed nothing: is systemd running?")
+        return props

@@ -1,0 +1,146 @@
+"""NVIDIA GPU facts from ``nvidia-smi``, bounded by a timeout.
+
+The supported CUDA version is not a ``--query-gpu`` field (``cuda_version`` is
+refused); it is read from ``nvidia-smi --version`` or, on drivers without that,
+from the header of plain ``nvidia-smi``. Memory reads ``[N/A]`` or
+``[Not Supported]`` on unified-memory GPUs (GB10, GH200): then it is None here
+and callers use the host's MemAvailable, as vLLM does.
+"""
+from __future__ import annotations
+
+import re
+
+from . import Fact, FactError
+
+GPU_FIELDS = ["index", "name", "uuid", "memory.total", "memory.used", "memory.free",
+              "driver_version", "compute_cap", "pci.bus_id"]
+QUERY = f"--query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits"
+APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits"
+UNAVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
+
+
+def _number(text: str):
+    text = text.strip()
+    if text in UNAVAILABLE:
+        return None
+    text = re.sub(r"\s*MiB$", "", text)
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+
+def parse_gpu_query(text: str) -> list[dict]:
+    """Rows of ``--query-gpu`` (the fields of GPU_FIELDS, csv, noheader, nounits)."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(GPU_FIELDS):
+            raise FactError(f"nvidia-smi printed an unexpected line: {line.strip()!r}")
+        row = dict(zip(GPU_FIELDS, cells))
+        cc = row["compute_cap"]
+        gpus.append({
+            "index": int(row["index"]),
+            "name": row["name"],
+            "uuid": row["uuid"],
+            "memory_total_mib": _number(row["memory.total"]),
+            "memory_used_mib": _number(row["memory.used"]),
+            "memory_free_mib": _number(row["memory.free"]),
+            "driver_version": row["driver_version"],
+            "compute_capability": None if cc in UNAVAILABLE else cc,
+            "pci_bus_id": row["pci.bus_id"],
+        })
+    return gpus
+
+
+def parse_version(text: str) -> dict:
+    """``nvidia-smi --version`` (``CUDA Version : 13.0``) or the plain table's header
+    (``Driver Version: 580.159.04     CUDA Version: 13.0``)."""
+    out = {}
+    driver = re.search(r"DRIVER version\s*:\s*(\S+)", text, re.I) or re.search(r"Driver Version:\s*(\S+)", text)
+    cuda = re.search(r"CUDA Version\s*:\s*([0-9]+(?:\.[0-9]+)?)", text)
+    if driver:
+        out["driver_version"] = driver.group(1)
+    if cuda:
+        out["cuda_version"] = cuda.group(1)
+    return out
+
+
+def parse_compute_apps(text: str) -> list[dict]:
+    apps = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == 3 and cells[0].isdigit():
+            apps.append({"pid": int(cells[0]), "name": cells[1], "used_memory_mib": _number(cells[2])})
+    return apps
+
+
+def cuda_tuple(version: str | None) -> tuple[int, int] | None:
+    if not version:
+        return None
+    major, _, minor = version.partition(".")
+    return int(major), int(minor or 0)
+
+
+class NvidiaSmi(Fact):
+    """Everything the roles need from nvidia-smi, each call bounded by ``timeout`` seconds."""
+
+    def __init__(self, timeout: int = 15):
+        self.timeout = int(timeout)
+        t = f"timeout -k 2 {self.timeout}"
+        # output goes to a file, not a pipe: a wedged nvidia-smi must not hold our pipe open
+        self.command = f"""
+if ! command -v nvidia-smi >/dev/null 2>&1; then echo '@missing'; exit 0; fi
+f=$(mktemp); trap 'rm -f "$f"' EXIT
+{t} nvidia-smi {QUERY} >"$f" 2>&1; rc=$?
+echo "@query $rc"; cat "$f"
+[ $rc -eq 124 ] || [ $rc -eq 137 ] && exit 0
+{t} nvidia-smi --version >"$f" 2>&1; rc=$?
+if [ $rc -ne 0 ] || ! grep -q 'CUDA Version' "$f"; then {t} nvidia-smi >"$f" 2>&1; rc=$?; fi
+echo "@version $rc"; cat "$f"
+{t} nvidia-smi {APPS_QUERY} >"$f" 2>&1; rc=$?
+echo "@apps $rc"; cat "$f"
+"""
+
+    def process(self, output, rc):
+        return parse_nvidia_smi_sections(output, self.timeout)
+
+
+def parse_nvidia_smi_sections(output: str, timeout: int = 15) -> dict:
+    sections: dict[str, tuple[int, list[str]]] = {}
+    current = None
+    for line in output.splitlines():
+        if line.startswith("@missing"):
+            raise FactError("nvidia-smi is not installed: install the NVIDIA driver (R580 or newer for CUDA 13 "
+                            "images) and check that `nvidia-smi` runs")
+        match = re.match(r"^@(query|version|apps) (\d+)$", line)
+        if match:
+            current = match.group(1)
+            sections[current] = (int(match.group(2)), [])
+        elif current:
+            sections[current][1].append(line)
+    if "query" not in sections:
+        raise FactError("nvidia-smi printed nothing we could read")
+    rc, lines = sections["query"]
+    text = "\n".join(lines)
+    if rc in (124, 137):
+        raise FactError(f"nvidia-smi did not answer within {timeout} s: the GPU or driver is wedged; "
+                        f"reboot the host (a container restart will not help)")
+    if rc != 0:
+        raise FactError(f"nvidia-smi failed (exit {rc}): {text.strip()[:300]}")
+    gpus = parse_gpu_query(text)
+    if not gpus:
+        raise FactError("nvidia-smi lists no GPU")
+    version = parse_version("\n".join(sections.get("version", (0, []))[1]))
+    apps = parse_compute_apps("\n".join(sections.get("apps", (0, []))[1])) if sections.get("apps", (1,))[0] == 0 else []
+    return {
+        "gpus": gpus,
+        "driver_version": version.get("driver_version") or gpus[0]["driver_version"],
+        "cuda_version": version.get("cuda_version"),
+        "compute_apps": apps,
+    }

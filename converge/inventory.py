@@ -1,0 +1,324 @@
+"""Ansible-style inventory: ``hosts.yml``, ``group_vars/``, ``host_vars/``.
+
+Precedence, lowest first: role defaults < group ``all`` < other groups (parents
+before children, then by name) < the host's own vars < ``--set`` on the command
+line. Within one level a ``group_vars``/``host_vars`` file overrides the vars
+written in ``hosts.yml``, as Ansible does. Every resolved value remembers the
+file and line it came from, so that a bad value is reported where it was set.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import yamlsrc
+from .errors import InventoryError
+
+CLI = "command line"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value was set: a file and line, or the command line."""
+
+    file: str
+    line: int | None = None
+
+    def __str__(self):
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+@dataclass
+class VarSource:
+    """One mapping of variables as written in one place."""
+
+    label: str  # e.g. "group rtx", "host rtx01", "role defaults service"
+    values: dict
+    origins: dict[str, Origin]
+    # line lookup for nested keys: (key, sub, ...) -> line
+    sourced: yamlsrc.Sourced | None = None
+    prefix: tuple = ()
+
+    def origin_of(self, keypath: tuple) -> Origin:
+        if self.sourced is None:
+            return self.origins.get(keypath[0], Origin(self.label)) if keypath else Origin(self.label)
+        return Origin(_display(self.sourced.path), self.sourced.line_of(self.prefix + tuple(keypath)))
+
+
+@dataclass
+class Host:
+    name: str
+    groups: list[str]
+    vars: dict = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
+    # the sources that made this host's vars, lowest precedence first
+    sources: list[VarSource] = field(default_factory=list)
+
+
+@dataclass
+class Group:
+    name: str
+    hosts: list[str] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)
+    parents: list[str] = field(default_factory=list)
+    vars: VarSource | None = None
+    files: list[VarSource] = field(default_factory=list)
+
+
+@dataclass
+class Inventory:
+    root: Path
+    groups: dict[str, Group]
+    host_sources: dict[str, list[VarSource]]
+    host_order: list[str]
+
+    @property
+    def host_names(self) -> list[str]:
+        return list(self.host_order)
+
+    def select(self, patterns: str | list[str] | None) -> list[str]:
+        """Host names for ``--hosts``: comma separated names or group names.
+
+        An unknown name is an error that lists the known hosts and groups.
+        """
+        if not patterns:
+            return self.host_names
+        if isinstance(patterns, str):
+            patterns = [p for p in patterns.split(",")]
+        chosen: list[str] = []
+        for raw in patterns:
+            name = raw.strip()
+            if not name:
+                continue
+            if name in self.host_sources:
+                found = [name]
+            elif name in self.groups:
+                found = self.group_hosts(name)
+            else:
+                close = difflib.get_close_matches(name, list(self.host_sources) + list(self.groups), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise InventoryError([
+                    f"{_display(self.root)}: unknown host or group {name!r} in --hosts.{hint} "
+                    f"Known hosts: {', '.join(self.host_names) or '(none)'}; "
+                    f"groups: {', '.join(g for g in self.groups if g != 'all')}"])
+            for host in found:
+                if host not in chosen:
+                    chosen.append(host)
+        return chosen
+
+    def group_hosts(self, group: str) -> list[str]:
+        seen: list[str] = []
+        stack = [group]
+        while stack:
+            g = self.groups[stack.pop(0)]
+            for h in g.hosts:
+                if h not in seen:
+                    seen.append(h)
+            stack.extend(g.children)
+        return [h for h in self.host_order if h in seen]
+
+    def groups_of(self, host: str) -> list[str]:
+        """The host's groups, ordered for precedence: ``all`` first, then by
+        depth (parents before children), then by name."""
+        direct = [g.name for g in self.groups.values() if host in g.hosts]
+        found: set[str] = set()
+        stack = list(direct)
+        while stack:
+            g = stack.pop()
+            if g in found:
+                continue
+            found.add(g)
+            stack.extend(self.groups[g].parents)
+        found.add("all")
+
+        def depth(name, trail=()):
+            parents = [p for p in self.groups[name].parents if p not in trail]
+            return 0 if name == "all" else 1 + max((depth(p, trail + (name,)) for p in parents), default=0)
+
+        return sorted(found, key=lambda g: (depth(g), g != "all", g))
+
+    def host(self, name: str, defaults: list[VarSource] = (), overrides: dict | None = None) -> Host:
+        """Resolve one host's variables with full precedence."""
+        sources: list[VarSource] = list(defaults)
+        groups = self.groups_of(name)
+        for g in groups:
+            group = self.groups[g]
+            if group.vars is not None:
+                sources.append(group.vars)
+            sources.extend(group.files)
+        sources.extend(self.host_sources[name])
+        if overrides:
+            sources.append(VarSource(CLI, dict(overrides), {k: Origin("--set " + k) for k in overrides}))
+        merged: dict = {}
+        origins: dict[str, Origin] = {}
+        for src in sources:
+            for key, value in src.values.items():
+                merged[key] = value
+                origins[key] = src.origin_of((key,))
+        return Host(name=name, groups=groups, vars=merged, origins=origins, sources=sources)
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _load(path: Path, problems: list[str]) -> yamlsrc.Sourced | None:
+    try:
+        return yamlsrc.load(path)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        what = getattr(exc, "problem", None) or str(exc)
+        problems.append(f"{_display(path)}{line}: YAML syntax error: {what}. Fix the file's indentation or quoting.")
+    except OSError as exc:
+        problems.append(f"{_display(path)}: cannot read: {exc.strerror}")
+    return None
+
+
+def _var_files(directory: Path, name: str) -> list[Path]:
+    """``group_vars/NAME.yml`` (or .yaml, or no suffix) and ``group_vars/NAME/*.yml``."""
+    files = [directory / f"{name}{suffix}" for suffix in (".yml", ".yaml", "")]
+    found = [f for f in files if f.is_file()]
+    folder = directory / name
+    if folder.is_dir():
+        found.extend(sorted(p for p in folder.iterdir() if p.suffix in (".yml", ".yaml") and p.is_file()))
+    return found
+
+
+def _mapping_source(label: str, sourced: yamlsrc.Sourced, prefix: tuple, values, problems) -> VarSource | None:
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        line = sourced.line_of(prefix)
+        problems.append(f"{_display(sourced.path)}:{line}: {'.'.join(map(str, prefix)) or '(top)'}: "
+                        f"expected a mapping of variables, got {type(values).__name__}")
+        return None
+    return VarSource(label, values, {}, sourced=sourced, prefix=prefix)
+
+
+def load_inventory(root: str | Path) -> Inventory:
+    """Read an inventory directory (or a ``hosts.yml`` file beside its vars dirs).
+
+    Raises InventoryError listing every structural problem found, with file:line.
+    """
+    root = Path(root)
+    hosts_file = root if root.is_file() else next(
+        (root / n for n in ("hosts.yml", "hosts.yaml") if (root / n).is_file()), root / "hosts.yml")
+    base = hosts_file.parent
+    problems: list[str] = []
+    if not hosts_file.is_file():
+        raise InventoryError([f"{_display(hosts_file)}: no inventory here. Pass --inventory DIR, "
+                              f"or set DGEMMA_INVENTORY, to a folder holding hosts.yml."])
+    doc = _load(hosts_file, problems)
+    if doc is None:
+        raise InventoryError(problems)
+    data = doc.data
+    if not isinstance(data, dict) or "all" not in data or set(data) - {"all"}:
+        extra = sorted(set(data) - {"all"}) if isinstance(data, dict) else []
+        what = f"unexpected top-level keys {extra}; put every group under all.children" if extra else \
+            "the top level must be a mapping with a single key 'all'"
+        raise InventoryError([f"{_display(hosts_file)}:1: {what}"])
+
+    groups: dict[str, Group] = {}
+    host_sources: dict[str, list[VarSource]] = {}
+    host_order: list[str] = []
+
+    def walk(name: str, body, path: tuple, parent: str | None):
+        group = groups.setdefault(name, Group(name))
+        if parent and parent not in group.parents:
+            group.parents.append(parent)
+        if body is None:
+            return
+        line = doc.line_of(path)
+        if not isinstance(body, dict):
+            problems.append(f"{_display(hosts_file)}:{line}: {'.'.join(path)}: expected a mapping with "
+                            f"hosts, vars or children")
+            return
+        for key in body:
+            if key not in ("hosts", "vars", "children"):
+                close = difflib.get_close_matches(str(key), ["hosts", "vars", "children"], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else "; a group holds hosts, vars and children"
+                problems.append(f"{_display(hosts_file)}:{doc.line_of(path + (key,))}: "
+                                f"{'.'.join(map(str, path + (key,)))}: unknown key{hint}")
+        if "vars" in body:
+            group.vars = _mapping_source(f"group {name}", doc, path + ("vars",), body["vars"], problems)
+        hosts = body.get("hosts") or {}
+        if not isinstance(hosts, dict):
+            problems.append(f"{_display(hosts_file)}:{doc.line_of(path + ('hosts',))}: "
+                            f"{'.'.join(path)}.hosts: expected a mapping of host names")
+            hosts = {}
+        for host, hvars in hosts.items():
+            host = str(host)
+            if host not in group.hosts:
+                group.hosts.append(host)
+            if host not in host_sources:
+                host_sources[host] = []
+                host_order.append(host)
+            src = _mapping_source(f"host {host}", doc, path + ("hosts", host), hvars, problems)
+            if src is not None and src.values:
+                host_sources[host].append(src)
+        children = body.get("children") or {}
+        if not isinstance(children, dict):
+            problems.append(f"{_display(hosts_file)}:{doc.line_of(path + ('children',))}: "
+                            f"{'.'.join(path)}.children: expected a mapping of group names")
+            children = {}
+        for child, child_body in children.items():
+            walk(str(child), child_body, path + ("children", child), name)
+
+    walk("all", data["all"], ("all",), None)
+
+    for gname, group in groups.items():
+        for f in _var_files(base / "group_vars", gname):
+            sourced = _load(f, problems)
+            if sourced is not None:
+                src = _mapping_source(f"group_vars {gname}", sourced, (), sourced.data, problems)
+                if src is not None:
+                    group.files.append(src)
+    for hname in host_order:
+        for f in _var_files(base / "host_vars", hname):
+            sourced = _load(f, problems)
+            if sourced is not None:
+                src = _mapping_source(f"host_vars {hname}", sourced, (), sourced.data, problems)
+                if src is not None:
+                    host_sources[hname].append(src)
+    # vars files for hosts or groups that do not exist are almost always typos
+    for kind, known in (("group_vars", groups), ("host_vars", host_sources)):
+        folder = base / kind
+        if folder.is_dir():
+            for f in sorted(folder.iterdir()):
+                stem = f.stem if f.is_file() else f.name
+                if f.name.startswith(".") or stem in known:
+                    continue
+                close = difflib.get_close_matches(stem, list(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                problems.append(f"{_display(f)}:1: no {'group' if kind == 'group_vars' else 'host'} "
+                                f"named {stem!r} in {_display(hosts_file)}{hint}")
+    if problems:
+        raise InventoryError(problems)
+    return Inventory(root=hosts_file, groups=groups, host_sources=host_sources, host_order=host_order)
+
+
+def parse_overrides(pairs: list[str] | str | None) -> dict:
+    """``--set key=value`` pairs; values are read as YAML scalars (``0.7``, ``true``)."""
+    if not pairs:
+        return {}
+    if isinstance(pairs, str):
+        pairs = [pairs]
+    out = {}
+    for pair in pairs:
+        for item in pair.split(",") if "=" in pair and pair.count("=") > 1 and "," in pair else [pair]:
+            if "=" not in item:
+                raise InventoryError([f"--set {item!r}: expected key=value"])
+            key, _, raw = item.partition("=")
+            try:
+                value = yaml.safe_load(raw) if raw != "" else ""
+            except yaml.YAMLError:
+                value = raw
+            out[key.strip()] = value
+    return out

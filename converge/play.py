@@ -1,0 +1,82 @@
+"""From an inventory and a set of roles to a run: resolve and validate each
+host's variables, build its connection, run, report."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import runner, validate
+from .connection import LocalConnection, SSHConnection, SSHSettings
+from .errors import InventoryError
+from .inventory import Inventory, load_inventory, parse_overrides
+from .report import Report
+
+CONNECTION_SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "connection.schema.json"
+
+
+def inventory_path(given: str | None) -> str:
+    return given or os.environ.get("DGEMMA_INVENTORY") or "inventory"
+
+
+@dataclass
+class Play:
+    inventory: Inventory
+    schema: dict
+    defaults: list
+    overrides: dict
+
+    @classmethod
+    def load(cls, path: str | None, var_schemas, defaults, overrides=None) -> "Play":
+        inventory = load_inventory(inventory_path(path))
+        schema = validate.combine([validate.load_schema(CONNECTION_SCHEMA), *var_schemas])
+        play = cls(inventory, schema, list(defaults), parse_overrides(overrides))
+        return play
+
+    def problems(self) -> list[str]:
+        problems = validate.check_inventory(self.inventory, self.schema, self.defaults)
+        if self.overrides:
+            problems += validate.check_values(self.overrides, {**self.schema, "required": []}, "--set")
+        return problems
+
+    def check(self):
+        problems = self.problems()
+        if problems:
+            raise InventoryError(problems)
+
+    def hostvars(self, name: str) -> dict:
+        return self.inventory.host(name, self.defaults, self.overrides).vars
+
+    def targets(self, hosts: str | None, local: bool = False) -> list[runner.Target]:
+        if local:
+            return [runner.Target("localhost", self._local_vars(),
+                                  lambda: LocalConnection("localhost").open())]
+        out = []
+        for name in self.inventory.select(hosts):
+            hv = self.hostvars(name)
+            if hv.get("ansible_connection") == "local":
+                out.append(runner.Target(name, hv, lambda n=name: LocalConnection(n).open()))
+            else:
+                settings = SSHSettings.from_vars(name, hv)
+                out.append(runner.Target(name, hv, lambda s=settings: SSHConnection(s).open()))
+        return out
+
+    def _local_vars(self) -> dict:
+        merged = {}
+        for src in self.defaults:
+            merged.update(src.values)
+        all_group = self.inventory.groups.get("all")
+        if all_group and all_group.vars:
+            merged.update(all_group.vars.values)
+        for src in (all_group.files if all_group else []):
+            merged.update(src.values)
+        merged.update(self.overrides)
+        return merged
+
+
+def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, report: Report | None = None,
+        lock_name="dgemma", lock_wait=300) -> Report:
+    report = report or Report()
+    runner.run(play.targets(hosts, local), roles, report, check=check, forks=forks, lock_name=lock_name,
+               lock_wait=lock_wait)
+    return report

@@ -1,0 +1,121 @@
+"""What a run tells people and machines: a line per task per host, a recap, JSON.
+
+Nothing secret passes through here: steps hand over masked diffs and messages.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from rich.console import Console
+from rich.markup import escape
+
+STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "cyan",
+         "unreachable": "bold red", "would change": "yellow"}
+
+
+@dataclass
+class TaskResult:
+    host: str
+    role: str
+    task: str
+    status: str  # ok, changed, failed, skipped, unreachable
+    message: str = ""
+    diff: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class HostRecap:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    unreachable: int = 0
+
+
+@dataclass
+class Report:
+    """Collects results from every host thread and prints them as they come."""
+
+    console: Console = field(default_factory=lambda: Console(stderr=False, highlight=False))
+    show_diff: bool = False
+    quiet: bool = False
+    tasks: list = field(default_factory=list)
+    recap: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    started: float = field(default_factory=time.monotonic)
+
+    def host(self, name: str):
+        with self._lock:
+            self.recap.setdefault(name, HostRecap())
+
+    def add(self, result: TaskResult):
+        with self._lock:
+            self.tasks.append(result)
+            recap = self.recap.setdefault(result.host, HostRecap())
+            setattr(recap, result.status, getattr(recap, result.status) + 1)
+            if self.quiet:
+                return
+            style = STYLE.get(result.status, "")
+            took = f" ({result.seconds:.1f} s)" if result.seconds >= 0.5 else ""
+            msg = f": {escape(result.message)}" if result.message else ""
+            self.console.print(f"[{style}]{result.status:<11}[/{style}] [bold]{escape(result.host)}[/bold] "
+                               f"{escape(result.role)} | {escape(result.task)}{msg}{took}", soft_wrap=True)
+            if result.diff and (self.show_diff or result.status == "failed"):
+                for line in result.diff.rstrip("\n").splitlines():
+                    colour = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+                    self.console.print(f"    [{colour}]{escape(line)}[/{colour}]", soft_wrap=True)
+
+    def progress(self, host: str, role: str, line: str):
+        """A line of a long command's output (image pulls, downloads)."""
+        if self.quiet or not line.strip():
+            return
+        with self._lock:
+            self.console.print(f"[dim]  … {escape(host)} {escape(role)} | {escape(line.strip()[:160])}[/dim]",
+                               soft_wrap=True)
+
+    def note(self, text: str):
+        if not self.quiet:
+            with self._lock:
+                self.console.print(text, soft_wrap=True)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.failed or r.unreachable for r in self.recap.values())
+
+    def print_recap(self, title: str = "PLAY RECAP"):
+        if self.quiet:
+            return
+        self.console.print(f"\n[bold]{title}[/bold] ({time.monotonic() - self.started:.1f} s)")
+        width = max((len(h) for h in self.recap), default=4)
+        for host, r in self.recap.items():
+            colour = "red" if (r.failed or r.unreachable) else "yellow" if r.changed else "green"
+            self.console.print(
+                f"[{colour}]{escape(host):<{width}}[/{colour}] : ok={r.ok:<3} changed={r.changed:<3} "
+                f"unreachable={r.unreachable:<3} failed={r.failed:<3} skipped={r.skipped:<3}")
+
+    def as_dict(self) -> dict:
+        hosts = {}
+        for host, recap in self.recap.items():
+            hosts[host] = {"recap": asdict(recap),
+                           "tasks": [asdict(t) for t in self.tasks if t.host == host]}
+            hosts[host].update(self.extra.get(host, {}))
+        return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts}
+
+
+def write_json(data, target: str | None):
+    """``--json FILE``; ``-`` is standard output."""
+    if not target:
+        return
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(text)

@@ -1,0 +1,37 @@
+"""The roles that put DiffusionGemma on a host, in the order they run.
+
+Each role folder holds ``defaults/main.yml``, ``schema.yml`` (JSON Schema of its
+variables, like Ansible's meta/argument_specs), its templates, ``role.py`` (facts
+in, steps out; no SSH here) and ``tests/`` (its testinfra checks).
+"""
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from converge import yamlsrc
+from converge.inventory import VarSource
+
+HERE = Path(__file__).parent
+ORDER = ["preflight", "image", "weights", "service", "start"]
+
+
+def load(names=None):
+    return [importlib.import_module(f"roles.{n}.role").ROLE for n in (names or ORDER)]
+
+
+@lru_cache(maxsize=None)
+def schemas() -> tuple:
+    return tuple(yaml.safe_load((HERE / n / "schema.yml").read_text()) for n in ORDER)
+
+
+def defaults() -> list[VarSource]:
+    out = []
+    for name in ORDER:
+        path = HERE / name / "defaults" / "main.yml"
+        sourced = yamlsrc.load(path)
+        out.append(VarSource(f"role defaults {name}", sourced.data or {}, {}, sourced=sourced))
+    return out

@@ -1,0 +1,138 @@
+"""preflight: read the host, choose image, model and memory, and stop the host
+with the remedy in words when something it needs is missing."""
+from __future__ import annotations
+
+from converge.changes import Check, Role
+from converge.facts import FactError
+from converge.facts.containers import Runtimes
+from converge.facts.host import Arch, Commands, DiskFree, MemInfo, OsRelease, Systemd
+from converge.facts.nvidia import NvidiaSmi
+
+from . import catalog
+from .select import Refused, choose
+
+CONTAINER_STORAGE = {"podman": "/var/lib/containers", "docker": "/var/lib/docker"}
+
+
+def facts(hostvars):
+    return {
+        "arch": Arch(),
+        "os": OsRelease(),
+        "meminfo": MemInfo(),
+        "systemd": Systemd(),
+        "nvidia": NvidiaSmi(hostvars.get("nvidia_smi_timeout", 15)),
+        "runtimes": Runtimes(),
+        "commands": Commands("flock", "base64", "sha256sum", "curl", "timeout"),
+        "disk_cache": DiskFree(hostvars.get("model_cache", "/srv/models/hf-cache")),
+        "disk_images": DiskFree(CONTAINER_STORAGE[hostvars.get("container_runtime", "podman")]),
+    }
+
+
+def runtime_problem(runtime: str, runtimes: dict) -> str | None:
+    """What keeps ``runtime`` from giving a container the GPU, or None."""
+    if runtime == "podman":
+        if not runtimes.get("podman"):
+            return "podman is not installed: apt-get install podman (4.x or newer)"
+        if not runtimes.get("cdi_specs"):
+            return ("podman has no CDI spec for nvidia.com/gpu: install nvidia-container-toolkit and run "
+                    "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+        return None
+    if not runtimes.get("docker"):
+        return "docker is not installed: install docker-ce or docker.io"
+    if not runtimes["docker"].get("daemon"):
+        return "the docker daemon does not answer: systemctl start docker"
+    if "nvidia" not in runtimes["docker"].get("runtimes", []):
+        return ("docker has no nvidia runtime: install nvidia-container-toolkit and run "
+                "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker")
+    return None
+
+
+def plan_choice(ctx):
+    """Image, model and memory: what ``invoke facts`` shows and deploy needs first."""
+    try:
+        gathered = {name: ctx.facts[name] for name in ("arch", "nvidia", "meminfo")}
+    except FactError as exc:
+        yield Check("GPU facts", ok=False, message=str(exc))
+        return
+    running = (ctx.facts.get("unit") or {}).get("ActiveState") in ("active", "activating", "reloading")
+    hostvars = ctx.vars
+    if running and hostvars.get("gpu_memory_utilization", "auto") != "auto":
+        # our own server holds its memory now; vLLM's check applies to a fresh start
+        hostvars = {**hostvars, "_skip_memory_check": True}
+    try:
+        choice = choose(gathered, hostvars)
+    except Refused as exc:
+        yield Check("image, model and memory", ok=False, message=str(exc))
+        return
+    ctx.desired["choice"] = choice
+    ctx.desired["image"] = choice.image
+    ctx.desired["model"] = choice.model
+    ctx.desired["utilization"] = choice.utilization
+    yield Check("image", ok=True, message=f"{choice.image} ({choice.image_reason})")
+    yield Check("model", ok=True, message=f"{choice.model} ({choice.model_reason})")
+    yield Check("memory precheck", ok=True,
+                message=f"gpu_memory_utilization {choice.utilization} ({choice.utilization_reason})")
+
+
+def plan(ctx):
+    v, f = ctx.vars, ctx.facts
+    ok = True
+    for step in plan_choice(ctx):
+        ok = ok and step.ok
+        yield step
+    if not ok:
+        return
+    systemd = f.get("systemd") or {}
+    yield Check("systemd", ok=bool(systemd.get("present")),
+                message=f"systemd {systemd.get('version')}, {systemd.get('state')}" if systemd.get("present") else
+                "systemd is not running on this host: the toolkit installs systemd units")
+    missing = [c for c, path in (f.get("commands") or {}).items() if path is None and c != "curl"]
+    yield Check("host tools", ok=not missing,
+                message=f"missing {', '.join(missing)}: install coreutils and util-linux" if missing else "")
+    choice = ctx.desired["choice"]
+    runtime = v.get("container_runtime", "podman")
+    problem = runtime_problem(runtime, f.get("runtimes") or {})
+    yield Check(f"{runtime} GPU access", ok=problem is None, message=problem or "")
+    if problem:
+        return
+    spec = catalog.models()["variants"].get(choice.model, {})
+    need = spec.get("disk_mib", 0) + v.get("min_free_disk_mib", 2048)
+    disk = f.get("disk_cache")
+    have_weights = f.get("weights") or {}
+    if disk and not (have_weights.get(choice.model) or {}).get("complete"):
+        yield Check("disk space for weights", ok=disk["free_mib"] >= need,
+                    message=(f"{disk['free_mib']} MiB free on {disk['mount']} for {disk['path']}" if
+                             disk["free_mib"] >= need else
+                             f"{disk['path']} ({disk['mount']}) has {disk['free_mib']} MiB free; {choice.model} "
+                             f"needs {need} MiB: free space or set model_cache to a larger disk"))
+
+def summary(ctx) -> dict:
+    """What ``invoke facts`` shows: the host as read, and each choice with its reason."""
+    f = ctx.facts
+    out = {"facts": {}, "fact_errors": dict(f.errors) if f else {}}
+    if f is None:
+        return out
+    nvidia = f.get("nvidia") or {}
+    os_release = f.get("os") or {}
+    meminfo = f.get("meminfo") or {}
+    out["facts"] = {
+        "arch": f.get("arch"),
+        "os": os_release.get("PRETTY_NAME"),
+        "driver_version": nvidia.get("driver_version"),
+        "cuda_version": nvidia.get("cuda_version"),
+        "gpus": nvidia.get("gpus", []),
+        "compute_apps": nvidia.get("compute_apps", []),
+        "mem_total_mib": round(meminfo["MemTotal"]) if "MemTotal" in meminfo else None,
+        "mem_available_mib": round(meminfo["MemAvailable"]) if "MemAvailable" in meminfo else None,
+        "runtimes": f.get("runtimes"),
+        "systemd": f.get("systemd"),
+        "disk": {"model_cache": f.get("disk_cache"), "images": f.get("disk_images")},
+    }
+    choice = ctx.desired.get("choice")
+    out["choice"] = choice.as_dict() if choice else None
+    return out
+
+
+ROLE = Role("preflight", facts, plan, summary=summary)
+# `invoke facts`: the same facts and choice, without the deploy-only checks
+FACTS_ROLE = Role("preflight", facts, plan_choice, summary=summary)

@@ -1,0 +1,148 @@
+"""Invoke tasks: thin wrappers that parse options and call the engine.
+
+    invoke inventory.check
+    invoke facts --hosts spark01 [--local] [--json -]
+    invoke deploy --hosts spark01,rtx01 [--check] [--diff] [--forks 10] [--set key=value]
+    invoke verify [--hosts ...] [--junit FILE] [--json FILE]
+    invoke trust --hosts ...
+    invoke lab.up | lab.status | lab.down
+"""
+from __future__ import annotations
+
+import sys
+
+from invoke import Collection, Exit, task
+
+from converge.errors import ConvergeError, InventoryError
+
+HELP = {
+    "inventory": "inventory folder (default: $DGEMMA_INVENTORY or inventory/)",
+    "hosts": "comma-separated hosts or groups (default: all)",
+    "json": "write the result as JSON to FILE ('-' for standard output)",
+    "set": "override a variable for this run: key=value (repeatable)",
+}
+
+
+def _play(inventory, overrides=None):
+    import roles
+    from converge.play import Play
+    try:
+        play = Play.load(inventory, roles.schemas(), roles.defaults(), overrides)
+        play.check()
+    except InventoryError as exc:
+        raise Exit("inventory check failed:\n  " + "\n  ".join(exc.problems), code=2)
+    return play
+
+
+def _report(json_target, show_diff=False):
+    from rich.console import Console
+    from converge.report import Report
+    # with --json -, people's lines go to stderr so that stdout stays JSON
+    return Report(console=Console(stderr=json_target == "-", highlight=False), show_diff=show_diff)
+
+
+@task(help={"inventory": HELP["inventory"], "set": HELP["set"]}, iterable=["set"])
+def inventory_check(c, inventory=None, set=None):
+    """Validate the inventory and every host's variables against the schemas."""
+    play = _play(inventory, set)
+    hosts = play.inventory.host_names
+    print(f"{play.inventory.root}: {len(hosts)} hosts ({', '.join(hosts)}), "
+          f"{len(play.inventory.groups) - 1} groups: OK")
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+            "local": "read this machine through a local connection instead of SSH", "set": HELP["set"]},
+      iterable=["set"])
+def facts(c, inventory=None, hosts=None, local=False, json=None, set=None):
+    """Gather facts and show the chosen image, model and memory, with reasons."""
+    from converge import play as playlib
+    from converge.report import write_json
+    from roles.preflight import show
+    from roles.preflight.role import FACTS_ROLE
+    play = _play(inventory, set)
+    report = _report(json)
+    report.quiet = True
+    try:
+        playlib.run(play, [FACTS_ROLE], hosts, local=local, report=report)
+    except ConvergeError as exc:
+        raise Exit(str(exc), code=2)
+    data = show.facts_document(report)
+    show.print_tables(report, data, console=report.console)
+    write_json(data, json)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
+            "check": "change nothing; show the diffs and commands a real run would make",
+            "diff": "show diffs of changed files", "forks": "hosts converged at once (default 10)",
+            "lock_wait": "seconds to wait for another run's lock on a host (default 300)"},
+      iterable=["set"])
+def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, json=None, set=None, lock_wait=300):
+    """Converge hosts: image, weights, systemd unit, started and answering."""
+    import roles
+    from converge import play as playlib
+    from converge.report import write_json
+    play = _play(inventory, set)
+    report = _report(json, show_diff=diff or check)
+    try:
+        playlib.run(play, roles.load(), hosts, check=check, forks=int(forks), report=report,
+                    lock_wait=float(lock_wait))
+    except ConvergeError as exc:
+        raise Exit(str(exc), code=2)
+    report.print_recap("CHECK RECAP (nothing was changed)" if check else "PLAY RECAP")
+    write_json(report.as_dict(), json)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
+            "yes": "pin the keys shown without asking"})
+def trust(c, inventory=None, hosts=None, yes=False):
+    """Show each host's SSH key fingerprint and pin it in known_hosts."""
+    from converge.connection import SSHSettings, fetch_host_key, fingerprint, load_known_hosts, pin_host_key
+    play = _play(inventory)
+    failed = False
+    for name in play.inventory.select(hosts):
+        settings = SSHSettings.from_vars(name, play.hostvars(name))
+        try:
+            key = fetch_host_key(settings)
+        except OSError as exc:
+            print(f"{name}: cannot reach {settings.known_hosts_name}: {exc}")
+            failed = True
+            continue
+        known = load_known_hosts(settings).lookup(settings.known_hosts_name) or {}
+        if key.get_name() in known and known[key.get_name()] == key:
+            print(f"{name}: {settings.known_hosts_name} {key.get_name()} {fingerprint(key)} already trusted")
+            continue
+        if key.get_name() in known:
+            print(f"{name}: {settings.known_hosts_name} offers {fingerprint(key)} but known_hosts has "
+                  f"{fingerprint(known[key.get_name()])}. Remove the old key first if the host was reinstalled: "
+                  f"ssh-keygen -R '{settings.known_hosts_name}' -f {settings.known_hosts or '~/.ssh/known_hosts'}")
+            failed = True
+            continue
+        print(f"{name}: {settings.known_hosts_name} {key.get_name()} {fingerprint(key)}")
+        if not yes:
+            if not sys.stdin.isatty():
+                print("  not pinned: run with --yes, or from a terminal, after checking the fingerprint")
+                failed = True
+                continue
+            if input("  trust this key? [y/N] ").strip().lower() not in ("y", "yes"):
+                continue
+        print(f"  pinned in {pin_host_key(settings, key)}")
+    if failed:
+        raise Exit(code=1)
+
+
+inventory_ns = Collection("inventory")
+inventory_ns.add_task(inventory_check, name="check")
+
+ns = Collection(facts, deploy, trust)
+ns.add_collection(inventory_ns)
+
+try:  # the lab and verify are added when their modules are present
+    from lab import tasks as lab_tasks
+    ns.add_collection(lab_tasks.ns, name="lab")
+except ImportError as exc:  # pragma: no cover
+    if "lab" not in str(exc):
+        raise

@@ -1,0 +1,115 @@
+"""The vLLM images of the lab, one per arch, built from that arch's rootfs with
+the vLLM stand-in and the real ``hf`` CLI (huggingface_hub) inside, and pushed
+to the lab registry under the real tag names."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import config, rootfs, sh
+
+IMAGE_VERSION = "3"
+# pure-Python wheels: the same files serve both arches (hf_xet is left out: HF_HUB_DISABLE_XET=1)
+HF_REQUIREMENTS = ["huggingface_hub==2.4.0"]
+EXCLUDES = ["./usr/share/doc", "./usr/share/man", "./usr/share/locale", "./usr/share/info",
+            "./var/cache/apt", "./var/lib/apt/lists", "./etc/ssh/ssh_host_*", "./usr/bin/podman",
+            "./usr/lib/podman", "./opt/x86", "./etc/cdi", "./etc/nvidia-stub", "./usr/bin/nvidia-smi"]
+
+
+def _hf_site() -> Path:
+    site = config.CACHE / f"hf-site-{IMAGE_VERSION}"
+    if (site / ".done").exists():
+        return site
+    shutil.rmtree(site, ignore_errors=True)
+    wheels = config.CACHE / "hf-wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    sh.run(sys.executable, "-m", "pip", "download", "-q", "-d", wheels, *HF_REQUIREMENTS, timeout=900)
+    pure = [w for w in wheels.glob("*.whl") if w.name.endswith("-none-any.whl")]
+    sh.run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+           "--target", site, *pure, timeout=900)
+    shutil.rmtree(site / "bin", ignore_errors=True)
+    (site / ".done").touch()
+    return site
+
+
+def _extras(arch: str, cold_start: float) -> Path:
+    extras = config.CACHE / f"image-extras-{arch}"
+    shutil.rmtree(extras, ignore_errors=True)
+    site = _hf_site()
+    target = extras / "usr/local/lib/python3.11/dist-packages"
+    target.parent.mkdir(parents=True)
+    shutil.copytree(site, target)
+    (target / ".done").unlink(missing_ok=True)
+    bindir = extras / "usr/local/bin"
+    bindir.mkdir(parents=True)
+    shutil.copy2(config.HERE / "stubs" / "vllm", bindir / "vllm")
+    (bindir / "hf").write_text("#!/usr/bin/python3\nimport sys\nfrom huggingface_hub.cli.hf import main\n"
+                               "sys.exit(main())\n")
+    (bindir / "hf").chmod(0o755)
+    share = extras / "usr/local/share/vllm-standin"
+    share.mkdir(parents=True)
+    shutil.copy2(config.HERE / "stubs" / "vllm-serve-options.txt", share / "serve-options.txt")
+    (share / "arch").write_text(arch + "\n")
+    (share / "cold-start").write_text(f"{cold_start}\n")
+    return extras
+
+
+def _fingerprint(arch: str, cold_start: float) -> str:
+    digest = hashlib.sha256(f"{IMAGE_VERSION} {arch} {cold_start} {rootfs.BASE_VERSION}".encode())
+    for name in ("vllm", "vllm-serve-options.txt"):
+        digest.update((config.HERE / "stubs" / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_images(cold_start: float = 5.0, log=print):
+    """Build (when its inputs changed) and push each arch's image under every tag."""
+    for arch, tags in config.IMAGE_TAGS.items():
+        stamp = config.CACHE / f"image-{arch}.pushed"
+        fp = _fingerprint(arch, cold_start)
+        if stamp.exists() and stamp.read_text().strip() == fp and _in_registry(tags[0]):
+            continue
+        base = rootfs.ensure_base(arch, log)
+        local = f"localhost/dglab-vllm:{arch}-{fp}"
+        if not sh.ok("podman", "image", "exists", local):
+            log(f"building the {arch} vLLM stand-in image")
+            tarball = config.CACHE / f"image-{arch}.tar"
+            staging = config.CACHE / f"image-{arch}.staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            # hard links: instant, and removing or replacing a link leaves the base untouched
+            sh.run("cp", "-al", base, staging, timeout=600)
+            for pattern in EXCLUDES:
+                for path in staging.glob(pattern[2:]):
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            sh.run("cp", "-a", "--remove-destination", f"{_extras(arch, cold_start)}/.", staging, timeout=300)
+            sh.run("tar", "-C", staging, "-cf", tarball, ".", timeout=900)
+            shutil.rmtree(staging)
+            changes = ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]',
+                       f"ENV VLLM_STANDIN_COLD_START={cold_start}",
+                       "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"]
+            args = ["podman", "import", "--arch", config.DEB_ARCH[arch]]
+            for change in changes:
+                args += ["--change", change]
+            sh.run(*args, tarball, local, timeout=900)
+            tarball.unlink()
+        for tag in tags:
+            log(f"pushing {config.REPOSITORY}:{tag} to {config.REGISTRY}")
+            sh.run("podman", "push", "-q", "--tls-verify=false", local,
+                   f"{config.REGISTRY}/{config.REPOSITORY}:{tag}", timeout=900)
+        stamp.write_text(fp + "\n")
+
+
+def _in_registry(tag: str) -> bool:
+    return sh.ok("skopeo", "inspect", "--tls-verify=false", "--raw",
+                 f"docker://{config.REGISTRY}/{config.REPOSITORY}:{tag}")
+
+
+def registry_digest(tag: str) -> str | None:
+    proc = sh.run("skopeo", "inspect", "--tls-verify=false", f"docker://{config.REGISTRY}/{config.REPOSITORY}:{tag}",
+                  check=False)
+    if proc.returncode != 0:
+        return None
+    return json.loads(proc.stdout).get("Digest")

@@ -1,0 +1,68 @@
+"""The lab's inventory: the seeds' hosts and groups with the lab's addresses,
+key, known_hosts, registry mirror and hub, so ``invoke deploy --hosts
+spark01,rtx01`` works against it unchanged."""
+from __future__ import annotations
+
+import os
+import secrets
+
+import yaml
+
+from . import config
+
+GROUP_OF = {"gb10": "spark", "rtx5090": "rtx", "h100": "h100"}
+GROUP_VARS = {
+    # docker cannot run containers under nspawn here (README): the Spark stand-in uses podman
+    "spark": {"gpu_memory_utilization": 0.7, "max_model_len": 100000, "autostart": True},
+    "rtx": {"gpu_memory_utilization": 0.7, "autostart": False, "conflicts": ["ollama.service"]},
+    "h100": {"gpu_memory_utilization": "auto", "autostart": True},
+    "scale": {"gpu_memory_utilization": "auto", "autostart": False},
+}
+
+
+def directory():
+    return config.STATE / "inventory"
+
+
+def write(hosts: list[config.LabHost]) -> str:
+    inv = directory()
+    (inv / "group_vars").mkdir(parents=True, exist_ok=True)
+    key_file = config.STATE / "secrets" / "api-key"
+    key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(24) + "\n")
+        os.chmod(key_file, 0o600)
+    children: dict = {}
+    for host in hosts:
+        group = GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale"
+        children.setdefault(group, {"hosts": {}})["hosts"][host.name] = {"ansible_host": host.address}
+    data = {"all": {"vars": {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(config.STATE / "ssh" / "id_ed25519"),
+        "known_hosts_file": str(config.STATE / "ssh" / "known_hosts"),
+        "registry": config.REGISTRY,
+        "hf_endpoint": config.HUB_URL,
+        "container_runtime": "podman",
+        "api_key_file": str(key_file),
+        "ready_timeout": 300,
+        "model_cache": "/srv/models/hf-cache",
+    }, "children": children}}
+    header = "# Written by `invoke lab.up`: the lab's hosts. Regenerated on every lab.up.\n"
+    (inv / "hosts.yml").write_text(header + yaml.safe_dump(data, sort_keys=False))
+    for group in children:
+        (inv / "group_vars" / f"{group}.yml").write_text(header + yaml.safe_dump(GROUP_VARS[group], sort_keys=False))
+    for stale in (inv / "group_vars").glob("*.yml"):
+        if stale.stem not in children:
+            stale.unlink()
+    return str(inv)
+
+
+def write_known_hosts(hosts: list[config.LabHost]):
+    """Each host's real keys, read from its rootfs: host-key checking stays on."""
+    lines = []
+    for host in hosts:
+        for pub in sorted((host.root / "etc/ssh").glob("ssh_host_*_key.pub")):
+            keytype, key = pub.read_text().split()[:2]
+            lines.append(f"{host.address} {keytype} {key}\n")
+    path = config.STATE / "ssh" / "known_hosts"
+    path.write_text("".join(lines))

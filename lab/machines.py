@@ -1,0 +1,97 @@
+"""Booting and stopping hosts: systemd-nspawn with real systemd as PID 1.
+
+There is no systemd on the machine itself, so nspawn runs with
+``--register=no --keep-unit`` as a process of its own session, and the lab
+keeps its PID.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from . import config, sh
+
+
+def pid_file(host: config.LabHost):
+    return host.dir / "nspawn.pid"
+
+
+def running_pid(host: config.LabHost) -> int | None:
+    try:
+        pid = int(pid_file(host).read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmd = handle.read().split(b"\0")
+    except OSError:
+        return None
+    return pid if cmd and b"systemd-nspawn" in cmd[0] and str(host.root).encode() in cmd else None
+
+
+def boot(host: config.LabHost):
+    if running_pid(host):
+        return
+    _clear_stale_mounts(host)
+    log = open(host.dir / "console.log", "ab")
+    env = dict(os.environ, SYSTEMD_NSPAWN_API_VFS_WRITABLE="1", SYSTEMD_NSPAWN_TMPFS_TMP="0")
+    args = ["systemd-nspawn", "-q", "-D", str(host.root), "-b", "-M", host.name,
+            f"--network-namespace-path=/run/netns/{host.netns}", "--register=no", "--keep-unit",
+            "--capability=all", "--system-call-filter=@keyring bpf", "--console=read-only",
+            "--resolv-conf=off", "--timezone=off", "--link-journal=no"]
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                            start_new_session=True)
+    pid_file(host).write_text(str(proc.pid))
+
+
+def wait_ssh(host: config.LabHost, timeout: float = 120) -> float:
+    """Seconds until sshd answers with its banner."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if not running_pid(host):
+            tail = (host.dir / "console.log").read_text(errors="replace")[-1500:]
+            raise sh.LabError(f"{host.name}: systemd-nspawn exited during boot:\n{tail}")
+        try:
+            with socket.create_connection((host.address, 22), timeout=2) as conn:
+                conn.settimeout(5)
+                if conn.recv(64).startswith(b"SSH-"):
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise sh.LabError(f"{host.name}: sshd did not answer on {host.address}:22 within {timeout:g} s; "
+                      f"see {host.dir / 'console.log'}")
+
+
+def stop(host: config.LabHost, timeout: float = 60):
+    """Orderly poweroff (nspawn passes SIGTERM on as SIGRTMIN+3 to systemd), then kill."""
+    pid = running_pid(host)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and running_pid(host):
+            time.sleep(0.5)
+        if running_pid(host):
+            os.killpg(pid, signal.SIGKILL)
+            time.sleep(1)
+    pid_file(host).unlink(missing_ok=True)
+    _clear_stale_mounts(host)
+
+
+def _clear_stale_mounts(host: config.LabHost):
+    """Mounts under the host's root left by a killed nspawn (a crash or a half-finished up)."""
+    for target in reversed(mounts_under(str(host.root))):
+        sh.run("umount", "-l", target, check=False)
+
+
+def mounts_under(prefix: str) -> list[str]:
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            target = line.split()[4]
+            if target == prefix or target.startswith(prefix.rstrip("/") + "/"):
+                found.append(target)
+    return found

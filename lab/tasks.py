@@ -1,0 +1,143 @@
+"""invoke lab.up | lab.status | lab.down | lab.gpu"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+from invoke import Collection, Exit, task
+
+from . import config, images, inventory, machines, network, rootfs, services, sh
+
+
+def _say(text):
+    print(text, flush=True)
+
+
+def _state_hosts() -> list[config.LabHost]:
+    try:
+        extra = json.loads((config.STATE / "lab.json").read_text()).get("extra", 0)
+    except (OSError, ValueError):
+        extra = 0
+    return config.hosts(extra)
+
+
+@task(help={"hosts": "extra plain x86_64 hosts for scale tests (default 0)",
+            "fresh": "rebuild every host's rootfs from the base (forgets what was deployed)",
+            "cold_start": "seconds the vLLM stand-in takes to start (default 5)"})
+def up(c, hosts=0, fresh=False, cold_start=5.0):
+    """Bring up the lab: spark01 (aarch64, GB10), rtx01 (RTX 5090), h100-01 (H100)."""
+    started = time.monotonic()
+    try:
+        config.STATE.mkdir(parents=True, exist_ok=True)
+        rootfs.ensure_machine_packages(_say)
+        rootfs.ensure_binfmt()
+        lab_hosts = config.hosts(int(hosts))
+        (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
+        for arch in sorted({h.arch for h in lab_hosts}):
+            rootfs.ensure_base(arch, _say)
+        network.ensure_bridge()
+        services.ensure_registry()
+        services.ensure_hub()
+        images.ensure_images(float(cold_start), _say)
+        for host in lab_hosts:
+            if fresh and machines.running_pid(host):
+                machines.stop(host)
+            if not machines.running_pid(host):
+                rootfs.prepare_host(host, fresh=fresh, log=_say)
+            network.ensure_host(host)
+            machines.boot(host)
+        inventory.write_known_hosts(lab_hosts)
+        path = inventory.write(lab_hosts)
+        for host in lab_hosts:
+            took = machines.wait_ssh(host)
+            _say(f"{host.name:<8} {host.arch:<8} {host.address:<12} sshd up ({took:.1f} s)")
+    except sh.LabError as exc:
+        raise Exit(f"lab.up failed: {exc}\nRun `invoke lab.up` again once fixed: it picks up where it stopped.",
+                   code=1)
+    _say(f"lab up in {time.monotonic() - started:.0f} s; inventory: {path}\n"
+         f"  export DGEMMA_INVENTORY={path}")
+
+
+@task(help={"json_out": "write the status as JSON to FILE ('-' for standard output)"})
+def status(c, json_out=None):
+    """Each lab host's arch, address and state."""
+    from rich.console import Console
+    from rich.table import Table
+    table = Table("host", "arch", "profile", "address", "state", "systemd")
+    rows = []
+    for host in _state_hosts():
+        pid = machines.running_pid(host)
+        state, systemd = ("running", "") if pid else ("stopped", "")
+        if pid:
+            proc = sh.run("ip", "netns", "exec", host.netns, "ssh", "-o", "BatchMode=yes", "-o",
+                          "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={config.STATE}/ssh/known_hosts",
+                          "-i", config.STATE / "ssh" / "id_ed25519", "-o", "ConnectTimeout=5",
+                          f"root@{host.address}", "systemctl is-system-running", check=False, timeout=30)
+            systemd = proc.stdout.strip() or "unreachable"
+        rows.append({"host": host.name, "arch": host.arch, "profile": host.profile, "address": host.address,
+                     "state": state, "systemd": systemd})
+        table.add_row(host.name, host.arch, host.profile, host.address, state, systemd)
+    for name in ("registry", "hub"):
+        table.add_row(name, "", "", f"{config.GATEWAY}:{config.REGISTRY_PORT if name == 'registry' else config.HUB_PORT}",
+                      "running" if services.running(name) else "stopped", "")
+    Console().print(table)
+    if json_out:
+        text = json.dumps({"hosts": rows}, indent=2)
+        print(text) if json_out == "-" else open(json_out, "w").write(text)
+
+
+@task(help={"purge": "also delete the hosts' disks (the base rootfs cache stays)"})
+def down(c, purge=False):
+    """Stop every lab host, the registry and the hub; remove namespaces and links."""
+    for host in _state_hosts():
+        machines.stop(host)
+        network.remove_host(host)
+        if purge:
+            shutil.rmtree(host.dir, ignore_errors=True)
+    for name in ("hub", "registry"):
+        services.stop(name)
+    network.remove_bridge()
+    left = leftovers()
+    if left:
+        raise Exit("lab.down left these behind: " + "; ".join(left), code=1)
+    _say("lab down: no host, namespace, link, mount or service left")
+
+
+def leftovers() -> list[str]:
+    found = network.leftovers()
+    for host in config.hosts(64):
+        if machines.running_pid(host):
+            found.append(f"host {host.name} (nspawn pid {machines.running_pid(host)})")
+    found += [f"mount {m}" for m in machines.mounts_under(str(config.STATE))]
+    found += [f"{n} (pid {services.running(n)})" for n in ("registry", "hub") if services.running(n)]
+    return found
+
+
+@task(help={"host": "lab host", "held_mib": "GPU memory held by another process (MiB)",
+            "hang": "make nvidia-smi hang (a wedged GPU)", "clear": "back to an idle GPU"})
+def gpu(c, host, held_mib=None, hang=False, clear=False):
+    """Turn the GPU stand-in's knobs on one lab host."""
+    match = [h for h in _state_hosts() if h.name == host]
+    if not match:
+        raise Exit(f"no lab host {host!r}; lab hosts: {', '.join(h.name for h in _state_hosts())}", code=2)
+    set_gpu(match[0], held_mib=None if held_mib is None else int(held_mib), hang=hang, clear=clear)
+    _say(f"{host}: {(match[0].root / 'etc/nvidia-stub/state.json').read_text().strip()}")
+
+
+def set_gpu(host: config.LabHost, held_mib: int | None = None, hang: bool = False, clear: bool = False):
+    path = host.root / "etc/nvidia-stub/state.json"
+    state = {} if clear else json.loads(path.read_text() or "{}")
+    if held_mib is not None:
+        state["held_mib"] = held_mib
+    if hang:
+        state["hang"] = True
+    elif clear:
+        state.pop("hang", None)
+    path.write_text(json.dumps(state) + "\n")
+    profile = json.loads((host.root / "etc/nvidia-stub/profile.json").read_text())
+    if profile.get("unified_memory"):
+        rootfs.write_meminfo(host.root, profile, state.get("held_mib", 0))
+
+
+ns = Collection(up, status, down, gpu)

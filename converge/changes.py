@@ -146,6 +146,7 @@ class Role:
     plan: Callable  # (HostContext) -> iterable of Step
     handlers: Callable | None = None  # (HostContext) -> dict[name, Command]
     summary: Callable | None = None  # (HostContext) -> dict for the report (--json, tables)
+    flush_handlers: bool = False  # run the handlers notified so far before this role (Ansible's flush_handlers)
 
 
 @dataclass

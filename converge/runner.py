@@ -98,33 +98,44 @@ class HostRun:
         except RemoteCommandError as exc:
             raise ConvergeError(f"gathering facts: {exc}") from exc
         self._result("facts", f"gathered {len(wanted)} facts", "ok", started=started)
+        self.notified = []
         try:
             for role in self.roles:
                 if not self._role(conn, role, ctx):
                     return
+            self._flush(conn, ctx)
         finally:
             for role in self.roles:
                 if role.summary:
                     self.report.extra.setdefault(self.target.name, {}).update(role.summary(ctx))
 
     def _role(self, conn, role: Role, ctx: HostContext) -> bool:
-        notified: list[str] = []
+        if role.flush_handlers and not self._flush(conn, ctx):
+            return False
         try:
             for step in role.plan(ctx):
                 if not self._step(conn, role.name, step, ctx):
                     return False
                 if ctx.changed_steps and ctx.changed_steps[-1] is step:
-                    notified.extend(n for n in step.notify if n not in notified)
+                    self.notified.extend(n for n in step.notify if n not in self.notified)
         except StepFailed as exc:
             self._result(role.name, "plan", "failed", str(exc))
             return False
-        if notified and role.handlers:
-            handlers = role.handlers(ctx)
-            for hname in notified:
-                handler = handlers[hname]
-                if not self._step(conn, role.name, handler, ctx, handler=True):
-                    return False
-                ctx.handlers_run.add(hname)
+        return True
+
+    def _flush(self, conn, ctx: HostContext) -> bool:
+        """Run notified handlers once each, in the order their roles declare them."""
+        pending, self.notified = self.notified, []
+        if not pending:
+            return True
+        for role in self.roles:
+            if not role.handlers:
+                continue
+            for hname, handler in role.handlers(ctx).items():
+                if hname in pending and hname not in ctx.handlers_run:
+                    if not self._step(conn, role.name, handler, ctx, handler=True):
+                        return False
+                    ctx.handlers_run.add(hname)
         return True
 
     def _step(self, conn, role: str, step, ctx: HostContext, handler=False) -> bool:

@@ -220,7 +220,7 @@ def _install_gpu_standin(root: Path, host: config.LabHost):
     mounts = [
         {"hostPath": "/usr/bin/nvidia-smi", "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "nosuid", "bind"]},
         {"hostPath": "/etc/nvidia-stub", "containerPath": "/etc/nvidia-stub", "options": ["ro", "nosuid", "bind"]},
-        {"hostPath": "/run/nvidia-stub", "containerPath": "/run/nvidia-stub", "options": ["rw", "nosuid", "bind"]},
+        {"hostPath": "/var/lib/nvidia-stub", "containerPath": "/var/lib/nvidia-stub", "options": ["rw", "nosuid", "bind"]},
     ]
     if profile.get("unified_memory"):
         write_meminfo(root, profile, held_mib=0)
@@ -234,7 +234,7 @@ def _install_gpu_standin(root: Path, host: config.LabHost):
                        {"name": "0", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}],
            "containerEdits": {"env": ["NVIDIA_STUB=1"], "mounts": mounts}}
     _write(root, "/etc/cdi/nvidia.yaml", json.dumps(cdi, indent=2) + "\n")
-    _write(root, "/etc/tmpfiles.d/nvidia-stub.conf", "d /run/nvidia-stub/apps 0755 root root -\n")
+    (root / "var/lib/nvidia-stub/apps").mkdir(parents=True, exist_ok=True)
 
 
 def write_meminfo(root: Path, profile: dict, held_mib: int = 0):

@@ -16,7 +16,7 @@ from converge import yamlsrc
 from converge.inventory import VarSource
 
 HERE = Path(__file__).parent
-ORDER = ["preflight", "image", "weights", "service", "start"]
+ORDER = ["preflight", "image", "service", "weights", "start"]
 
 
 def load(names=None):

@@ -1,2 +1,86 @@
-from converge.changes import Role
-ROLE = Role("image", lambda v: {}, lambda ctx: iter(()))
+"""image: the chosen tag present with the right arch; its digest recorded."""
+from __future__ import annotations
+
+import shlex
+
+from converge.changes import Command, Role
+from converge.errors import StepFailed
+from converge.facts.containers import Images, find_image
+from converge.facts.host import FileState
+
+ARCH_NAMES = {"x86_64": "amd64", "aarch64": "arm64"}
+STATE_DIR = "/var/lib/dgemma"
+
+
+def record_path(hostvars) -> str:
+    return f"{STATE_DIR}/{hostvars.get('service_name', 'vllm-diffusiongemma')}.image"
+
+
+def facts(hostvars):
+    return {"images": Images(hostvars.get("container_runtime", "podman")),
+            "image_record": FileState(record_path(hostvars))}
+
+
+def pull_script(runtime: str, ref: str, record: str) -> str:
+    rt, q = shlex.quote(runtime), shlex.quote(ref)
+    rec = shlex.quote(record)
+    return (f"set -e\n{rt} pull {q}\n"
+            f"mkdir -p {shlex.quote(STATE_DIR)}\n"
+            f"d=$({rt} image inspect --format '{{{{.Digest}}}}' {q})\n"
+            f"a=$({rt} image inspect --format '{{{{.Architecture}}}}' {q})\n"
+            f"tmp=$(mktemp {rec}.XXXXXX)\n"
+            f"printf '%s\\n%s\\n%s\\n' {q} \"$d\" \"$a\" > \"$tmp\"\n"
+            f"mv -f \"$tmp\" {rec}\n"
+            f"echo \"@digest $d $a\"\n")
+
+
+def plan(ctx):
+    v = ctx.vars
+    runtime = v.get("container_runtime", "podman")
+    ref = ctx.desired["image"]
+    images = ctx.facts["images"]
+    present = find_image(images, ref)
+    want_arch = ARCH_NAMES.get(ctx.facts.get("arch"), ctx.facts.get("arch"))
+    pinned = v.get("image_digest")
+    record = ctx.facts.get("image_record")
+    recorded = (record or {}).get("content", "").split("\n")
+    reason = None
+    if present is None:
+        reason = "not present"
+    elif present["arch"] != want_arch:
+        reason = f"present but built for {present['arch']}, host is {want_arch}"
+    elif pinned and pinned not in present["digests"]:
+        reason = f"present with {', '.join(present['digests']) or 'no digest'}, pinned {pinned}"
+    elif not present["digests"] or recorded[:2] != [ref, present["digests"][0]]:
+        reason = "present; digest not recorded"
+    ctx.desired["image_present"] = present
+
+    def interpret(result):
+        if result.rc != 0:
+            raise StepFailed(f"{runtime} pull {ref} failed (exit {result.rc}): "
+                             f"{(result.stdout + result.stderr).strip()[-500:]}. Check the registry "
+                             f"({v.get('registry') or 'docker.io'}) and the host's network, then deploy again")
+        line = [x for x in result.stdout.splitlines() if x.startswith("@digest ")]
+        digest, arch = (line[-1].split()[1:3] + [""])[:2] if line else ("?", "?")
+        if arch != want_arch:
+            raise StepFailed(f"{ref} is built for {arch}, this host is {want_arch}: the registry holds the wrong "
+                             f"image under this tag, or set image: to the right one")
+        if pinned and digest != pinned:
+            raise StepFailed(f"{ref} now has digest {digest}, not the pinned {pinned}: update image_digest")
+        ctx.desired["image_digest"] = digest
+        return f"{ref} {digest}"
+
+    if reason == "present; digest not recorded":
+        # no pull: the image is right, only the record is missing
+        yield Command(f"record {ref}", script=pull_script(runtime, ref, record_path(v)).replace(
+            f"set -e\n{shlex.quote(runtime)} pull {shlex.quote(ref)}\n", "set -e\n"),
+            describe=f"record the digest of {ref}", interpret=interpret, timeout=120)
+        return
+    yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)), when=reason is not None,
+                  describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=True,
+                  timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",))
+    if reason is None:
+        ctx.desired["image_digest"] = present["digests"][0]
+
+
+ROLE = Role("image", facts, plan)

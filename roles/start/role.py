@@ -1,2 +1,74 @@
-from converge.changes import Role
-ROLE = Role("start", lambda v: {}, lambda ctx: iter(()))
+"""start: the service running (state: started) and answering /health and
+/v1/models, or stopped (state: stopped). Reports the time to ready."""
+from __future__ import annotations
+
+import re
+import shlex
+
+from converge.changes import Command, Role
+from converge.errors import StepFailed
+
+from roles.service.role import env_path, unit_name
+
+
+def wait_script(v: dict, unit: str, timeout: int) -> str:
+    host = v.get("api_host", "0.0.0.0")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"http://{host}:{v.get('api_port', 8000)}"
+    u = shlex.quote(unit)
+    env = shlex.quote(env_path(v))
+    return f"""
+journal() {{ journalctl -u {u} -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
+systemctl reset-failed {u} 2>/dev/null
+systemctl start {u} || {{ echo "@failed start"; journal; exit 3; }}
+# the key is read into a variable and given to curl on stdin: never on a command line
+key=$(sed -n 's/^VLLM_API_KEY=//p' {env} 2>/dev/null)
+start=$(date +%s)
+while :; do
+  now=$(date +%s); elapsed=$((now - start))
+  state=$(systemctl is-active {u})
+  if [ "$state" = failed ] || [ "$state" = inactive ]; then
+    echo "@failed $state after $elapsed s"; journal; exit 3
+  fi
+  if curl -fsS -o /dev/null --max-time 5 {base}/health 2>/dev/null; then
+    if printf 'header = "Authorization: Bearer %s"\\n' "$key" | curl -fsS --max-time 5 -K - -o /dev/null {base}/v1/models 2>/dev/null; then
+      echo "@ready $elapsed"; exit 0
+    fi
+  fi
+  if [ $elapsed -ge {int(timeout)} ]; then echo "@timeout $elapsed $state"; journal; exit 4; fi
+  sleep 1
+done
+"""
+
+
+def plan(ctx):
+    v = ctx.vars
+    unit = unit_name(v)
+    facts_unit = ctx.facts.get("unit") or {}
+    active = facts_unit.get("ActiveState") == "active" and facts_unit.get("SubState") == "running"
+    if v.get("state", "started") == "stopped":
+        yield Command("stopped", script=f"systemctl stop {shlex.quote(unit)}\n", when=active,
+                      describe=f"systemctl stop {unit}")
+        return
+    restarted = "restart" in ctx.handlers_run
+    timeout = int(v.get("ready_timeout", 600))
+
+    def interpret(result):
+        out = result.stdout
+        ready = re.search(r"^@ready (\d+)", out, re.M)
+        if result.rc == 0 and ready:
+            return f"{unit} ready: /health and /v1/models answer after {ready.group(1)} s"
+        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
+        if re.search(r"^@timeout", out, re.M):
+            raise StepFailed(f"{unit} did not answer /health and /v1/models within {timeout} s "
+                             f"(ready_timeout). Last log lines:\n{journal}\nSee: invoke logs --hosts {ctx.name}")
+        raise StepFailed(f"{unit} failed to start ({out.splitlines()[0] if out else result.rc}). "
+                         f"Last log lines:\n{journal}")
+
+    why = "restarted after a change" if restarted and active else f"was {facts_unit.get('ActiveState', 'absent')}"
+    yield Command("started and ready", script=wait_script(v, unit, timeout), when=not active or restarted,
+                  describe=f"systemctl start {unit}; wait for /health and /v1/models ({why})",
+                  timeout=timeout + 60, interpret=interpret, changes=not active)
+
+
+ROLE = Role("start", lambda v: {}, plan, flush_handlers=True)

@@ -1,0 +1,70 @@
+"""Compose `vllm serve` arguments from variables (DOMAIN.md), and write them
+into a systemd unit safely. Pure functions."""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from converge.errors import StepFailed
+
+HERE = Path(__file__).parent
+
+
+@lru_cache(maxsize=None)
+def known_options() -> frozenset:
+    """Every option string of `vllm serve` in vLLM 0.33.0 (read from its parser)."""
+    return frozenset((HERE / "vllm-serve-options.txt").read_text().split())
+
+
+def serve_args(v: dict, model: str, utilization: float) -> list[str]:
+    dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
+    args = [model,
+            "--host", v.get("api_host", "0.0.0.0"), "--port", str(v.get("api_port", 8000)),
+            "--gpu-memory-utilization", f"{utilization:g}",
+            "--max-num-seqs", str(v.get("max_num_seqs", 4)),
+            "--max-num-batched-tokens", str(v.get("max_num_batched_tokens", 8192)),
+            "--attention-backend", v.get("attention_backend", "TRITON_ATTN"),
+            "--diffusion-config", dumps({"canvas_length": v.get("canvas_length", 256),
+                                         "max_denoising_steps": v.get("max_denoising_steps", 48)}),
+            "--hf-overrides", dumps({"diffusion_sampler": v.get("diffusion_sampler", "entropy_bound"),
+                                     "diffusion_entropy_bound": v.get("diffusion_entropy_bound", 0.1)}),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser", v.get("tool_call_parser", "gemma4"),
+            "--reasoning-parser", v.get("reasoning_parser", "gemma4"),
+            # vLLM's default max_tokens is otherwise 256 (seed 000)
+            "--override-generation-config", dumps({"max_new_tokens": None}),
+            "--default-chat-template-kwargs", dumps({"enable_thinking": v.get("enable_thinking", True)}),
+            "--enable-chunked-prefill"]
+    if v.get("max_model_len"):
+        args += ["--max-model-len", str(v["max_model_len"])]
+    if v.get("model_revision", "main") != "main":
+        args += ["--revision", v["model_revision"]]
+    extra = list(v.get("extra_serve_args") or [])
+    if "--enforce-eager" in extra:
+        raise StepFailed("extra_serve_args: --enforce-eager disables CUDA graphs and compile (seed 003): remove it")
+    args += extra
+    check_flags(args)
+    return args
+
+
+def check_flags(args: list[str]):
+    known = known_options()
+    for arg in args:
+        if arg.startswith("-") and not re.match(r"^-?\d", arg):
+            flag = arg.split("=", 1)[0]
+            if flag not in known:
+                raise StepFailed(f"vllm serve has no option {flag} (vLLM 0.33.0): fix extra_serve_args")
+
+
+def systemd_quote(arg: str) -> str:
+    """One argument as systemd reads it in ExecStart (systemd.service, Command lines)."""
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if arg and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", arg):
+        return arg
+    return "'" + arg.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def command_line(args: list[str]) -> str:
+    return " ".join(systemd_quote(a) for a in args)

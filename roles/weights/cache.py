@@ -1,0 +1,114 @@
+"""Reading a Hugging Face cache on a host: the fact's shell, and pure checks.
+
+Complete means: ``refs/<revision>`` names a commit, its snapshot holds every
+file (symlinks that resolve), no ``.incomplete`` blob, and every LFS blob's
+sha256 equals its name. Hashing 18-49 GB on every run would make a no-op slow,
+so the weights role hashes once after a download and records each blob's name,
+size and mtime in ``.dgemma-verified``; the fact compares against that record.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+
+from converge.facts import Fact
+
+VERIFIED = ".dgemma-verified"
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def repo_dir(model: str) -> str:
+    return "models--" + model.replace("/", "--")
+
+
+class HfCache(Fact):
+    """Every model in ``<cache>/hub``: refs, snapshot, blobs and the verification record."""
+
+    def __init__(self, cache: str):
+        hub = shlex.quote(cache.rstrip("/") + "/hub")
+        self.command = f"""
+for d in {hub}/models--*; do
+  [ -d "$d" ] || continue
+  echo "@repo ${{d##*/}}"
+  for r in "$d"/refs/*; do [ -f "$r" ] && echo "@ref ${{r##*/}} $(cat "$r")"; done
+  for s in "$d"/snapshots/*; do
+    [ -d "$s" ] || continue
+    n=$(find "$s" -type l | wc -l); b=$(find "$s" -xtype l | wc -l)
+    echo "@snapshot ${{s##*/}} $n $b"
+  done
+  for f in "$d"/blobs/*; do [ -f "$f" ] && echo "@blob $(stat -c '%n %s %Y' "$f" | sed 's|.*/||')"; done
+  [ -f "$d/{VERIFIED}" ] && sed 's/^/@verified /' "$d/{VERIFIED}"
+done
+true
+"""
+
+    def process(self, output, rc):
+        return parse_cache(output)
+
+
+def parse_cache(text: str) -> dict:
+    models: dict = {}
+    current = None
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "@repo":
+            name = rest[len("models--"):].replace("--", "/", 1)
+            current = models[name] = {"refs": {}, "snapshots": {}, "blobs": {}, "verified": set()}
+        elif current is None:
+            continue
+        elif kind == "@ref":
+            ref, _, commit = rest.partition(" ")
+            current["refs"][ref] = commit.strip()
+        elif kind == "@snapshot":
+            commit, files, broken = rest.split()
+            current["snapshots"][commit] = {"files": int(files), "broken": int(broken)}
+        elif kind == "@blob":
+            name, size, mtime = rest.split()
+            current["blobs"][name] = (int(size), int(mtime))
+        elif kind == "@verified":
+            current["verified"].add(tuple(rest.split()))
+    return models
+
+
+def status(models: dict, model: str, revision: str = "main") -> tuple[bool, str]:
+    """(complete, why not) for one model."""
+    entry = models.get(model)
+    if not entry:
+        return False, "not in the cache"
+    commit = entry["refs"].get(revision) or (revision if revision in entry["snapshots"] else None)
+    if not commit:
+        return False, f"no refs/{revision}"
+    snap = entry["snapshots"].get(commit)
+    if not snap or snap["files"] == 0:
+        return False, f"no snapshot for {commit[:12]}"
+    if snap["broken"]:
+        return False, f"{snap['broken']} snapshot files point at missing blobs"
+    incomplete = [b for b in entry["blobs"] if b.endswith(".incomplete")]
+    if incomplete:
+        return False, f"{len(incomplete)} partial downloads (.incomplete)"
+    recorded = {(name, size, mtime) for name, size, mtime in entry["verified"]}
+    for name, (size, mtime) in entry["blobs"].items():
+        if SHA256.match(name) and (name, str(size), str(mtime)) not in recorded:
+            return False, f"blob {name[:12]} not verified"
+    return True, f"{commit[:12]}, {len(entry['blobs'])} blobs verified"
+
+
+def verify_script(cache: str, model: str) -> str:
+    """sha256 every LFS blob; on success record name, size and mtime of each."""
+    d = shlex.quote(f"{cache.rstrip('/')}/hub/{repo_dir(model)}")
+    return f"""
+set -e
+cd {d}/blobs
+bad=0
+: > ../{VERIFIED}.new
+for f in *; do
+  case "$f" in *.incomplete) echo "partial download $f"; bad=1; continue;; esac
+  if printf '%s' "$f" | grep -Eq '^[0-9a-f]{{64}}$'; then
+    sum=$(sha256sum "$f" | cut -d' ' -f1)
+    if [ "$sum" != "$f" ]; then echo "@corrupt $f $sum"; rm -f "$f"; bad=1; continue; fi
+  fi
+  stat -c '%n %s %Y' "$f" >> ../{VERIFIED}.new
+done
+if [ $bad -ne 0 ]; then rm -f ../{VERIFIED}.new; exit 3; fi
+mv -f ../{VERIFIED}.new ../{VERIFIED}
+"""

@@ -1,0 +1,39 @@
+"""The lab itself: real hosts reachable with host-key checking, arch, registry."""
+import json
+
+from tests.lab.conftest import ssh, invoke
+
+
+def test_hosts_answer_ssh_with_strict_host_keys_and_spark_is_aarch64(lab):
+    assert ssh("spark01", "uname -m").stdout.strip() == "aarch64"
+    assert ssh("rtx01", "uname -m").stdout.strip() == "x86_64"
+    assert ssh("h100-01", "systemctl is-system-running", check=False).stdout.strip() in ("running", "degraded")
+
+
+def test_registry_pull_of_the_right_tag_on_each_host(lab):
+    for host, tag, arch in (("spark01", "gemma-aarch64-cu130", "arm64"), ("h100-01", "gemma-x86_64-cu130", "amd64")):
+        ref = f"10.213.0.1:5000/vllm/vllm-openai:{tag}"
+        out = ssh(host, f"podman pull -q {ref} >/dev/null && podman image inspect --format '{{{{.Architecture}}}}' {ref}",
+                  timeout=300).stdout.split()
+        assert out[-1] == arch
+
+
+def test_facts_on_the_lab_choose_the_tag_per_arch(lab, tmp_path):
+    out = tmp_path / "facts.json"
+    invoke("facts", "--json", out, check=True)
+    hosts = json.loads(out.read_text())["hosts"]
+    assert hosts["spark01"]["choice"]["image"].endswith("vllm/vllm-openai:gemma-aarch64-cu130")
+    assert hosts["spark01"]["facts"]["gpus"][0]["memory_total_mib"] is None  # GB10: [N/A]
+    assert hosts["spark01"]["choice"]["memory_source"].startswith("host MemTotal")
+    for host in ("rtx01", "h100-01"):
+        assert hosts[host]["choice"]["image"].endswith("vllm/vllm-openai:gemma-x86_64-cu130")
+    assert hosts["rtx01"]["choice"]["model"] == "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
+    assert "NVFP4" not in hosts["h100-01"]["choice"]["model"]
+
+
+def test_lab_status_lists_each_host(lab, tmp_path):
+    out = tmp_path / "status.json"
+    invoke("lab.status", "--json-out", out, check=True)
+    rows = {r["host"]: r for r in json.loads(out.read_text())["hosts"]}
+    assert rows["spark01"]["arch"] == "aarch64" and rows["spark01"]["state"] == "running"
+    assert rows["rtx01"]["address"] == "10.213.0.12"

@@ -1,0 +1,63 @@
+"""The engine on this machine through a local connection: one-script facts,
+atomic writes with the previous version kept, secret-safe diffs, host lock."""
+import os
+
+from converge.changes import File, mask_env
+from converge.connection import LocalConnection
+from converge.facts import gather, split, script
+from converge.facts.host import Arch, FileState, MemInfo
+from converge.runner import lock_script
+
+
+def test_facts_gather_in_one_script_even_when_a_fact_exits():
+    class Exits(Arch):
+        command = "echo partial; exit 7"
+
+    conn = LocalConnection()
+    facts = gather(conn, {"arch": Arch(), "bad": Exits(), "mem": MemInfo()})
+    assert facts["arch"] == os.uname().machine
+    assert facts["mem"]["MemTotal"] > 0
+    raw = split(conn.run(script({"bad": Exits()}, "@@b")).stdout, "@@b")
+    assert raw == {"bad": ("partial", 7)}
+
+
+def test_atomic_write_keeps_previous_and_reports_no_change_after(tmp_path):
+    conn = LocalConnection()
+    target = str(tmp_path / "dir" / "unit.service")
+    first = File("f", path=target, content="one\n", mode="0640", owner="root", group="root", current=None)
+    assert first.needed()
+    assert conn.run(first.script()).rc == 0
+    state = gather(conn, {"f": FileState(target)})["f"]
+    assert state["mode"] == "0640" and state["content"] == "one\n"
+    second = File("f", path=target, content="two\n", mode="0640", current=state)
+    assert second.needed() and "-one" in second.diff() and "+two" in second.diff()
+    assert conn.run(second.script()).rc == 0
+    assert open(target).read() == "two\n" and open(target + ".previous").read() == "one\n"
+    again = File("f", path=target, content="two\n", mode="0640", current=gather(conn, {"f": FileState(target)})["f"])
+    assert not again.needed()
+    assert [p for p in os.listdir(tmp_path / "dir") if p.startswith(".")] == []  # no temp file left
+
+
+def test_secret_file_content_never_leaves_the_host_nor_shows_in_a_diff(tmp_path):
+    conn = LocalConnection()
+    path = str(tmp_path / "env")
+    secret = File("env", path=path, content="VLLM_API_KEY=s3cr3t\n", mode="0600", secret=True, current=None)
+    assert "s3cr3t" not in secret.diff() and "VLLM_API_KEY=********" in secret.diff()
+    assert "s3cr3t" not in secret.script()  # base64 in a heredoc on stdin, not on a command line
+    conn.run(secret.script())
+    state = gather(conn, {"env": FileState(path, secret=True)})["env"]
+    assert "content" not in state and state["mode"] == "0600"
+    assert mask_env("A=1\n# c\n") == "A=********\n# c\n"
+
+
+def test_host_lock_is_exclusive_and_released_with_the_connection():
+    first, second = LocalConnection(), LocalConnection()
+    line, _ = first.hold(lock_script("dgemma-test", 0, "first"), timeout=10)
+    assert line == "locked"
+    line, _ = second.hold(lock_script("dgemma-test", 0, "second"), timeout=10)
+    assert line.startswith("busy first")
+    first.close()
+    second.close()
+    third = LocalConnection()
+    assert third.hold(lock_script("dgemma-test", 0, "third"), timeout=10)[0] == "locked"
+    third.close()

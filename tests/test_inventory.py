@@ -1,0 +1,96 @@
+"""The shipped inventory validates; broken ones fail with file:line: key messages."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import roles
+from converge.errors import InventoryError
+from converge.play import Play
+from tests.conftest import ROOT
+
+INVENTORY = ROOT / "inventory"
+
+
+def play(path, overrides=None):
+    return Play.load(str(path), roles.schemas(), roles.defaults(), overrides)
+
+
+@pytest.fixture
+def inv(tmp_path):
+    target = tmp_path / "inventory"
+    shutil.copytree(INVENTORY, target)
+    return target
+
+
+def problems(path, overrides=None):
+    return play(path, overrides).problems()
+
+
+def test_shipped_inventory_is_valid_and_resolves_with_precedence():
+    p = play(INVENTORY, ["max_num_seqs=6"])
+    assert p.problems() == []
+    rtx = p.hostvars("rtx01")
+    assert rtx["container_runtime"] == "podman" and rtx["conflicts"] == ["ollama.service"]
+    assert rtx["api_key_file"] == "~/.config/dgemma/rtx01.api-key"  # host_vars
+    assert rtx["max_num_seqs"] == 6  # --set beats group_vars/all
+    assert rtx["restart_sec"] == 15  # role default
+    assert p.hostvars("spark01")["container_runtime"] == "docker"
+    assert p.inventory.select("spark,rtx01") == ["spark01", "rtx01"]
+
+
+def test_out_of_range_names_file_line_and_key(inv):
+    (inv / "host_vars" / "rtx01.yml").write_text("api_key_file: /x\n\n\n\n\n\ngpu_memory_utilization: 1.4\n")
+    (found,) = problems(inv)
+    assert found.endswith("inventory/host_vars/rtx01.yml:7: gpu_memory_utilization: 1.4 is greater than "
+                          "the maximum 0.95")
+
+
+def test_wrong_type_unknown_key_and_shell_metacharacters(inv):
+    (inv / "group_vars" / "rtx.yml").write_text(
+        "container_runtime: podman\nmax_num_seqs: four\ngpu_memroy_utilization: 0.7\n"
+        "conflicts:\n  - ollama.service; rm -rf /\n")
+    found = "\n".join(problems(inv))
+    assert "group_vars/rtx.yml:2: max_num_seqs: 'four' is str, expected integer" in found
+    assert "group_vars/rtx.yml:3: gpu_memroy_utilization: unknown key; did you mean 'gpu_memory_utilization'?" in found
+    assert "group_vars/rtx.yml:5: conflicts[0]: 'ollama.service; rm -rf /' is not allowed (contains ' ' ';')" in found
+
+
+def test_bad_host_address_and_yaml_syntax(inv):
+    (inv / "hosts.yml").write_text((inv / "hosts.yml").read_text().replace(
+        "ansible_host: rtx01.lab.example", "ansible_host: \"rtx01;reboot\""))
+    assert any("hosts.yml:" in p and "ansible_host: 'rtx01;reboot' is not allowed" in p for p in problems(inv))
+    (inv / "host_vars" / "rtx01.yml").write_text("a: [\n")
+    with pytest.raises(InventoryError, match=r"host_vars/rtx01.yml:\d+: YAML syntax error"):
+        play(inv)
+
+
+def test_unknown_host_lists_known_ones():
+    with pytest.raises(InventoryError, match=r"unknown host or group 'rtx1'.*Did you mean 'rtx01'.*"
+                                             r"Known hosts: spark01, rtx01, h100-01"):
+        play(INVENTORY).inventory.select("rtx1")
+
+
+def test_vars_file_for_missing_host_is_reported(inv):
+    (inv / "host_vars" / "rtx02.yml").write_text("autostart: true\n")
+    with pytest.raises(InventoryError, match="no host named 'rtx02'"):
+        play(inv)
+
+
+def test_ansible_reads_the_same_inventory():
+    ansible = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
+    if not Path(ansible).exists():
+        pytest.skip("ansible-core is not installed (pip install ansible-core)")
+    out = json.loads(subprocess.run([ansible, "-i", str(INVENTORY / "hosts.yml"), "--list"], check=True,
+                                    capture_output=True, text=True).stdout)
+    hostvars = out["_meta"]["hostvars"]
+    assert set(hostvars) == {"spark01", "rtx01", "h100-01"}
+    assert set(out["all"]["children"]) >= {"spark", "rtx", "h100"}
+    ours = play(INVENTORY)
+    for host, theirs in hostvars.items():
+        mine = ours.inventory.host(host).vars  # no role defaults: Ansible has none here
+        assert {k: v for k, v in theirs.items() if not k.startswith("ansible_") or k in mine} == \
+               {k: v for k, v in mine.items()}, host

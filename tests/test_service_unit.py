@@ -1,0 +1,75 @@
+"""Serve flags composed from variables, systemd quoting, and both unit flavours."""
+import json
+import shlex
+
+import pytest
+
+import roles
+from converge.errors import StepFailed
+from converge.play import Play
+from roles.service.role import render_env, render_unit
+from roles.service.serve import check_flags, known_options, serve_args, systemd_quote
+from tests.conftest import ROOT
+
+
+def hostvars(name, **extra):
+    return Play.load(str(ROOT / "inventory"), roles.schemas(), roles.defaults(),
+                     [f"{k}={v}" for k, v in extra.items()]).hostvars(name)
+
+
+def unquote_systemd(line: str) -> list[str]:
+    # systemd's quoting is close enough to POSIX single quotes with backslash escapes for these values
+    return shlex.split(line.replace("\\'", "'\"'\"'").replace("%%", "%").replace("$$", "$"))
+
+
+def test_serve_args_match_the_seed_command_and_parse():
+    args = serve_args(hostvars("spark01"), "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7)
+    assert args[0] == "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
+    joined = " ".join(args)
+    for expected in ("--max-model-len 100000", "--gpu-memory-utilization 0.7", "--max-num-batched-tokens 8192",
+                     "--max-num-seqs 4", "--attention-backend TRITON_ATTN", "--tool-call-parser gemma4",
+                     "--reasoning-parser gemma4", "--enable-auto-tool-choice", "--enable-chunked-prefill"):
+        assert expected in joined
+    dc = json.loads(args[args.index("--diffusion-config") + 1])
+    assert dc == {"canvas_length": 256, "max_denoising_steps": 48}
+    assert json.loads(args[args.index("--override-generation-config") + 1]) == {"max_new_tokens": None}
+    assert "--enforce-eager" not in args and "--api-key" not in args
+    assert all(a in known_options() for a in args if a.startswith("--"))
+
+
+def test_unknown_or_harmful_extra_flags_are_refused():
+    with pytest.raises(StepFailed, match="no option --made-up"):
+        serve_args(hostvars("rtx01"), "m/x", 0.7) and check_flags(["--made-up"])
+    with pytest.raises(StepFailed, match="enforce-eager"):
+        serve_args({**hostvars("rtx01"), "extra_serve_args": ["--enforce-eager"]}, "m/x", 0.7)
+
+
+def test_systemd_quoting_round_trips():
+    for arg in ['{"canvas_length": 256}', "50%", "$HOME", "it's", "plain"]:
+        assert unquote_systemd(systemd_quote(arg)) == [arg]
+
+
+def test_podman_unit_is_on_demand_with_conflicts_and_bounded_restarts():
+    v = hostvars("rtx01")
+    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7, False)
+    assert "Conflicts=ollama.service" in unit
+    assert "StartLimitBurst=3" in unit and "StartLimitIntervalSec=900" in unit and "Restart=on-failure" in unit
+    assert "ExecStartPre=-/usr/bin/podman rm -f vllm-diffusiongemma" in unit
+    assert "ExecStop=/usr/bin/podman stop -t 30 vllm-diffusiongemma" in unit
+    assert "EnvironmentFile=/etc/dgemma/vllm-diffusiongemma.env" in unit
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = unquote_systemd(exec_start[len("ExecStart="):])
+    assert argv[:5] == ["/usr/bin/podman", "run", "--rm", "--name", "vllm-diffusiongemma"]
+    assert "nvidia.com/gpu=all" in argv and "HF_HUB_OFFLINE=1" in argv and "VLLM_API_KEY" in argv
+    assert not any(a.startswith("VLLM_API_KEY=") for a in argv)
+
+
+def test_docker_unit_uses_gpus_all_and_the_docker_service():
+    v = hostvars("spark01")
+    unit = render_unit(v, "vllm/vllm-openai:gemma-aarch64-cu130", "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7, True)
+    assert "Requires=docker.service" in unit and "--gpus all" in unit and "/usr/bin/docker run --rm" in unit
+    assert "-e HF_TOKEN " in unit and "Conflicts=" not in unit
+
+
+def test_env_file_holds_the_secrets():
+    assert render_env("k3y", "hf_x") .splitlines()[1:] == ["VLLM_API_KEY=k3y", "HF_TOKEN=hf_x"]

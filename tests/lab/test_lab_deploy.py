@@ -135,12 +135,16 @@ def test_memory_precheck_stops_a_busy_host_before_anything_starts(lab_copy):
         invoke("lab.gpu", "--host", "h100-01", "--clear", check=True)
 
 
-def test_two_deploys_to_one_host_the_second_waits_for_the_lock(lab):
-    env = dict(os.environ, DGEMMA_INVENTORY=str(lab), COLUMNS="200")
+def test_two_deploys_to_one_host_the_second_waits_for_the_lock(lab, lab_copy):
+    # the first changes the unit, so it restarts the service and takes seconds, not a fraction of one
+    (lab_copy / "host_vars").mkdir(exist_ok=True)
+    (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 5\n")
     cmd = [sys.executable, "-m", "invoke", "deploy", "--hosts", "rtx01"]
-    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(0.3)
-    second = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, DGEMMA_INVENTORY=str(lab_copy), COLUMNS="200"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.5)
+    second = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, DGEMMA_INVENTORY=str(lab), COLUMNS="200"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outs = [p.communicate(timeout=600)[0] for p in (first, second)]
     assert first.returncode == 0 and second.returncode == 0, outs
     assert any("waiting" in o and "for the lock held by" in o for o in outs), outs

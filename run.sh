@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian 12 machine, as root:
+#   ./run.sh main   bring up the local lab, deploy to it, verify it
+#   ./run.sh test   run the whole test suite (unit tests and the lab tests)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+setup() {
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null || ! command -v git >/dev/null; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip git
+  fi
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+}
+
+case "${1:-}" in
+  main)
+    setup
+    export DGEMMA_INVENTORY=/var/lib/dgemma-lab/inventory
+    .venv/bin/invoke lab.up
+    .venv/bin/invoke deploy --hosts spark01,rtx01,h100-01
+    .venv/bin/invoke verify
+    ;;
+  test)
+    setup
+    shift
+    exec .venv/bin/python -m pytest "$@"
+    ;;
+  *)
+    echo "usage: $0 main|test [pytest args]" >&2
+    exit 2
+    ;;
+esac

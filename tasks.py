@@ -146,3 +146,35 @@ try:  # the lab and verify are added when their modules are present
 except ImportError as exc:  # pragma: no cover
     if "lab" not in str(exc):
         raise
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
+            "junit": "write JUnit XML to FILE"}, iterable=["set"])
+def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None):
+    """Check every host with testinfra over SSH: units, secrets, image, weights, API."""
+    import roles
+    from converge import play as playlib
+    from converge import verify as verifylib
+    from converge.connection import SSHSettings
+    from converge.report import write_json
+    from roles.verify_view import print_table, verify_document
+    play = _play(inventory, set)
+    report = _report(json)
+    report.quiet = True
+    # what each host should look like: the roles' plan in check mode (changes nothing)
+    playlib.run(play, roles.load(), hosts, check=True, report=report)
+    expected = {h: x["expected"] for h, x in report.extra.items() if "expected" in x}
+    unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"}
+    names = [h for h in play.inventory.select(hosts) if h not in unreachable]
+    settings = [SSHSettings.from_vars(h, play.hostvars(h)) for h in names]
+    results, output = verifylib.run(settings, ["roles"], expected, junit=junit) if settings else ([], "")
+    data = verify_document(results, unreachable, expected)
+    print_table(data, report.console)
+    if not results and settings:
+        report.console.print(output[-3000:])
+    write_json(data, json)
+    if not data["ok"]:
+        raise Exit(code=1)
+
+
+ns.add_task(verify)

@@ -2,6 +2,8 @@
 with the remedy in words when something it needs is missing."""
 from __future__ import annotations
 
+import re
+
 from converge.changes import Check, Role
 from converge.facts import FactError
 from converge.facts.containers import Runtimes
@@ -56,9 +58,14 @@ def plan_choice(ctx):
         return
     running = (ctx.facts.get("unit") or {}).get("ActiveState") in ("active", "activating", "reloading")
     hostvars = ctx.vars
-    if running and hostvars.get("gpu_memory_utilization", "auto") != "auto":
-        # our own server holds its memory now; vLLM's check applies to a fresh start
+    if running:
+        # our own server holds its memory now: vLLM's check applies to a fresh start, and
+        # `auto` keeps the value it resolved to when the service started (else every run would differ)
         hostvars = {**hostvars, "_skip_memory_check": True}
+        deployed = re.search(r"--gpu-memory-utilization (\S+)", (ctx.facts.get("unit_file") or {}).get("content", ""))
+        if hostvars.get("gpu_memory_utilization", "auto") == "auto" and deployed:
+            hostvars["gpu_memory_utilization"] = float(deployed.group(1))
+            hostvars["_auto_kept"] = True
     try:
         choice = choose(gathered, hostvars)
     except Refused as exc:

@@ -117,7 +117,11 @@ def choose(facts: dict, hostvars: dict) -> Choice:
                       f"{'; held by ' + apps if apps else ''}. The largest safe value now is {safe:.2f}: set "
                       f"gpu_memory_utilization: {safe:.2f} (or auto), or free the GPU.")
     util = explicit if explicit != "auto" else largest_safe_utilization(mem, margin)
-    util_reason = (f"set by the inventory; ceil({util} x {mem.total_mib:.0f} MiB) <= {mem.free_mib:.0f} MiB free"
+    util_reason = ("auto: the value chosen when the running service started, kept while it runs"
+                   if hostvars.get("_auto_kept") else
+                   "set by the inventory; the service runs, so its own memory is not free now"
+                   if hostvars.get("_skip_memory_check") and explicit != "auto" else
+                   f"set by the inventory; ceil({util} x {mem.total_mib:.0f} MiB) <= {mem.free_mib:.0f} MiB free"
                    if explicit != "auto" else
                    f"auto: the largest value with {margin} MiB to spare of {mem.free_mib:.0f} MiB free "
                    f"({mem.source}), at most 0.95")

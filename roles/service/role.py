@@ -92,6 +92,7 @@ def plan(ctx):
     ctx.desired.update(env_file=env_path(v), hf_token=bool(hf_token), unit=unit_name(v), api_key=api_key)
     unit_text = render_unit(v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"],
                             bool(hf_token))
+    ctx.desired["unit_text"] = unit_text
     dirs = [v.get("model_cache", "/srv/models/hf-cache"), v.get("compile_cache", "/var/cache/vllm"), "/etc/dgemma"]
     yield Command("directories", script="mkdir -p " + " ".join(shlex.quote(d) for d in dirs) + "\n",
                   when=ctx.facts.get("unit_file") is None, describe="mkdir -p " + " ".join(dirs))

@@ -71,4 +71,22 @@ def plan(ctx):
                   timeout=timeout + 60, interpret=interpret, changes=not active)
 
 
-ROLE = Role("start", lambda v: {}, plan, flush_handlers=True)
+def summary(ctx) -> dict:
+    """What verify checks each host against (no secret in here: it may go to --json)."""
+    from roles.image.role import record_path
+    from roles.service.role import unit_path
+    d, v = ctx.desired, ctx.vars
+    if "unit_text" not in d:
+        return {}
+    return {"expected": {
+        "unit": unit_name(v), "unit_path": unit_path(v), "unit_text": d["unit_text"], "env_path": env_path(v),
+        "autostart": bool(v.get("autostart", False)), "conflicts": list(v.get("conflicts") or []),
+        "state": v.get("state", "started"), "api_host": v.get("api_host", "0.0.0.0"),
+        "api_port": v.get("api_port", 8000), "model": d["model"], "image": d["image"],
+        "image_record": record_path(v), "arch": ctx.facts.get("arch"),
+        "runtime": v.get("container_runtime", "podman"),
+        "model_cache": v.get("model_cache", "/srv/models/hf-cache"),
+        "model_revision": v.get("model_revision", "main")}}
+
+
+ROLE = Role("start", lambda v: {}, plan, flush_handlers=True, summary=summary)

@@ -1,0 +1,49 @@
+"""Shared fixtures of the roles' testinfra checks (run by `invoke verify`)."""
+import json
+import os
+import shlex
+
+import pytest
+
+
+@pytest.fixture
+def name(host):
+    return host.backend.get_hostname()
+
+
+@pytest.fixture
+def expected(name):
+    """What the roles render for this host (verify computes it before the run)."""
+    path = os.environ.get("CONVERGE_EXPECTED")
+    if not path:
+        pytest.skip("run through `invoke verify`")
+    data = json.load(open(path)).get(name)
+    if not data:
+        pytest.fail(f"{name}: nothing was deployed here or its facts could not be read; run: invoke deploy --hosts {name}")
+    return data
+
+
+@pytest.fixture
+def fix(name):
+    return f"run: invoke deploy --hosts {name}"
+
+
+@pytest.fixture
+def api(host, expected):
+    """curl on the host itself; the API key is read there from the 0600 file and fed to
+    curl on stdin, so it is on no command line and in no log."""
+    base = f"http://{'127.0.0.1' if expected['api_host'] in ('0.0.0.0', '::') else expected['api_host']}:" \
+           f"{expected['api_port']}"
+    env = shlex.quote(expected["env_path"])
+
+    def call(path, body=None, key=True):
+        data = f"-H 'Content-Type: application/json' --data-binary {shlex.quote(json.dumps(body))}" if body else ""
+        auth = (f"key=$(sed -n 's/^VLLM_API_KEY=//p' {env}); "
+                f"printf 'header = \"Authorization: Bearer %s\"\\n' \"$key\" | ") if key else ""
+        cmd = (f"{auth}curl -sS --max-time 60 {'-K -' if key else ''} -o /tmp/.verify-body -w '%{{http_code}}' "
+               f"{data} {base}{path}; echo; cat /tmp/.verify-body; rm -f /tmp/.verify-body")
+        out = host.run(cmd)
+        code, _, body_text = out.stdout.partition("\n")
+        return int(code or 0), body_text
+
+    return call

@@ -1,0 +1,18 @@
+"""The image role's state on the host."""
+import json
+
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def test_image_matches_arch_cuda_and_recorded_digest(host, expected, fix):
+    rt, ref = expected["runtime"], expected["image"]
+    out = host.run(f"{rt} image inspect --format '{{{{.Architecture}}}} {{{{.Digest}}}}' {ref}")
+    assert out.rc == 0, f"{ref} is not present; {fix}"
+    arch, digest = out.stdout.split()[:2]
+    assert arch == ARCH[expected["arch"]], \
+        f"{ref} is built for {arch} but the host is {expected['arch']}: remove it ({rt} rmi {ref}) and {fix}"
+    record = host.file(expected["image_record"])
+    assert record.exists, f"no digest recorded at deploy ({expected['image_record']}); {fix}"
+    recorded = record.content_string.split("\n")
+    assert recorded[:2] == [ref, digest], \
+        f"{ref} has digest {digest}, deploy recorded {recorded[1] if len(recorded) > 1 else '-'}; {fix}"

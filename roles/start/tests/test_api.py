@@ -1,0 +1,57 @@
+"""When the service should run: it listens, answers and behaves as vLLM does."""
+import json
+
+import pytest
+
+
+@pytest.fixture
+def running(expected):
+    if expected["state"] != "started":
+        pytest.skip("state: stopped")
+    return expected
+
+
+def test_port_listens(host, running, fix):
+    addr = running["api_host"]
+    assert host.socket(f"tcp://{addr}:{running['api_port']}").is_listening, \
+        f"nothing listens on {addr}:{running['api_port']}: the service is {host.service(running['unit']).is_running and 'running' or 'not running'}; {fix}"
+
+
+def test_health(api, running, fix):
+    code, _ = api("/health", key=False)
+    assert code == 200, f"/health answered {code}; {fix} (or see: journalctl -u {running['unit']})"
+
+
+def test_models_lists_the_model_and_needs_the_key(api, running, fix):
+    code, body = api("/v1/models")
+    assert code == 200, f"/v1/models answered {code} with the key; {fix}"
+    assert [m["id"] for m in json.loads(body)["data"]] == [running["model"]], body[:300]
+    code, _ = api("/v1/models", key=False)
+    assert code == 401, f"/v1/models answered {code} without the API key: auth is off; {fix}"
+
+
+def test_chat_completion_without_thinking(api, running, fix):
+    code, body = api("/v1/chat/completions", {
+        "model": running["model"], "temperature": 0, "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Say hi in one sentence."}],
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert code == 200, f"chat completion answered {code}: {body[:300]}"
+    reply = json.loads(body)
+    assert reply["choices"][0]["message"]["content"], "empty content"
+    assert reply["usage"]["completion_tokens"] > 0 and reply["usage"]["prompt_tokens"] > 0
+
+
+def test_tool_call_is_well_formed(api, running, fix):
+    code, body = api("/v1/chat/completions", {
+        "model": running["model"], "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]})
+    assert code == 200, f"tool request answered {code}: {body[:300]}"
+    choice = json.loads(body)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", f"finish_reason {choice['finish_reason']}: is " \
+                                                    f"--enable-auto-tool-choice --tool-call-parser gemma4 set? {fix}"
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"]), dict)
+    assert not choice["message"]["content"], "tool call leaked into content"

@@ -4,10 +4,20 @@ import json
 import pytest
 
 
+def test_service_running_as_declared(host, expected, fix):
+    service = host.service(expected["unit"])
+    if expected["state"] == "started":
+        assert service.is_running, f"{expected['unit']} is not running (state: started); {fix}"
+    else:
+        assert not service.is_running, f"{expected['unit']} runs but state is stopped; {fix}"
+
+
 @pytest.fixture
-def running(expected):
+def running(host, expected):
     if expected["state"] != "started":
         pytest.skip("state: stopped")
+    if not host.service(expected["unit"]).is_running:
+        pytest.skip("the service is not running (see service_running_as_declared)")
     return expected
 
 

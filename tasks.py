@@ -178,3 +178,106 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None):
 
 
 ns.add_task(verify)
+
+
+def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP"):
+    """Run one day-2 role on hosts through the engine (connection, lock, report)."""
+    from converge import play as playlib
+    from converge.report import write_json
+    play = _play(inventory, set)
+    report = _report(json_target)
+    try:
+        playlib.run(play, [role], hosts, report=report)
+    except ConvergeError as exc:
+        raise Exit(str(exc), code=2)
+    report.print_recap(title)
+    write_json(report.as_dict(), json_target)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
+def status(c, inventory=None, hosts=None, json=None):
+    """One table for the fleet: unit, container, health, model, image, GPU memory, drift."""
+    import roles
+    from converge import play as playlib
+    from converge.report import write_json
+    from roles.ops.status import status_role
+    from roles.ops.status_view import print_status, status_document
+    play = _play(inventory)
+    report = _report(json)
+    report.quiet = True
+    playlib.run(play, roles.load() + [status_role()], hosts, check=True, report=report)
+    data = status_document(report)
+    print_status(data, report.console)
+    write_json(data, json)
+    if not data["ok"]:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
+def start(c, inventory=None, hosts=None, json=None):
+    """Start vLLM (stopping the units it conflicts with, e.g. ollama) and wait until ready."""
+    from roles.ops.lifecycle import start_role
+    _ops(inventory, hosts, start_role(), json_target=json)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+            "resume": "start again the units vLLM conflicts with (e.g. ollama)"})
+def stop(c, inventory=None, hosts=None, resume=False, json=None):
+    """Stop vLLM; with --resume, start the units it displaced."""
+    from roles.ops.lifecycle import stop_role
+    _ops(inventory, hosts, stop_role(resume), json_target=json)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
+def restart(c, inventory=None, hosts=None, json=None):
+    """Restart vLLM and wait until ready."""
+    from roles.ops.lifecycle import restart_role
+    _ops(inventory, hosts, restart_role(), json_target=json)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
+def recover(c, inventory=None, hosts=None, json=None):
+    """Clear a crash loop or a wedged container; refuse (reboot needed) if nvidia-smi hangs."""
+    from roles.ops.lifecycle import recover_role
+    _ops(inventory, hosts, recover_role(), json_target=json, title="RECOVER RECAP")
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "lines": "lines of history (default 50)",
+            "follow": "keep printing new lines (Ctrl-C to stop)"})
+def logs(c, inventory=None, hosts=None, lines=50, follow=False):
+    """The vLLM unit's journal on each host, prefixed by host."""
+    from roles.ops.logs import stream_logs
+    play = _play(inventory)
+    failed = stream_logs(play, play.inventory.select(hosts), int(lines), follow)
+    if failed:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
+            "show_keys": "print the API keys instead of ********"})
+def endpoints(c, inventory=None, hosts=None, show_keys=False):
+    """OpenAI base URLs of the serving hosts, and the lines Open WebUI takes."""
+    from roles.ops.endpoints import endpoints as rows_for, open_webui_lines
+    play = _play(inventory)
+    rows = rows_for({h: play.hostvars(h) for h in play.inventory.select(hosts)}, show_keys)
+    for row in rows:
+        print(f"{row['host']:<12} {row['base_url']:<36} key {row['key']}")
+    print()
+    print(open_webui_lines(rows), end="")
+
+
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": "write the figures as JSON to FILE",
+            "csv": "write the figures as CSV to FILE", "repeats": "sequential requests per scenario (default 4)",
+            "concurrency": "parallel requests of the aggregate figure (default 4)"})
+def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", repeats=4, concurrency=4):
+    """Benchmark each serving host the seeds' way: full canvas, short answers, concurrency 4."""
+    from roles.ops.bench_run import bench_hosts
+    play = _play(inventory)
+    if not bench_hosts(play, play.inventory.select(hosts), json, csv, int(repeats), int(concurrency)):
+        raise Exit(code=1)
+
+
+for day2 in (status, start, stop, restart, recover, logs, endpoints, bench):
+    ns.add_task(day2)

@@ -184,9 +184,12 @@ class HostRun:
                 tail = (result.stdout + result.stderr).strip()[-600:]
                 self._result(role, label, "failed", f"exit {result.rc}: {tail}", started=started)
                 return False
-            if step.changes:
+            changed = step.changes
+            if isinstance(message, tuple):  # interpret may say whether the host really changed
+                message, changed = message
+            if changed:
                 ctx.changed_steps.append(step)
-            self._result(role, label, "changed" if step.changes else "ok", message or step.describe, started=started)
+            self._result(role, label, "changed" if changed else "ok", message or step.describe, started=started)
             return True
         raise TypeError(f"unknown step {step!r}")
 

@@ -45,6 +45,8 @@ def write(hosts: list[config.LabHost]) -> str:
         "container_runtime": "podman",
         "api_key_file": str(key_file),
         "ready_timeout": 300,
+        # the lab rebuilds its images when the stand-ins change: hosts follow the registry
+        "image_pull": "always",
         "model_cache": "/srv/models/hf-cache",
     }, "children": children}}
     header = "# Written by `invoke lab.up`: the lab's hosts. Regenerated on every lab.up.\n"

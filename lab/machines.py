@@ -32,9 +32,39 @@ def running_pid(host: config.LabHost) -> int | None:
     return pid if cmd and b"systemd-nspawn" in cmd[0] and str(host.root).encode() in cmd else None
 
 
+def processes_in(host: config.LabHost) -> list[int]:
+    """Every process whose root is this host's rootfs: its systemd and all below it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/root") == str(host.root):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _kill_orphans(host: config.LabHost):
+    """A killed nspawn leaves the host's systemd and services running with no one
+    to stop them; a second boot on the same disk must never meet them."""
+    for _ in range(20):
+        pids = processes_in(host)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.25)
+    raise sh.LabError(f"{host.name}: processes {processes_in(host)} survive SIGKILL")
+
+
 def boot(host: config.LabHost):
     if running_pid(host):
         return
+    _kill_orphans(host)
     _clear_stale_mounts(host)
     log = open(host.dir / "console.log", "ab")
     env = dict(os.environ, SYSTEMD_NSPAWN_API_VFS_WRITABLE="1", SYSTEMD_NSPAWN_TMPFS_TMP="0")
@@ -78,6 +108,7 @@ def stop(host: config.LabHost, timeout: float = 60):
             os.killpg(pid, signal.SIGKILL)
             time.sleep(1)
     pid_file(host).unlink(missing_ok=True)
+    _kill_orphans(host)
     _clear_stale_mounts(host)
 
 

@@ -109,6 +109,8 @@ def leftovers() -> list[str]:
     for host in config.hosts(64):
         if machines.running_pid(host):
             found.append(f"host {host.name} (nspawn pid {machines.running_pid(host)})")
+        if host.root.exists() and machines.processes_in(host):
+            found.append(f"host {host.name}: {len(machines.processes_in(host))} processes still running")
     found += [f"mount {m}" for m in machines.mounts_under(str(config.STATE))]
     found += [f"{n} (pid {services.running(n)})" for n in ("registry", "hub") if services.running(n)]
     return found

@@ -76,6 +76,17 @@ def plan(ctx):
             f"set -e\n{shlex.quote(runtime)} pull {shlex.quote(ref)}\n", "set -e\n"),
             describe=f"record the digest of {ref}", interpret=interpret, timeout=120)
         return
+    if reason is None and v.get("image_pull") == "always":
+        before = recorded[1] if len(recorded) > 1 else None
+
+        def newer(result):
+            message = interpret(result)
+            return message, ctx.desired["image_digest"] != before  # changed only if the tag moved
+
+        yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
+                      describe=f"{runtime} pull {ref} (image_pull: always)", progress=True,
+                      timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=("restart",))
+        return
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)), when=reason is not None,
                   describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=True,
                   timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",))

@@ -7,8 +7,10 @@ import re
 from converge.changes import Check, Role
 from converge.facts import FactError
 from converge.facts.containers import Runtimes
-from converge.facts.host import Arch, Commands, DiskFree, MemInfo, OsRelease, Systemd
+from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd, UnitState
 from converge.facts.nvidia import NvidiaSmi
+
+from roles.service.role import unit_name, unit_path
 
 from . import catalog
 from .select import Refused, choose
@@ -27,6 +29,9 @@ def facts(hostvars):
         "commands": Commands("flock", "base64", "sha256sum", "curl", "timeout"),
         "disk_cache": DiskFree(hostvars.get("model_cache", "/srv/models/hf-cache")),
         "disk_images": DiskFree(CONTAINER_STORAGE[hostvars.get("container_runtime", "podman")]),
+        # whether our own service runs (its memory is then not free), and what it started with
+        "unit": UnitState(unit_name(hostvars)),
+        "unit_file": FileState(unit_path(hostvars)),
     }
 
 

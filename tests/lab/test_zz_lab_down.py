@@ -15,6 +15,9 @@ def test_lab_up_recovers_after_a_crash(lab):
     time.sleep(1)
     invoke("lab.up", check=True)
     assert ssh(host.name, "hostname").stdout.strip() == host.name
+    # the crashed instance's processes are gone: one systemd per host disk
+    inits = [p for p in machines.processes_in(host) if open(f"/proc/{p}/comm").read().strip() == "systemd"]
+    assert len(inits) == 1
 
 
 def test_lab_down_leaves_no_process_namespace_link_mount_or_registry(lab):

@@ -1,0 +1,80 @@
+"""Glue for `invoke bench`: find each serving host's URL, key, model and GPU,
+run the benchmark with progress, print the table beside the published figures."""
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import bench
+from .endpoints import endpoints
+
+HOW_TO_READ = ("tok/s of a diffusion LM depends on output length: the cost is per 256-token canvas. "
+               "Compare full-canvas figures with full-canvas figures; short answers pay a whole canvas for a few "
+               "tokens, so their tok/s is low by design (seed 004).")
+
+
+def _model_and_gpu(base_url: str, key: str | None) -> tuple[str | None, str | None]:
+    req = urllib.request.Request(f"{base_url}/models")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            return json.loads(resp.read())["data"][0]["id"], None
+    except (OSError, ValueError, KeyError, IndexError):
+        return None, None
+
+
+def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concurrency: int) -> bool:
+    console = Console()
+    hostvars = {h: play.hostvars(h) for h in hosts}
+    rows = endpoints(hostvars, show_keys=True)
+    results, ok = [], True
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        for row in rows:
+            key = None if row["key"] in ("EMPTY",) else row["key"]
+            model, _ = _model_and_gpu(row["base_url"], key)
+            if model is None:
+                console.print(f"[red]{row['host']}: {row['base_url']}/models does not answer; "
+                              f"run invoke start --hosts {row['host']}[/red]")
+                ok = False
+                continue
+            gpu = _gpu_name(play, row["host"])
+            task = progress.add_task(f"{row['host']}: starting", total=None)
+            result = bench.run_host(row["host"], row["base_url"], key, model, gpu, repeats, concurrency,
+                                    progress=lambda text, t=task, h=row["host"]: progress.update(
+                                        t, description=f"{h}: {text}"))
+            progress.remove_task(task)
+            results.append(result)
+            ok = ok and not any(f.errors for f in result.figures)
+    bench.write(results, json_path, csv_path)
+    table = Table("host", "scenario", "tok/s", "p50 s", "p95 s", "mean tokens", "errors", "published",
+                  title="BENCH (direct API, non-streaming, temperature 0, thinking off, warm-up excluded)",
+                  title_justify="left")
+    for r in results:
+        for f in r.figures:
+            table.add_row(r.host, f.scenario, f"{f.tok_per_s:.1f}", f"{f.latency_p50_s:.3f}",
+                          f"{f.latency_p95_s:.3f}", f"{f.mean_output_tokens:.0f}", str(f.errors),
+                          (r.published or {}).get(f.scenario.replace(f"concurrency_{concurrency}", "concurrency_4"),
+                                                  "-") + (f" ({r.published['platform']})" if r.published else ""))
+    console.print(table)
+    console.print(HOW_TO_READ)
+    console.print(f"written: {json_path}, {csv_path}")
+    return ok
+
+
+def _gpu_name(play, host: str) -> str | None:
+    """The GPU's name, read by the engine's facts (one round trip)."""
+    from converge import play as playlib
+    from converge.report import Report
+    from roles.preflight.role import FACTS_ROLE
+    report = Report(quiet=True)
+    playlib.run(play, [FACTS_ROLE], host, report=report)
+    gpus = ((report.extra.get(host) or {}).get("facts") or {}).get("gpus") or []
+    return gpus[0]["name"] if gpus else None

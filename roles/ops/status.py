@@ -1,0 +1,55 @@
+"""`invoke status`: what runs where, and whether it drifted from the inventory."""
+from __future__ import annotations
+
+import shlex
+
+from converge.changes import Role
+from converge.facts import Fact
+
+from roles.image.role import record_path
+from roles.service.role import unit_name
+
+
+class ServiceProbe(Fact):
+    """Container state and /health, from the host itself."""
+
+    def __init__(self, v):
+        rt = shlex.quote(v.get("container_runtime", "podman"))
+        name = shlex.quote(v.get("service_name", "vllm-diffusiongemma"))
+        host = v.get("api_host", "0.0.0.0")
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        url = shlex.quote(f"http://{host}:{v.get('api_port', 8000)}/health")
+        self.command = (f"printf 'container=%s\\n' \"$({rt} inspect --format '{{{{.State.Status}}}}' {name} "
+                        f"2>/dev/null || echo absent)\"; "
+                        f"printf 'health=%s\\n' \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {url} "
+                        f"2>/dev/null)\"")
+
+    def process(self, output, rc):
+        return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+
+
+def status_role() -> Role:
+    def facts(v):
+        return {"probe": ServiceProbe(v)}
+
+    def summary(ctx):
+        f, v = ctx.facts, ctx.vars
+        if f is None:
+            return {}
+        unit = f.get("unit") or {}
+        nvidia = f.get("nvidia") or {}
+        gpus = nvidia.get("gpus") or [{}]
+        record = ((f.get("image_record") or {}).get("content") or "").split("\n")
+        probe = f.get("probe") or {}
+        return {"status": {
+            "unit": unit_name(v), "unit_state": f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}",
+            "enabled": unit.get("UnitFileState"), "restarts": unit.get("NRestarts"),
+            "container": probe.get("container"), "health": probe.get("health") or "no answer",
+            "model": ctx.desired.get("model"), "image": record[0] if record and record[0] else None,
+            "digest": record[1] if len(record) > 1 else None,
+            "since": unit.get("ActiveEnterTimestampMonotonic"),
+            "gpu_memory_used_mib": gpus[0].get("memory_used_mib"),
+            "gpu_memory_total_mib": gpus[0].get("memory_total_mib"),
+            "record": record_path(v)}}
+
+    return Role("status", facts, lambda ctx: iter(()), summary=summary)

@@ -1,0 +1,112 @@
+"""Day-2 operations on the lab: status, start/stop with GPU hand-over, logs,
+endpoints, recover (crash loop cleared; a hung GPU refused), bench."""
+import csv
+import json
+
+import pytest
+
+from lab import config
+from tests.lab.conftest import deploy_json, invoke, ssh
+
+OLLAMA = """[Unit]
+Description=ollama stand-in (holds the GPU in real life)
+[Service]
+ExecStart=/bin/sleep infinity
+"""
+UNIT = "podman-vllm-diffusiongemma.service"
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    proc, _ = deploy_json("--hosts", "spark01,rtx01,h100-01")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return lab
+
+
+def test_status_shows_the_fleet_and_drift(deployed, lab_copy, tmp_path):
+    out = tmp_path / "status.json"
+    proc = invoke("status", "--json", out)
+    data = json.loads(out.read_text())
+    assert proc.returncode == 0 and data["ok"], proc.stdout
+    for host in ("spark01", "rtx01", "h100-01"):
+        h = data["hosts"][host]
+        assert (h["unit_state"], h["container"], h["health"], h["drift"]) == ("active/running", "running", "200", [])
+        assert h["digest"].startswith("sha256:") and h["image"].endswith(("-cu130",))
+    assert data["hosts"]["h100-01"]["gpu_memory_used_mib"] > 0  # the stand-in holds what vLLM asked for
+    (lab_copy / "host_vars").mkdir(exist_ok=True)
+    (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 3\n")
+    invoke("status", "--hosts", "rtx01", "--json", out, inventory=lab_copy)
+    assert json.loads(out.read_text())["hosts"]["rtx01"]["drift"] == ["service: unit file"]
+
+
+def test_start_stops_conflicting_units_and_stop_resume_brings_them_back(deployed):
+    ssh("rtx01", f"printf '{OLLAMA}' > /etc/systemd/system/ollama.service && systemctl daemon-reload")
+    invoke("stop", "--hosts", "rtx01", check=True)
+    ssh("rtx01", "systemctl start ollama.service")
+    proc = invoke("start", "--hosts", "rtx01", check=True)
+    assert "ready after" in proc.stdout
+    assert ssh("rtx01", "systemctl is-active ollama.service", check=False).stdout.strip() == "inactive"
+    invoke("stop", "--hosts", "rtx01", "--resume", check=True)
+    assert ssh("rtx01", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"
+    assert ssh("rtx01", "systemctl is-active ollama.service").stdout.strip() == "active"
+    invoke("start", "--hosts", "rtx01", check=True)
+    assert ssh("rtx01", "systemctl is-active ollama.service", check=False).stdout.strip() == "inactive"
+    assert "ready after" in invoke("restart", "--hosts", "rtx01", check=True).stdout
+
+
+def test_logs_are_prefixed_by_host(deployed):
+    proc = invoke("logs", "--hosts", "rtx01,spark01", "--lines", "5", check=True)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert any(l.startswith("rtx01   | ") for l in lines) and any(l.startswith("spark01 | ") for l in lines)
+
+
+def test_endpoints_for_open_webui(deployed):
+    key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    proc = invoke("endpoints", check=True)
+    assert 'OPENAI_API_BASE_URLS="http://10.213.0.11:8000/v1;http://10.213.0.12:8000/v1;http://10.213.0.13:8000/v1"' \
+        in proc.stdout
+    assert key not in proc.stdout and "********" in proc.stdout
+    assert key in invoke("endpoints", "--show-keys", check=True).stdout
+
+
+def test_recover_clears_a_crash_loop(deployed):
+    invoke("lab.gpu", "--host", "rtx01", "--held-mib", "20000", check=True)
+    try:
+        proc = invoke("restart", "--hosts", "rtx01")
+        assert proc.returncode != 0 and "Free memory on device" in proc.stdout
+        state = ssh("rtx01", f"systemctl is-active {UNIT}", check=False).stdout.strip()
+        assert state in ("failed", "activating")
+    finally:
+        invoke("lab.gpu", "--host", "rtx01", "--clear", check=True)
+    proc = invoke("recover", "--hosts", "rtx01", check=True)
+    for step in ("GPU answers", "stop the unit", "reset-failed", "kill stuck processes", "remove the container",
+                 "start and wait for ready"):
+        assert step in proc.stdout
+    assert ssh("rtx01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
+
+
+def test_recover_refuses_to_touch_anything_when_nvidia_smi_hangs(deployed):
+    before = ssh("rtx01", f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+    invoke("lab.gpu", "--host", "rtx01", "--hang", check=True)
+    try:
+        proc = invoke("recover", "--hosts", "rtx01", "--set", "nvidia_smi_timeout=3")
+    finally:
+        invoke("lab.gpu", "--host", "rtx01", "--clear", check=True)
+    assert proc.returncode != 0
+    assert "GPU or its driver is wedged: reboot rtx01. Nothing was touched." in proc.stdout
+    assert ssh("rtx01", f"systemctl show -p MainPID --value {UNIT}").stdout.strip() == before
+
+
+def test_bench_writes_json_csv_and_the_table(deployed, tmp_path):
+    js, cs = tmp_path / "bench.json", tmp_path / "bench.csv"
+    proc = invoke("bench", "--hosts", "rtx01", "--json", js, "--csv", cs, "--repeats", "2", check=True)
+    data = json.loads(js.read_text())
+    figures = {f["scenario"]: f for f in data["hosts"][0]["figures"]}
+    assert figures["full_canvas"]["mean_output_tokens"] == 256
+    assert figures["short"]["mean_output_tokens"] < 64
+    assert figures["full_canvas"]["tok_per_s"] > figures["short"]["tok_per_s"]  # cost is per canvas
+    assert figures["concurrency_4"]["total_tokens"] == 1024 and figures["concurrency_4"]["errors"] == 0
+    rows = list(csv.DictReader(cs.open()))
+    assert {r["scenario"] for r in rows} == {"full_canvas", "short", "concurrency_4"}
+    assert rows[0]["published"] == "700+"
+    assert "per 256-token canvas" in proc.stdout

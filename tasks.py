@@ -215,33 +215,35 @@ def status(c, inventory=None, hosts=None, json=None):
         raise Exit(code=1)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
-def start(c, inventory=None, hosts=None, json=None):
+OPS_HELP = {"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"]}
+
+
+@task(help=OPS_HELP, iterable=["set"])
+def start(c, inventory=None, hosts=None, json=None, set=None):
     """Start vLLM (stopping the units it conflicts with, e.g. ollama) and wait until ready."""
     from roles.ops.lifecycle import start_role
-    _ops(inventory, hosts, start_role(), json_target=json)
+    _ops(inventory, hosts, start_role(), set, json_target=json)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
-            "resume": "start again the units vLLM conflicts with (e.g. ollama)"})
-def stop(c, inventory=None, hosts=None, resume=False, json=None):
+@task(help={**OPS_HELP, "resume": "start again the units vLLM conflicts with (e.g. ollama)"}, iterable=["set"])
+def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None):
     """Stop vLLM; with --resume, start the units it displaced."""
     from roles.ops.lifecycle import stop_role
-    _ops(inventory, hosts, stop_role(resume), json_target=json)
+    _ops(inventory, hosts, stop_role(resume), set, json_target=json)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
-def restart(c, inventory=None, hosts=None, json=None):
+@task(help=OPS_HELP, iterable=["set"])
+def restart(c, inventory=None, hosts=None, json=None, set=None):
     """Restart vLLM and wait until ready."""
     from roles.ops.lifecycle import restart_role
-    _ops(inventory, hosts, restart_role(), json_target=json)
+    _ops(inventory, hosts, restart_role(), set, json_target=json)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
-def recover(c, inventory=None, hosts=None, json=None):
+@task(help=OPS_HELP, iterable=["set"])
+def recover(c, inventory=None, hosts=None, json=None, set=None):
     """Clear a crash loop or a wedged container; refuse (reboot needed) if nvidia-smi hangs."""
     from roles.ops.lifecycle import recover_role
-    _ops(inventory, hosts, recover_role(), json_target=json, title="RECOVER RECAP")
+    _ops(inventory, hosts, recover_role(), set, json_target=json, title="RECOVER RECAP")
 
 
 @task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "lines": "lines of history (default 50)",

@@ -132,6 +132,9 @@ class Command(Step):
     progress: bool = False
     interpret: Callable | None = None
     changes: bool = True  # False for read-only commands (waits, probes)
+    # True when only running it can tell whether anything changes (e.g. asking a registry
+    # whether a tag moved): check mode then reports it as skipped, not as a change
+    maybe: bool = False
 
     def needed(self) -> bool:
         return self.when

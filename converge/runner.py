@@ -164,10 +164,11 @@ class HostRun:
             return True
         if isinstance(step, Command):
             if self.check:
-                if step.changes:
+                if step.changes and not step.maybe:
                     ctx.changed_steps.append(step)
-                self._result(role, label, "changed" if step.changes else "skipped",
-                             f"would run: {step.describe or step.script.strip()}", started=started)
+                self._result(role, label, "changed" if step.changes and not step.maybe else "skipped",
+                             f"would run: {step.describe or step.script.strip()}"
+                             f"{' (changes only if it finds something new)' if step.maybe else ''}", started=started)
                 return True
             on_line = (lambda line: self.report.progress(self.target.name, role, line)) if step.progress else None
             try:

@@ -33,12 +33,37 @@ def running_pid(host: config.LabHost) -> int | None:
 
 
 def processes_in(host: config.LabHost) -> list[int]:
-    """Every process whose root is this host's rootfs: its systemd and all below it."""
+    """Every process of this host: those whose root is its rootfs (its systemd) and
+    those in its network namespace (all its services and host-network containers,
+    whose root is an overlay we cannot see from here)."""
+    try:
+        netns = os.stat(f"/run/netns/{host.netns}").st_ino
+    except OSError:
+        netns = None
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/root") == str(host.root) or (
+                    netns and os.stat(f"/proc/{entry}/ns/net").st_ino == netns):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def nspawn_leftovers() -> list[int]:
+    """Processes still inside some nspawn payload (cgroup /payload/...), whatever host."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.readlink(f"/proc/{entry}/root") == str(host.root):
+                with open(f"/proc/{entry}/cgroup") as handle:
+                    inside = ":/payload" in handle.read()
+                with open(f"/proc/{entry}/stat") as handle:
+                    zombie = handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+                if inside and not zombie:
                     found.append(int(entry))
             except OSError:
                 continue
@@ -59,6 +84,14 @@ def _kill_orphans(host: config.LabHost):
                 pass
         time.sleep(0.25)
     raise sh.LabError(f"{host.name}: processes {processes_in(host)} survive SIGKILL")
+
+
+def release_disk(host: config.LabHost):
+    """Before a host's disk is replaced: its processes gone, its mounts undone."""
+    if running_pid(host):
+        stop(host)
+    _kill_orphans(host)
+    _clear_stale_mounts(host)
 
 
 def boot(host: config.LabHost):

@@ -114,6 +114,14 @@ def ensure_base(arch: str, log=print) -> Path:
     return final
 
 
+def _remove(path: Path):
+    if path.exists() or path.is_symlink():
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:
+            raise sh.LabError(f"cannot remove {path}: {exc}. Run `invoke lab.down`, then `invoke lab.up`") from exc
+
+
 def _write(root: Path, rel: str, text: str, mode: int = 0o644):
     path = root / rel.lstrip("/")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,13 +191,16 @@ def prepare_host(host: config.LabHost, fresh: bool = False, log=print):
     """The host's own rootfs: a copy of the base with the host's identity."""
     base = ensure_base(host.arch, log)
     marker = host.dir / f".from-base-{BASE_VERSION}"
-    if fresh or not marker.exists():
+    if fresh or not marker.exists() or not (host.root / "etc/os-release").exists():
+        from .machines import release_disk
+        release_disk(host)  # nothing of an earlier instance may still hold or mount it
+        marker.unlink(missing_ok=True)
         work = host.dir / "root.new"
-        shutil.rmtree(work, ignore_errors=True)
+        _remove(work)
         host.dir.mkdir(parents=True, exist_ok=True)
         sh.run("cp", "-a", "--reflink=auto", base, work)
         (work / f".dgemma-base-{BASE_VERSION}").unlink(missing_ok=True)
-        shutil.rmtree(host.root, ignore_errors=True)
+        _remove(host.root)
         work.rename(host.root)
         marker.touch()
     root = host.root

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -97,6 +98,16 @@ def down(c, purge=False):
             shutil.rmtree(host.dir, ignore_errors=True)
     for name in ("hub", "registry"):
         services.stop(name)
+    for _ in range(40):  # processes of a host whose namespace is already gone (a crash)
+        stray = machines.nspawn_leftovers()
+        if not stray:
+            break
+        for pid in stray:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.25)
     network.remove_bridge()
     left = leftovers()
     if left:
@@ -112,6 +123,9 @@ def leftovers() -> list[str]:
         if host.root.exists() and machines.processes_in(host):
             found.append(f"host {host.name}: {len(machines.processes_in(host))} processes still running")
     found += [f"mount {m}" for m in machines.mounts_under(str(config.STATE))]
+    stray = machines.nspawn_leftovers()
+    if stray:
+        found.append(f"{len(stray)} processes of lab hosts (pids {stray[:5]})")
     found += [f"{n} (pid {services.running(n)})" for n in ("registry", "hub") if services.running(n)]
     return found
 

@@ -85,7 +85,8 @@ def plan(ctx):
 
         yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
                       describe=f"{runtime} pull {ref} (image_pull: always)", progress=True,
-                      timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=("restart",))
+                      timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=("restart",),
+                      maybe=True)
         return
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)), when=reason is not None,
                   describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=True,

@@ -10,7 +10,7 @@ def status_document(report) -> dict:
         tasks = [t for t in report.tasks if t.host == host]
         unreachable = [t.message for t in tasks if t.status == "unreachable"]
         failed = [t.message for t in tasks if t.status == "failed"]
-        drift = [f"{t.role}: {t.task}" for t in tasks if t.status == "changed"]
+        drift = [f"{t.role}: {t.task}" for t in tasks if t.status == "changed" and not t.task.startswith("handler: ")]
         entry = {"reachable": not unreachable, "errors": unreachable + failed, "drift": drift,
                  **report.extra.get(host, {}).get("status", {})}
         entry.pop("record", None)

@@ -4,7 +4,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,9 +39,10 @@ def ssh(host, command, timeout=120, check=True):
 
 
 def deploy_json(*args, inventory=LAB_INVENTORY, tmp=None):
-    out = (tmp or config.STATE) / f"deploy-{time.monotonic_ns()}.json"
-    proc = invoke("deploy", *args, "--json", out, inventory=inventory)
-    data = json.loads(out.read_text()) if out.exists() else None
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "deploy.json"
+        proc = invoke("deploy", *args, "--json", out, inventory=inventory)
+        data = json.loads(out.read_text()) if out.exists() else None
     return proc, data
 
 

@@ -1,0 +1,69 @@
+"""docs/PERFORMANCE.md and docs/fleet-bench.png from docs/fleet-bench.json.
+Run by run.py inside the bench's own venv (matplotlib lives there, not in the toolkit)."""
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+GOAL = 1.25
+
+
+def main(path, docs):
+    data = json.loads(Path(path).read_text())
+    docs = Path(docs)
+    tools = [t for t in ("ours", "pyinfra", "ansible") if t in data["scenarios"][0]["tools"]]
+    rows = []
+    for s in data["scenarios"]:
+        floor = s["floor"]["median"]
+        for tool in tools:
+            t = s["tools"][tool]
+            rows.append((s["hosts"], s["rtt_ms"], tool, t["first"], t["noop"], floor, t["peak_rss_mb"]))
+    lines = ["# Performance: a no-op converge, beside ansible-core and pyinfra", "",
+             f"Measured by `python3 bench/fleet/run.py` (as root, on the lab machine; {data['cores']} cores), "
+             f"{data['runs']} no-op runs per cell, each tool's whole command timed from start to exit. Same hosts, "
+             "same work (GPU facts, two directories, an environment file, a templated unit, an image check, the "
+             "unit's enabled state), each idempotent. Peers in their own venvs with their speed settings "
+             "(ansible: pipelining, ControlPersist 60s, forks 32, no fact gathering; pyinfra: --parallel 32). "
+             "Link delay: `bench/fleet/proxy.py` holds every chunk for half the RTT each way (this kernel has no "
+             "netem). Floor: `ssh host true` to every host in parallel, fresh connections.", "",
+             "| hosts | RTT | tool | first converge s | no-op median s (min-max) | floor s | no-op / floor | "
+             "ours faster by | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+    ours_at = {(r[0], r[1]): r[4]["median"] for r in rows if r[2] == "ours"}
+    for hosts, rtt, tool, first, noop, floor, rss in rows:
+        ratio = noop["median"] / floor
+        faster = "" if tool == "ours" else f"{noop['median'] / ours_at[(hosts, rtt)]:.1f}x"
+        lines.append(f"| {hosts} | {rtt:g} ms | {tool} | {first:.2f} | {noop['median']:.2f} ({noop['min']:.2f}-"
+                     f"{noop['max']:.2f}) | {floor:.2f} | {ratio:.2f} | {faster} | {rss} |")
+    lines += ["", "## SSH round trips per host, one no-op run", "",
+              "| tool | round trips per host (all) | connections per host | command round trips after the handshake |",
+              "|---|---|---|---|"]
+    for tool, c in data["round_trips"].items():
+        lines.append(f"| {tool} | {c['round_trips_per_host']} | {c['connections_per_host']} | "
+                     f"{c.get('command_round_trips_after_handshake', '-')} |")
+    lines += ["", "Counted by the proxy as changes of direction in each TCP connection (two per round trip); "
+              "the floor's count (handshake, authentication and one `true`) minus one is taken as the handshake.",
+              "", "![no-op converge](fleet-bench.png)", ""]
+    (docs / "PERFORMANCE.md").write_text("\n".join(lines) + "\n")
+    fig, axes = plt.subplots(1, len({r[1] for r in rows}), figsize=(11, 4.5), squeeze=False)
+    for ax, rtt in zip(axes[0], sorted({r[1] for r in rows})):
+        for tool in tools + ["floor"]:
+            pts = sorted((r[0], r[5] if tool == "floor" else r[4]["median"]) for r in rows
+                         if r[1] == rtt and (r[2] == tool or (tool == "floor" and r[2] == tools[0])))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tool,
+                    linestyle="--" if tool == "floor" else "-")
+        ax.set_title(f"no-op converge, {rtt:g} ms RTT")
+        ax.set_xlabel("hosts")
+        ax.set_ylabel("seconds (median)")
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(docs / "fleet-bench.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

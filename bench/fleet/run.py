@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Speed of a fleet run: our engine, ansible-core and pyinfra doing the same
+no-op work on the same lab hosts, in one run, beside the floor (`ssh host true`
+to every host in parallel). One command reproduces it all (as root, on the lab
+machine):
+
+    python3 bench/fleet/run.py [--sizes 3,8,16] [--rtts 0,20] [--runs 5]
+
+Peers are installed in their own virtual environments by this script, with their
+recommended speed settings (ansible: pipelining, ControlPersist, forks 32;
+pyinfra: its defaults, which already run hosts in parallel). Results go to
+docs/PERFORMANCE.md, docs/fleet-bench.json and docs/fleet-bench.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from lab import config  # noqa: E402
+
+WORK = config.CACHE / "fleet-bench"
+VENVS = {"ansible": ["ansible-core==2.19.*"], "pyinfra": ["pyinfra==3.10.*", "matplotlib"]}
+KEY = config.STATE / "ssh" / "id_ed25519"
+PROXY_BASE_PORT = 23000
+RESET = "rm -rf /etc/fleetbench /srv/fleetbench /var/cache/fleetbench /etc/systemd/system/fleetbench.service; " \
+        "systemctl daemon-reload"
+
+
+def sh(*args, **kw):
+    return subprocess.run([str(a) for a in args], check=True, text=True, capture_output=True, **kw)
+
+
+def venv(name) -> Path:
+    path = WORK / f"venv-{name}"
+    if not (path / ".done").exists():
+        shutil.rmtree(path, ignore_errors=True)
+        sh(sys.executable, "-m", "venv", path)
+        sh(path / "bin/python", "-m", "pip", "install", "-q", *VENVS[name], timeout=1800)
+        (path / ".done").touch()
+    return path
+
+
+def nodes(n):
+    return [h for h in config.hosts(n) if h.name.startswith("node")][:n]
+
+
+def write_inventories(hosts, rtt, folder: Path) -> dict:
+    """The same hosts for all three tools; through the delay proxy when rtt > 0."""
+    folder.mkdir(parents=True, exist_ok=True)
+    known = folder / "known_hosts"
+    lines, entries = [], {}
+    for i, h in enumerate(hosts):
+        addr, port = (config.GATEWAY, PROXY_BASE_PORT + i) if rtt else (h.address, 22)
+        name = addr if port == 22 else f"[{addr}]:{port}"
+        for pub in sorted((h.root / "etc/ssh").glob("ssh_host_*_key.pub")):
+            keytype, key = pub.read_text().split()[:2]
+            lines.append(f"{name} {keytype} {key}\n")
+        entries[h.name] = (addr, port)
+    known.write_text("".join(lines))
+    hosts_yml = {"all": {"vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(KEY),
+                                  "known_hosts_file": str(known),
+                                  "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} "
+                                                             f"-o StrictHostKeyChecking=yes"},
+                         "hosts": {n: {"ansible_host": a, "ansible_port": p} for n, (a, p) in entries.items()}}}
+    import yaml
+    (folder / "hosts.yml").write_text(yaml.safe_dump(hosts_yml))
+    py = ["hosts = ["]
+    for n, (a, p) in entries.items():
+        py.append(f"    ({n!r}, {{'ssh_hostname': {a!r}, 'ssh_port': {p}, 'ssh_user': 'root', "
+                  f"'ssh_key': {str(KEY)!r}, 'ssh_known_hosts_file': {str(known)!r}, "
+                  f"'ssh_strict_host_key_checking': 'yes'}}),")
+    py.append("]")
+    (folder / "inventory.py").write_text("\n".join(py) + "\n")
+    return entries
+
+
+def start_proxy(hosts, rtt, stats: Path):
+    specs = [f"{PROXY_BASE_PORT + i}:{h.address}:22" for i, h in enumerate(hosts)]
+    proc = subprocess.Popen([sys.executable, str(HERE / "proxy.py"), str(stats), str(rtt), config.GATEWAY, *specs],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def stop_proxy(proc, stats: Path) -> dict:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    return json.loads(stats.read_text()) if stats.exists() else {}
+
+
+def timed(cmd, cwd=None, env=None) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (kB) of the largest process of the run, output."""
+    wrapper = ("import resource, subprocess, sys, time\n"
+               "t = time.perf_counter(); p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+               "w = time.perf_counter() - t\n"
+               "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode)\n"
+               "sys.stderr.write(p.stdout[-2000:] + p.stderr[-2000:])\n")
+    proc = subprocess.run([sys.executable, "-c", wrapper, *map(str, cmd)], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+    wall, rss, rc = proc.stdout.split()
+    if rc != "0":
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({rc}):\n{proc.stderr}")
+    return float(wall), int(rss), proc.stderr
+
+
+def commands(tool, folder: Path):
+    if tool == "floor":
+        return None
+    if tool == "ours":
+        return [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--forks", "32"]
+    if tool == "ansible":
+        return [WORK / "venv-ansible/bin/ansible-playbook", "-i", folder / "hosts.yml", HERE / "playbook.yml"]
+    return [WORK / "venv-pyinfra/bin/pyinfra", "-y", "--parallel", "32", folder / "inventory.py",
+            HERE / "pyinfra_deploy.py"]
+
+
+def floor(entries, known: Path) -> float:
+    started = time.perf_counter()
+    procs = [subprocess.Popen(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
+                               f"UserKnownHostsFile={known}", "-o", "ControlMaster=no", "-i", str(KEY), "-p",
+                               str(p), f"root@{a}", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for a, p in entries.values()]
+    rcs = [p.wait() for p in procs]
+    if any(rcs):
+        raise RuntimeError(f"ssh true failed on some hosts: {rcs}")
+    return time.perf_counter() - started
+
+
+def reset(hosts):
+    procs = [subprocess.Popen(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
+                               f"UserKnownHostsFile={config.STATE}/ssh/known_hosts", "-i", str(KEY),
+                               f"root@{h.address}", RESET]) for h in hosts]
+    [p.wait() for p in procs]
+
+
+def summary(values):
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "runs": [round(v, 3) for v in values]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="3,8,16")
+    parser.add_argument("--rtts", default="0,20")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--tools", default="ours,pyinfra,ansible")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rtts = [float(r) for r in args.rtts.split(",")]
+    tools = args.tools.split(",")
+    WORK.mkdir(parents=True, exist_ok=True)
+    for name in ("ansible", "pyinfra"):
+        print(f"venv {name}: {venv(name)}", flush=True)
+    subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(max(sizes))], cwd=ROOT, check=True)
+    results = {"machine": os.uname().nodename, "cores": os.cpu_count(), "runs": args.runs, "scenarios": []}
+    for size in sizes:
+        hosts = nodes(size)
+        for rtt in rtts:
+            folder = WORK / f"n{size}-rtt{int(rtt)}"
+            entries = write_inventories(hosts, rtt, folder)
+            proxy = start_proxy(hosts, rtt, folder / "proxy.json") if rtt else None
+            scenario = {"hosts": size, "rtt_ms": rtt, "tools": {}}
+            scenario["floor"] = summary([floor(entries, folder / "known_hosts") for _ in range(args.runs)])
+            for tool in tools:
+                reset(hosts)
+                first, rss_first, _ = timed(commands(tool, folder), cwd=HERE)
+                noop, rss = [], []
+                for _ in range(args.runs):
+                    wall, peak, out = timed(commands(tool, folder), cwd=HERE)
+                    noop.append(wall)
+                    rss.append(peak)
+                scenario["tools"][tool] = {"first": round(first, 3), "noop": summary(noop),
+                                           "peak_rss_mb": round(max(rss + [rss_first]) / 1024, 1)}
+                print(f"n={size} rtt={rtt:g} {tool}: first {first:.2f} s, no-op median "
+                      f"{statistics.median(noop):.2f} s (floor {scenario['floor']['median']:.2f} s)", flush=True)
+            if proxy:
+                stop_proxy(proxy, folder / "proxy.json")
+            results["scenarios"].append(scenario)
+    results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
+    out = ROOT / "docs" / "fleet-bench.json"
+    out.write_text(json.dumps(results, indent=2))
+    subprocess.run([WORK / "venv-pyinfra/bin/python", HERE / "report.py", out, ROOT / "docs"], check=True)
+
+
+def count_round_trips(hosts, tools) -> dict:
+    """Turns per host for one no-op run of each tool through a zero-delay proxy,
+    minus those of `ssh host true` (handshake, auth, one command)."""
+    folder = WORK / "round-trips"
+    entries = write_inventories(hosts, 1, folder)  # through the proxy
+    counts = {}
+    for tool in ["floor", *tools]:
+        stats = folder / f"{tool}.json"
+        proxy = start_proxy(hosts, 0, stats)
+        try:
+            if tool == "floor":
+                floor(entries, folder / "known_hosts")
+            else:
+                timed(commands(tool, folder), cwd=HERE)
+        finally:
+            data = stop_proxy(proxy, stats)
+        per_host = [v["turns"] / 2 for v in data.values()]
+        conns = [v["connections"] for v in data.values()]
+        counts[tool] = {"round_trips_per_host": round(statistics.mean(per_host), 1),
+                        "connections_per_host": round(statistics.mean(conns), 1)}
+    base = counts["floor"]["round_trips_per_host"] - 1  # handshake and auth: all but `true`'s exec
+    for tool in tools:
+        counts[tool]["command_round_trips_after_handshake"] = round(counts[tool]["round_trips_per_host"] - base, 1)
+    return counts
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runner, validate
+from . import runner
 from .connection import LocalConnection, SSHConnection, SSHSettings
 from .errors import InventoryError
 from .inventory import Inventory, load_inventory, parse_overrides
@@ -28,12 +28,14 @@ class Play:
 
     @classmethod
     def load(cls, path: str | None, var_schemas, defaults, overrides=None) -> "Play":
+        from . import validate  # jsonschema is slow to import; runs that skip validation never pay for it
         inventory = load_inventory(inventory_path(path))
         schema = validate.combine([validate.load_schema(CONNECTION_SCHEMA), *var_schemas])
         play = cls(inventory, schema, list(defaults), parse_overrides(overrides))
         return play
 
     def problems(self) -> list[str]:
+        from . import validate
         problems = validate.check_inventory(self.inventory, self.schema, self.defaults)
         if self.overrides:
             problems += validate.check_values(self.overrides, {**self.schema, "required": []}, "--set")

@@ -21,7 +21,7 @@ from converge.facts.nvidia import NvidiaSmi  # noqa: E402
 from converge.inventory import load_inventory  # noqa: E402
 from converge.report import Report  # noqa: E402
 
-DIRS = ["/srv/fleetbench/cache", "/var/cache/fleetbench"]
+DIRS = ["/etc/fleetbench", "/srv/fleetbench/cache"]
 ENV = "/etc/fleetbench/bench.env"
 UNIT = "/etc/systemd/system/fleetbench.service"
 IMAGE = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"

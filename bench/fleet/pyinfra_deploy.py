@@ -24,7 +24,7 @@ class ImageExists(FactBase):
 
 
 host.get_fact(GpuQuery)
-for path in ("/srv/fleetbench/cache", "/var/cache/fleetbench"):
+for path in ("/etc/fleetbench", "/srv/fleetbench/cache"):
     files.directory(name=f"directory {path}", path=path, mode="755")
 files.put(name="environment file", src=StringIO("VLLM_API_KEY=benchkey\n"), dest="/etc/fleetbench/bench.env",
           mode="600")

@@ -69,7 +69,7 @@ def write_inventories(hosts, rtt, folder: Path) -> dict:
             lines.append(f"{name} {keytype} {key}\n")
         entries[h.name] = (addr, port)
     known.write_text("".join(lines))
-    hosts_yml = {"all": {"vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(KEY),
+    hosts_yml = {"all": {"vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(KEY), "bench_port": 8000,
                                   "known_hosts_file": str(known),
                                   "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} "
                                                              f"-o StrictHostKeyChecking=yes"},
@@ -80,7 +80,7 @@ def write_inventories(hosts, rtt, folder: Path) -> dict:
     for n, (a, p) in entries.items():
         py.append(f"    ({n!r}, {{'ssh_hostname': {a!r}, 'ssh_port': {p}, 'ssh_user': 'root', "
                   f"'ssh_key': {str(KEY)!r}, 'ssh_known_hosts_file': {str(known)!r}, "
-                  f"'ssh_strict_host_key_checking': 'yes'}}),")
+                  f"'ssh_strict_host_key_checking': 'yes', 'bench_port': 8000}}),")
     py.append("]")
     (folder / "inventory.py").write_text("\n".join(py) + "\n")
     return entries

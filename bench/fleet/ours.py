@@ -17,7 +17,8 @@ from converge.changes import Command, File, Role  # noqa: E402
 from converge.errors import StepFailed  # noqa: E402
 from converge.facts import Fact  # noqa: E402
 from converge.facts.host import FileState, UnitState  # noqa: E402
-from converge.facts.nvidia import NvidiaSmi  # noqa: E402
+from converge.facts import FactError  # noqa: E402
+from converge.facts.nvidia import QUERY, parse_gpu_query  # noqa: E402
 from converge.inventory import load_inventory  # noqa: E402
 from converge.report import Report  # noqa: E402
 
@@ -25,6 +26,18 @@ DIRS = ["/etc/fleetbench", "/srv/fleetbench/cache"]
 ENV = "/etc/fleetbench/bench.env"
 UNIT = "/etc/systemd/system/fleetbench.service"
 IMAGE = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
+
+
+class GpuQuery(Fact):
+    """The peers' GPU facts: one nvidia-smi query (the toolkit's own fact also asks
+    --version for the CUDA version and the compute apps, which this work does not need)."""
+
+    command = f"timeout 15 nvidia-smi {QUERY}"
+
+    def process(self, output, rc):
+        if rc != 0:
+            raise FactError(f"nvidia-smi failed (exit {rc}): {output.strip()[:200]}")
+        return parse_gpu_query(output)
 
 
 class MissingDirs(Fact):
@@ -42,7 +55,7 @@ class ImageExists(Fact):
 
 
 def facts(v):
-    return {"nvidia": NvidiaSmi(), "dirs": MissingDirs(), "env": FileState(ENV, secret=True),
+    return {"nvidia": GpuQuery(), "dirs": MissingDirs(), "env": FileState(ENV, secret=True),
             "unit_file": FileState(UNIT), "unit": UnitState("fleetbench.service"), "image": ImageExists()}
 
 

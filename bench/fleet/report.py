@@ -47,7 +47,11 @@ def main(path, docs):
     lines += ["", "Counted by the proxy as changes of direction in each TCP connection (two per round trip); "
               "the floor's count (handshake, authentication and one `true`) minus one is taken as the handshake.",
               "", "![no-op converge](fleet-bench.png)", ""]
-    (docs / "PERFORMANCE.md").write_text("\n".join(lines) + "\n")
+    # the hand-written analysis below the marker survives a new run
+    marker = "<!-- analysis: kept when run.py rewrites this file -->"
+    old = (docs / "PERFORMANCE.md").read_text() if (docs / "PERFORMANCE.md").exists() else ""
+    analysis = old[old.index(marker):] if marker in old else marker + "\n"
+    (docs / "PERFORMANCE.md").write_text("\n".join(lines) + "\n" + analysis)
     fig, axes = plt.subplots(1, len({r[1] for r in rows}), figsize=(11, 4.5), squeeze=False)
     for ax, rtt in zip(axes[0], sorted({r[1] for r in rows})):
         for tool in tools + ["floor"]:

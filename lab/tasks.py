@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 from invoke import Collection, Exit, task
 
@@ -34,6 +35,10 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
         rootfs.ensure_machine_packages(_say)
         rootfs.ensure_binfmt()
         lab_hosts = config.hosts(int(hosts))
+        for host in config.hosts(64)[len(lab_hosts):]:  # scale hosts of an earlier, larger lab
+            if machines.running_pid(host) or Path(f"/run/netns/{host.netns}").exists():
+                machines.stop(host)
+                network.remove_host(host)
         (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
         for arch in sorted({h.arch for h in lab_hosts}):
             rootfs.ensure_base(arch, _say)
@@ -91,11 +96,12 @@ def status(c, json_out=None):
 @task(help={"purge": "also delete the hosts' disks (the base rootfs cache stays)"})
 def down(c, purge=False):
     """Stop every lab host, the registry and the hub; remove namespaces and links."""
-    for host in _state_hosts():
-        machines.stop(host)
-        network.remove_host(host)
-        if purge:
-            shutil.rmtree(host.dir, ignore_errors=True)
+    for host in config.hosts(64):  # every host a lab of any size may have started
+        if host.dir.exists() or Path(f"/run/netns/{host.netns}").exists():
+            machines.stop(host)
+            network.remove_host(host)
+            if purge:
+                shutil.rmtree(host.dir, ignore_errors=True)
     for name in ("hub", "registry"):
         services.stop(name)
     for _ in range(40):  # processes of a host whose namespace is already gone (a crash)

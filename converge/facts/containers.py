@@ -5,7 +5,7 @@ import json
 import re
 import shlex
 
-from . import Fact, FactError
+from . import Fact
 
 
 class Runtimes(Fact):

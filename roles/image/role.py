@@ -21,10 +21,11 @@ def facts(hostvars):
             "image_record": FileState(record_path(hostvars))}
 
 
-def pull_script(runtime: str, ref: str, record: str) -> str:
+def pull_script(runtime: str, ref: str, record: str, pull: bool = True) -> str:
+    """Pull (unless ``pull`` is false), then record ref, digest and arch atomically."""
     rt, q = shlex.quote(runtime), shlex.quote(ref)
     rec = shlex.quote(record)
-    return (f"set -e\n{rt} pull {q}\n"
+    return ("set -e\n" + (f"{rt} pull {q}\n" if pull else "") +
             f"mkdir -p {shlex.quote(STATE_DIR)}\n"
             f"d=$({rt} image inspect --format '{{{{.Digest}}}}' {q})\n"
             f"a=$({rt} image inspect --format '{{{{.Architecture}}}}' {q})\n"
@@ -72,9 +73,8 @@ def plan(ctx):
 
     if reason == "present; digest not recorded":
         # no pull: the image is right, only the record is missing
-        yield Command(f"record {ref}", script=pull_script(runtime, ref, record_path(v)).replace(
-            f"set -e\n{shlex.quote(runtime)} pull {shlex.quote(ref)}\n", "set -e\n"),
-            describe=f"record the digest of {ref}", interpret=interpret, timeout=120)
+        yield Command(f"record {ref}", script=pull_script(runtime, ref, record_path(v), pull=False),
+                      describe=f"record the digest of {ref}", interpret=interpret, timeout=120)
         return
     if reason is None and v.get("image_pull") == "always":
         before = recorded[1] if len(recorded) > 1 else None

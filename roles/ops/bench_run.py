@@ -3,9 +3,7 @@ run the benchmark with progress, print the table beside the published figures.""
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -19,15 +17,15 @@ HOW_TO_READ = ("tok/s of a diffusion LM depends on output length: the cost is pe
                "tokens, so their tok/s is low by design (seed 004).")
 
 
-def _model_and_gpu(base_url: str, key: str | None) -> tuple[str | None, str | None]:
+def _served_model(base_url: str, key: str | None) -> str | None:
     req = urllib.request.Request(f"{base_url}/models")
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(req, timeout=15) as resp:
-            return json.loads(resp.read())["data"][0]["id"], None
+            return json.loads(resp.read())["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError):
-        return None, None
+        return None
 
 
 def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concurrency: int) -> bool:
@@ -39,7 +37,7 @@ def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concu
                   transient=True) as progress:
         for row in rows:
             key = None if row["key"] in ("EMPTY",) else row["key"]
-            model, _ = _model_and_gpu(row["base_url"], key)
+            model = _served_model(row["base_url"], key)
             if model is None:
                 console.print(f"[red]{row['host']}: {row['base_url']}/models does not answer; "
                               f"run invoke start --hosts {row['host']}[/red]")

@@ -2,8 +2,8 @@
 Open WebUI takes (OPENAI_API_BASE_URLS / OPENAI_API_KEYS, ';'-separated)."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from converge.errors import StepFailed
+from roles.service.role import read_secret
 
 HIDDEN = "********"
 
@@ -15,12 +15,10 @@ def endpoints(hostvars: dict[str, dict], show_keys: bool = False) -> list[dict]:
             continue
         host = v.get("api_host", "0.0.0.0")
         address = v.get("ansible_host", name) if host in ("0.0.0.0", "::") else host
-        key = None
-        if v.get("api_key_file"):
-            try:
-                key = Path(os.path.expanduser(v["api_key_file"])).read_text().strip()
-            except OSError:
-                key = None
+        try:
+            key = read_secret(v.get("api_key_file"), "api_key_file", name)
+        except StepFailed:
+            key = None  # unreadable: listed as keyless, as Open WebUI would use it
         out.append({"host": name, "base_url": f"http://{address}:{v.get('api_port', 8000)}/v1",
                     "key": (key if show_keys else HIDDEN) if key else "EMPTY"})
     return out

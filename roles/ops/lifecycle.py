@@ -2,7 +2,6 @@
 displaced), restart, recover a crash loop or a wedged container."""
 from __future__ import annotations
 
-import re
 import shlex
 
 from converge.changes import Command, Role
@@ -11,7 +10,7 @@ from converge.facts.host import UnitState
 from converge.facts.nvidia import NvidiaSmi
 
 from roles.service.role import unit_name
-from roles.start.role import wait_script
+from roles.start.role import is_running, parse_wait, wait_script
 
 
 def _unit_facts(v):
@@ -22,10 +21,9 @@ def _ready(ctx, timeout):
     unit = unit_name(ctx.vars)
 
     def interpret(result):
-        ready = re.search(r"^@ready (\d+)", result.stdout, re.M)
-        if result.rc == 0 and ready:
-            return f"{unit} ready after {ready.group(1)} s"
-        journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
+        seconds, _, journal = parse_wait(result)
+        if seconds is not None:
+            return f"{unit} ready after {seconds} s"
         raise StepFailed(f"{unit} did not become ready. Last log lines:\n{journal}\n"
                          f"Try: invoke recover --hosts {ctx.name}")
     return Command("start and wait for ready", script=wait_script(ctx.vars, unit, timeout),
@@ -39,7 +37,7 @@ def start_role(timeout: int | None = None) -> Role:
         if unit.get("LoadState") == "not-found":
             raise StepFailed(f"{unit_name(ctx.vars)} is not installed: run invoke deploy --hosts {ctx.name}")
         step = _ready(ctx, timeout or int(ctx.vars.get("ready_timeout", 600)))
-        step.when = not (unit.get("ActiveState") == "active" and unit.get("SubState") == "running")
+        step.when = not is_running(unit)
         yield step
     return Role("start", _unit_facts, plan)
 

@@ -41,11 +41,24 @@ done
 """
 
 
+def is_running(unit_state: dict | None) -> bool:
+    unit_state = unit_state or {}
+    return unit_state.get("ActiveState") == "active" and unit_state.get("SubState") == "running"
+
+
+def parse_wait(result) -> tuple[str | None, bool, str]:
+    """What wait_script printed: seconds to ready (or None), whether it timed out, the journal tail."""
+    ready = re.search(r"^@ready (\d+)", result.stdout, re.M)
+    journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
+    timed_out = bool(re.search(r"^@timeout", result.stdout, re.M))
+    return (ready.group(1) if result.rc == 0 and ready else None), timed_out, journal
+
+
 def plan(ctx):
     v = ctx.vars
     unit = unit_name(v)
     facts_unit = ctx.facts.get("unit") or {}
-    active = facts_unit.get("ActiveState") == "active" and facts_unit.get("SubState") == "running"
+    active = is_running(facts_unit)
     if v.get("state", "started") == "stopped":
         yield Command("stopped", script=f"systemctl stop {shlex.quote(unit)}\n", when=active,
                       describe=f"systemctl stop {unit}")
@@ -54,14 +67,13 @@ def plan(ctx):
     timeout = int(v.get("ready_timeout", 600))
 
     def interpret(result):
-        out = result.stdout
-        ready = re.search(r"^@ready (\d+)", out, re.M)
-        if result.rc == 0 and ready:
-            return f"{unit} ready: /health and /v1/models answer after {ready.group(1)} s"
-        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
-        if re.search(r"^@timeout", out, re.M):
+        seconds, timed_out, journal = parse_wait(result)
+        if seconds is not None:
+            return f"{unit} ready: /health and /v1/models answer after {seconds} s"
+        if timed_out:
             raise StepFailed(f"{unit} did not answer /health and /v1/models within {timeout} s "
                              f"(ready_timeout). Last log lines:\n{journal}\nSee: invoke logs --hosts {ctx.name}")
+        out = result.stdout
         raise StepFailed(f"{unit} failed to start ({out.splitlines()[0] if out else result.rc}). "
                          f"Last log lines:\n{journal}")
 

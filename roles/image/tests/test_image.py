@@ -1,7 +1,5 @@
 """The image role's state on the host."""
-import json
-
-ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+from roles.image.role import ARCH_NAMES
 
 
 def test_image_matches_arch_cuda_and_recorded_digest(host, expected, fix):
@@ -9,7 +7,7 @@ def test_image_matches_arch_cuda_and_recorded_digest(host, expected, fix):
     out = host.run(f"{rt} image inspect --format '{{{{.Architecture}}}} {{{{.Digest}}}}' {ref}")
     assert out.rc == 0, f"{ref} is not present; {fix}"
     arch, digest = out.stdout.split()[:2]
-    assert arch == ARCH[expected["arch"]], \
+    assert arch == ARCH_NAMES[expected["arch"]], \
         f"{ref} is built for {arch} but the host is {expected['arch']}: remove it ({rt} rmi {ref}) and {fix}"
     record = host.file(expected["image_record"])
     assert record.exists, f"no digest recorded at deploy ({expected['image_record']}); {fix}"

@@ -100,9 +100,10 @@ class Connection:
     def run(self, script: str, timeout: float | None = None, on_output=None) -> Result:
         raise NotImplementedError
 
-    def hold(self, script: str, timeout: float) -> tuple[str, object]:
-        """Start ``script`` with its stdin kept open; return its first line of
-        output and a handle whose ``close()`` ends it (used for host locks)."""
+    def hold(self, script: str, timeout: float) -> "Held":
+        """Start ``script`` with its stdin kept open and return it as a `Held`:
+        its output is read line by line as it comes, and it ends when the
+        connection closes (the host lock and the facts share one such script)."""
         raise NotImplementedError
 
     def close(self):
@@ -117,6 +118,63 @@ class Connection:
 
 def _shell(become: bool) -> str:
     return "sudo -n sh -s" if become else "sh -s"
+
+
+class Held:
+    """A script that keeps running while we read its output line by line.
+
+    ``recv(seconds)`` returns the next chunk of output, ``None`` when nothing
+    came within that time, or ``b""`` when the script's output ended.
+    """
+
+    def __init__(self, name: str, recv, close):
+        self.name = name
+        self._recv = recv
+        self._close = close
+        self._buf = b""
+        self.ended = False
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line; ``None`` if the script ended first. Raises
+        RemoteCommandError (rc 124) when no line came within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            if self.ended:
+                if not self._buf:
+                    return None
+                line, self._buf = self._buf, b""
+                return line.decode(errors="replace")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RemoteCommandError(f"{self.name}: no answer within {timeout:g} s", rc=124,
+                                         output=self._buf.decode(errors="replace"))
+            chunk = self._recv(min(remaining, 1.0))
+            if chunk == b"":
+                self.ended = True
+            elif chunk:
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def read_until(self, marker: str, timeout: float) -> tuple[str, bool]:
+        """Lines up to the line ``marker`` (excluded), and whether it came
+        (False: the script ended before printing it)."""
+        deadline = time.monotonic() + timeout
+        lines = []
+        while True:
+            try:
+                line = self.readline(max(deadline - time.monotonic(), 0))
+            except RemoteCommandError as exc:
+                raise RemoteCommandError(f"{self.name}: a command did not finish within {timeout:g} s", rc=124,
+                                         output="\n".join(lines)) from exc
+            if line is None:
+                return "\n".join(lines), False
+            if line == marker:
+                return "\n".join(lines), True
+            lines.append(line)
+
+    def close(self):
+        self._close()
 
 
 class SSHConnection(Connection):
@@ -161,21 +219,35 @@ class SSHConnection(Connection):
         transport.set_keepalive(15)
         return self
 
-    def _channel(self, timeout):
+    def _exec(self, timeout) -> paramiko.Channel:
+        """A session channel running our shell.
+
+        The exec request is sent without waiting for its reply (as OpenSSH's own
+        client does): the script follows at once, which saves a round trip per
+        command. A refused request closes the channel, which `run` reports."""
         try:
             channel = self.client.get_transport().open_session(timeout=timeout)
-        except (paramiko.SSHException, AttributeError, EOFError) as exc:
+            message = paramiko.Message()
+            message.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+            message.add_int(channel.remote_chanid)
+            message.add_string("exec")
+            message.add_boolean(True)
+            message.add_string(_shell(self.settings.become))
+            channel._event_pending()
+            channel.transport._send_user_message(message)
+        except (paramiko.SSHException, AttributeError, EOFError, OSError) as exc:
             raise ConnectionFailed(f"{self.name}: the SSH connection was lost: {exc}") from exc
         return channel
 
     def run(self, script: str, timeout: float | None = None, on_output=None) -> Result:
-        channel = self._channel(timeout)
-        channel.exec_command(_shell(self.settings.become))
+        channel = self._exec(timeout)
         channel.sendall(script.encode())
         channel.shutdown_write()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout if timeout else None
         pending = b""
+        # Read until the end of output (EOF), not until the exit status: sshd may
+        # send the status before the last of the output.
         while True:
             if channel.recv_ready():
                 chunk = channel.recv(65536)
@@ -189,35 +261,43 @@ class SSHConnection(Connection):
             if channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
                 continue
-            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            if channel.eof_received or channel.closed:
                 break
             if deadline and time.monotonic() > deadline:
                 channel.close()
                 raise RemoteCommandError(f"{self.name}: a command did not finish within {timeout:g} s", rc=124,
                                          output=out.decode(errors="replace"))
-            if channel.closed and not channel.exit_status_ready():
+            select.select([channel], [], [], 0.5)
+        wait = max(deadline - time.monotonic(), 0.1) if deadline else 30
+        if channel.closed and not channel.status_event.is_set() or not channel.status_event.wait(wait):
+            channel.close()
+            if channel.transport is None or not channel.transport.is_active():
                 raise ConnectionFailed(f"{self.name}: the SSH connection was lost")
-            select.select([channel], [], [], 0.2)
+            raise RemoteCommandError(f"{self.name}: the host ended a command without an exit status "
+                                     f"(did sshd refuse to run '{_shell(self.settings.become)}'?)", rc=255,
+                                     output=out.decode(errors="replace"))
         rc = channel.recv_exit_status()
         channel.close()
         return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
-    def hold(self, script: str, timeout: float):
-        channel = self._channel(timeout)
-        channel.exec_command(_shell(self.settings.become))
+    def hold(self, script: str, timeout: float) -> Held:
+        channel = self._exec(timeout)
         channel.sendall(script.encode())
-        buf = b""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in buf:
-            if channel.recv_ready():
-                buf += channel.recv(4096)
-                continue
-            if channel.exit_status_ready() or time.monotonic() > deadline:
-                break
-            select.select([channel], [], [], 0.2)
-        first = buf.split(b"\n", 1)[0].decode(errors="replace")
         self._held.append(channel)
-        return first, channel
+
+        def recv(seconds):
+            for _ in range(2):
+                if channel.recv_ready():
+                    return channel.recv(65536)
+                if channel.recv_stderr_ready():  # held scripts send both streams as one
+                    return channel.recv_stderr(65536)
+                if channel.eof_received or channel.closed:
+                    return b""
+                if not select.select([channel], [], [], seconds)[0]:
+                    return None
+            return None
+
+        return Held(self.name, recv, channel.close)
 
     def close(self):
         for channel in self._held:
@@ -267,23 +347,35 @@ class LocalConnection(Connection):
         reader.join(5)
         return Result(rc, out.decode(errors="replace"), b"".join(err_chunks).decode(errors="replace"))
 
-    def hold(self, script: str, timeout: float):
+    def hold(self, script: str, timeout: float) -> Held:
         proc = subprocess.Popen(shlex.split(_shell(self.become)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)
         proc.stdin.write(script.encode())
         proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        first = proc.stdout.readline().decode(errors="replace").rstrip("\n") if ready else ""
         self._held.append(proc)
-        return first, proc
+
+        def recv(seconds):
+            ready, _, _ = select.select([proc.stdout], [], [], seconds)
+            return os.read(proc.stdout.fileno(), 65536) if ready else None
+
+        def close():
+            self._release(proc)
+            self._held.remove(proc)
+
+        return Held(self.name, recv, close)
+
+    @staticmethod
+    def _release(proc):
+        try:
+            proc.stdin.close()
+            proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
 
     def close(self):
         for proc in self._held:
-            try:
-                proc.stdin.close()
-                proc.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                proc.kill()
+            self._release(proc)
+        self._held = []
 
 
 def fetch_host_key(settings: SSHSettings, timeout: float = 10.0) -> paramiko.PKey:

@@ -28,20 +28,23 @@ class Target:
 
 
 def lock_script(name: str, wait: float, holder: str) -> str:
-    """Hold an flock on the host for as long as our stdin stays open.
-
-    If the control process dies, sshd closes the channel, ``cat`` sees EOF and
-    the lock goes with it: nothing is left to clean up.
+    """Take an flock on the host and print ``locked`` (``busy HOLDER`` first
+    if another run has it). Whatever follows runs under the lock; the script
+    must end with `KEEP_HOLDING`.
     """
     path = shlex.quote(f"{LOCK_DIR}/{name}.lock")
     return (
-        f"mkdir -p {LOCK_DIR}; exec 9>>{path}\n"
+        f"exec 2>&1; [ -d {LOCK_DIR} ] || mkdir -p {LOCK_DIR}; exec 9>>{path}\n"
         f"if ! flock -n 9; then printf 'busy %s\\n' \"$(cat {path}.holder 2>/dev/null)\"; "
         f"flock -w {int(wait)} 9 || {{ echo timeout; exit 75; }}; fi\n"
         f"printf '%s\\n' {shlex.quote(holder)} > {path}.holder\n"
         "echo locked\n"
-        "exec cat >/dev/null\n"
     )
+
+
+# The lock lasts as long as our stdin stays open: if the control process dies,
+# sshd closes the channel, `cat` sees EOF and the lock goes with it.
+KEEP_HOLDING = "exec cat >/dev/null\n"
 
 
 class HostRun:
@@ -78,25 +81,36 @@ class HostRun:
                 self._result("run", "host", "failed", str(exc))
 
     def _locked(self, conn: Connection):
+        """Lock the host and gather its facts in one script (one round trip),
+        which then keeps the lock until the run on this host is over."""
         holder = f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
         started = time.monotonic()
-        first, handle = conn.hold(lock_script(self.lock_name, self.lock_wait, holder), timeout=15)
-        if first.startswith("busy"):
-            self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by "
-                             f"{first[5:] or 'another run'} (up to {self.lock_wait:g} s)")
-            first = _readline(handle, self.lock_wait + 10)
-        if first != "locked":
-            raise ConvergeError(f"another run is converging this host and kept its lock for more than "
-                                f"{self.lock_wait:g} s ({LOCK_DIR}/{self.lock_name}.lock); try again when it "
-                                f"is done, or pass a longer --lock-wait")
-        ctx = HostContext(self.target.name, self.target.vars, None, check=self.check)
         wanted: dict = {}
         for role in self.roles:
             wanted.update(role.facts(self.target.vars))
+        gathering = factlib.Gathering(wanted)
+        held = conn.hold(lock_script(self.lock_name, self.lock_wait, holder) + gathering.script + KEEP_HOLDING,
+                         timeout=15)
         try:
-            ctx.facts = factlib.gather(conn, wanted, timeout=self.fact_timeout)
+            first = held.readline(15)
+            if first is not None and first.startswith("busy"):
+                self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by "
+                                 f"{first[5:] or 'another run'} (up to {self.lock_wait:g} s)")
+                first = held.readline(self.lock_wait + 10)
+            if first == "timeout":
+                raise ConvergeError(f"another run is converging this host and kept its lock for more than "
+                                    f"{self.lock_wait:g} s ({LOCK_DIR}/{self.lock_name}.lock); try again when it "
+                                    f"is done, or pass a longer --lock-wait")
+            if first != "locked":
+                raise ConvergeError(f"could not take the host lock {LOCK_DIR}/{self.lock_name}.lock: "
+                                    f"{first or 'the shell ended without a word'}")
+            output, complete = held.read_until(gathering.done, self.fact_timeout)
         except RemoteCommandError as exc:
             raise ConvergeError(f"gathering facts: {exc}") from exc
+        if not complete:
+            raise ConvergeError(f"gathering facts: the fact script ended early: {output.strip()[-300:]}")
+        ctx = HostContext(self.target.name, self.target.vars, None, check=self.check)
+        ctx.facts = gathering.parse(output)
         self._result("facts", f"gathered {len(wanted)} facts", "ok", started=started)
         self.notified = []
         try:
@@ -118,7 +132,7 @@ class HostRun:
                     return False
                 if ctx.changed_steps and ctx.changed_steps[-1] is step:
                     self.notified.extend(n for n in step.notify if n not in self.notified)
-        except StepFailed as exc:
+        except (StepFailed, factlib.FactError) as exc:
             self._result(role.name, "plan", "failed", str(exc))
             return False
         return True
@@ -193,26 +207,6 @@ class HostRun:
             self._result(role, label, "changed" if changed else "ok", message or step.describe, started=started)
             return True
         raise TypeError(f"unknown step {step!r}")
-
-
-def _readline(handle, timeout: float) -> str:
-    """Next line from a held command (paramiko channel or local process)."""
-    import select
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while time.monotonic() < deadline:
-        stream = getattr(handle, "stdout", None)
-        fileobj = stream if stream is not None else handle
-        ready, _, _ = select.select([fileobj], [], [], 0.5)
-        if not ready:
-            continue
-        chunk = os.read(stream.fileno(), 1) if stream is not None else handle.recv(1)
-        if not chunk:
-            break
-        if chunk == b"\n":
-            return buf.decode(errors="replace")
-        buf += chunk
-    return buf.decode(errors="replace")
 
 
 def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool = False, forks: int = 10,

@@ -4,9 +4,10 @@ import os
 
 from converge.changes import File, mask_env
 from converge.connection import LocalConnection
-from converge.facts import gather, split, script
+from converge.errors import RemoteCommandError
+from converge.facts import Gathering, gather, split, script
 from converge.facts.host import Arch, FileState, MemInfo
-from converge.runner import lock_script
+from converge.runner import KEEP_HOLDING, lock_script
 
 
 def test_facts_gather_in_one_script_even_when_a_fact_exits():
@@ -51,13 +52,47 @@ def test_secret_file_content_never_leaves_the_host_nor_shows_in_a_diff(tmp_path)
 
 
 def test_host_lock_is_exclusive_and_released_with_the_connection():
+    def take(conn, holder):
+        return conn.hold(lock_script("dgemma-test", 0, holder) + KEEP_HOLDING, timeout=10).readline(10)
+
     first, second = LocalConnection(), LocalConnection()
-    line, _ = first.hold(lock_script("dgemma-test", 0, "first"), timeout=10)
-    assert line == "locked"
-    line, _ = second.hold(lock_script("dgemma-test", 0, "second"), timeout=10)
-    assert line.startswith("busy first")
+    assert take(first, "first") == "locked"
+    assert take(second, "second").startswith("busy first")
     first.close()
     second.close()
     third = LocalConnection()
-    assert third.hold(lock_script("dgemma-test", 0, "third"), timeout=10)[0] == "locked"
+    assert take(third, "third") == "locked"
     third.close()
+
+
+def test_lock_and_facts_share_one_script_that_holds_the_lock_until_closed():
+    gathering = Gathering({"arch": Arch(), "mem": MemInfo()})
+    conn = LocalConnection()
+    held = conn.hold(lock_script("dgemma-test2", 0, "one") + gathering.script + KEEP_HOLDING, timeout=10)
+    assert held.readline(10) == "locked"
+    output, complete = held.read_until(gathering.done, 10)
+    assert complete
+    facts = gathering.parse(output)
+    assert facts["arch"] == os.uname().machine and facts["mem"]["MemTotal"] > 0
+    other = LocalConnection()
+    assert other.hold(lock_script("dgemma-test2", 0, "two") + KEEP_HOLDING, timeout=10).readline(10) == "busy one"
+    other.close()
+    held.close()
+    again = LocalConnection()
+    assert again.hold(lock_script("dgemma-test2", 0, "three") + KEEP_HOLDING, timeout=10).readline(10) == "locked"
+    again.close()
+
+
+def test_a_script_that_ends_early_is_told_apart_from_one_that_is_slow():
+    conn = LocalConnection()
+    held = conn.hold("echo one; exit 3\n", timeout=10)
+    assert held.read_until("never", 10) == ("one", False)
+    slow = conn.hold("echo one; sleep 1\n", timeout=10)
+    assert slow.readline(5) == "one"
+    try:
+        slow.readline(0.3)
+    except RemoteCommandError as exc:
+        assert exc.rc == 124
+    else:
+        raise AssertionError("a silent script must time out")
+    conn.close()

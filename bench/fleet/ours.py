@@ -1,9 +1,8 @@
 """The fleet benchmark's work written on our engine (converge): GPU facts, two
 directories, an environment file, a templated unit, an image check and the
-unit's enabled state. Run: python3 ours.py INVENTORY_DIR [--forks N]."""
+unit's enabled state. Run: python3 ours.py INVENTORY_DIR [--forks N] [--ask-podman]."""
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from converge.errors import StepFailed  # noqa: E402
 from converge.facts import Fact  # noqa: E402
 from converge.facts.host import FileState, UnitState  # noqa: E402
 from converge.facts import FactError  # noqa: E402
+from converge.facts.containers import ImagePresent  # noqa: E402
 from converge.facts.nvidia import QUERY, parse_gpu_query  # noqa: E402
 from converge.inventory import load_inventory  # noqa: E402
 from converge.report import Report  # noqa: E402
@@ -47,16 +47,12 @@ class MissingDirs(Fact):
         return output.split()
 
 
-class ImageExists(Fact):
-    command = f"podman image exists {shlex.quote(IMAGE)}; echo $?"
-
-    def process(self, output, rc):
-        return output.strip().endswith("0")
+READ_INDEX = "--ask-podman" not in sys.argv  # --ask-podman: the image check starts podman, as the peers' does
 
 
 def facts(v):
     return {"nvidia": GpuQuery(), "dirs": MissingDirs(), "env": FileState(ENV, secret=True),
-            "unit_file": FileState(UNIT), "unit": UnitState("fleetbench.service"), "image": ImageExists()}
+            "unit_file": FileState(UNIT), "unit": UnitState("fleetbench.service"), "image": ImagePresent("podman", IMAGE, read_index=READ_INDEX)}
 
 
 def plan(ctx):

@@ -118,8 +118,9 @@ def timed(cmd, cwd=None, env=None) -> tuple[float, int, str]:
 def commands(tool, folder: Path):
     if tool == "floor":
         return None
-    if tool == "ours":
-        return [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--forks", "32"]
+    if tool in ("ours", "ours-podman"):
+        return [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--forks", "32"] + \
+            (["--ask-podman"] if tool == "ours-podman" else [])
     if tool == "ansible":
         return [WORK / "venv-ansible/bin/ansible-playbook", "-i", folder / "hosts.yml", HERE / "playbook.yml"]
     return [WORK / "venv-pyinfra/bin/pyinfra", "-y", "--parallel", "32", folder / "inventory.py",
@@ -155,7 +156,7 @@ def main():
     parser.add_argument("--sizes", default="3,8,16")
     parser.add_argument("--rtts", default="0,20")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--tools", default="ours,pyinfra,ansible")
+    parser.add_argument("--tools", default="ours,ours-podman,pyinfra,ansible")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rtts = [float(r) for r in args.rtts.split(",")]

@@ -82,8 +82,21 @@ def process_all(facts: dict[str, Fact], raw: dict[str, tuple[str, int]]) -> Fact
     return result
 
 
+class Gathering:
+    """One host's facts as one script: run ``script`` (alone, or after other
+    shell such as a lock), read its output up to the line ``done``, ``parse`` it."""
+
+    def __init__(self, facts: dict[str, Fact]):
+        self.facts = facts
+        self.boundary = "@@fact-" + secrets.token_hex(8)
+        self.done = f"{self.boundary} done"
+        self.script = script(facts, self.boundary) + f"printf '%s done\\n' {self.boundary}\n"
+
+    def parse(self, output: str) -> Facts:
+        return process_all(self.facts, split(output, self.boundary))
+
+
 def gather(connection, facts: dict[str, Fact], timeout: float = 120) -> Facts:
     """Run every fact on the host in one script and process each answer."""
-    boundary = "@@fact-" + secrets.token_hex(8)
-    result = connection.run(script(facts, boundary), timeout=timeout)
-    return process_all(facts, split(result.stdout, boundary))
+    gathering = Gathering(facts)
+    return gathering.parse(connection.run(gathering.script, timeout=timeout).stdout)

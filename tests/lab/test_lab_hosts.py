@@ -37,3 +37,25 @@ def test_lab_status_lists_each_host(lab, tmp_path):
     rows = {r["host"]: r for r in json.loads(out.read_text())["hosts"]}
     assert rows["spark01"]["arch"] == "aarch64" and rows["spark01"]["state"] == "running"
     assert rows["rtx01"]["address"] == "10.213.0.12"
+
+
+def test_image_presence_read_from_the_store_index_agrees_with_podman(lab):
+    from converge.connection import SSHSettings, connect
+    from converge.facts import Gathering, gather
+    from converge.facts.containers import ImagePresent
+    from tests.lab.conftest import ADDRESS, KEY, KNOWN
+
+    present = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
+    ssh("h100-01", f"podman pull -q {present} >/dev/null", timeout=300)
+    refs = {"tagged": present, "other_tag": present.replace("cu130", "cu999"),
+            "short": "vllm/vllm-openai:gemma-x86_64-cu130", "missing": "10.213.0.1:5000/nothing/here:1"}
+    facts = {name: ImagePresent("podman", ref) for name, ref in refs.items()}
+    settings = SSHSettings("h100-01", ADDRESS["h100-01"], key_file=str(KEY), known_hosts=str(KNOWN))
+    with connect(settings) as conn:
+        found = gather(conn, facts)
+        raw = conn.run(Gathering({"tagged": facts["tagged"]}).script).stdout
+    assert "@index 0" in raw  # read from the index, podman not started
+    for name, ref in refs.items():
+        podman_says = ssh("h100-01", f"podman image exists {ref}", check=False).returncode == 0
+        assert found[name] is podman_says, name
+    assert found["tagged"] and not found["other_tag"] and not found["missing"]

@@ -1,0 +1,38 @@
+"""The image-presence fact: which way it asks, and what each answer means.
+(tests/lab/test_lab_hosts.py checks it agrees with `podman image exists` on a real host.)"""
+import pytest
+
+from converge.facts import FactError
+from converge.facts.containers import ImagePresent
+
+QUALIFIED = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
+
+
+@pytest.mark.parametrize("runtime, ref, reads_index", [
+    ("podman", QUALIFIED, True),
+    ("podman", "quay.io/org/image:1.0", True),
+    ("podman", "localhost/image:dev", True),
+    ("podman", "vllm/vllm-openai:gemma-x86_64-cu130", False),  # short name: registries.conf decides
+    ("podman", "docker.io/vllm/vllm-openai:latest", False),    # docker.io renames (library/)
+    ("podman", "quay.io/org/image@sha256:" + "0" * 64, False),  # by digest: not a name in the index
+    ("podman", "quay.io/org/image", False),                     # no tag
+    ("docker", QUALIFIED, False),                               # docker has a daemon to ask
+])
+def test_the_store_index_is_read_only_where_it_names_the_image_as_the_runtime_would(runtime, ref, reads_index):
+    command = ImagePresent(runtime, ref).command
+    assert ("images.json" in command) == reads_index
+    assert f"{runtime} image" in command  # the runtime is always the fallback
+
+
+@pytest.mark.parametrize("output, present", [
+    ("@index 0", True), ("@index 1", False), ("@index 2", False),  # 2: no images.json yet, an empty store
+    ("@rc 0", True), ("@rc 1", False),
+])
+def test_answers(output, present):
+    assert ImagePresent("podman", QUALIFIED).process(output + "\n", 0) is present
+
+
+@pytest.mark.parametrize("output", ["@rc 125", "@rc 127", "sh: 1: sed: not found", ""])
+def test_a_runtime_that_cannot_answer_is_an_error_not_an_absent_image(output):
+    with pytest.raises(FactError):
+        ImagePresent("podman", QUALIFIED).process(output, 0)

@@ -16,11 +16,14 @@ def main(path, docs):
     data = json.loads(Path(path).read_text())
     docs = Path(docs)
     tools = [t for t in ("ours", "ours-podman", "pyinfra", "ansible") if t in data["scenarios"][0]["tools"]]
-    rows = []
+    rows, skipped = [], []
     for s in data["scenarios"]:
         floor = s["floor"]["median"]
         for tool in tools:
-            t = s["tools"][tool]
+            t = s["tools"].get(tool, {"skipped": "not run"})
+            if "skipped" in t:
+                skipped.append(f"{tool} at {s['hosts']} hosts, {s['rtt_ms']:g} ms: {t['skipped']}")
+                continue
             rows.append((s["hosts"], s["rtt_ms"], tool, t["first"], t["noop"], floor, t["peak_rss_mb"]))
     lines = ["# Performance: a no-op converge, beside ansible-core and pyinfra", "",
              f"Measured by `python3 bench/fleet/run.py` (as root, on the lab machine; {data['cores']} cores), "
@@ -41,6 +44,8 @@ def main(path, docs):
         faster = "" if tool == "ours" else f"{noop['median'] / ours_at[(hosts, rtt)]:.2f}x"
         lines.append(f"| {hosts} | {rtt:g} ms | {tool} | {first:.2f} | {noop['median']:.2f} ({noop['min']:.2f}-"
                      f"{noop['max']:.2f}) | {floor:.2f} | {ratio:.2f} | {faster} | {rss} |")
+    if skipped:
+        lines += ["", "Not run: " + "; ".join(skipped) + "."]
     lines += ["", "## SSH round trips per host, one no-op run", "",
               "| tool | round trips per host (all) | connections per host | command round trips after the handshake |",
               "|---|---|---|---|"]

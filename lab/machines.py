@@ -15,6 +15,28 @@ import time
 from . import config, sh
 
 
+# Each host's systemd, journald and logind take inotify instances from one per-user pool
+# (root's, shared by all hosts); the kernel's default of 128 runs out at about 20 hosts, and
+# the next host's systemd then fails with "Failed to create inotify object: Too many open files".
+INOTIFY_LIMITS = {"/proc/sys/fs/inotify/max_user_instances": 16,  # per host
+                  "/proc/sys/fs/inotify/max_user_watches": 8192}
+
+
+def raise_inotify_limits(count: int):
+    """Raise the inotify limits (never lower them) for ``count`` hosts."""
+    for path, per_host in INOTIFY_LIMITS.items():
+        want = 128 + per_host * count
+        try:
+            with open(path) as handle:
+                current = int(handle.read())
+            if current < want:
+                with open(path, "w") as handle:
+                    handle.write(f"{want}\n")
+        except (OSError, ValueError) as exc:
+            raise sh.LabError(f"cannot raise {path} to {want} for {count} hosts ({exc}); "
+                              f"run: sysctl -w {path[len('/proc/sys/'):].replace('/', '.')}={want}") from exc
+
+
 def pid_file(host: config.LabHost):
     return host.dir / "nspawn.pid"
 

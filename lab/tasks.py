@@ -43,6 +43,7 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
         for arch in sorted({h.arch for h in lab_hosts}):
             rootfs.ensure_base(arch, _say)
         network.ensure_bridge()
+        machines.raise_inotify_limits(len(lab_hosts))
         services.ensure_registry()
         services.ensure_hub()
         images.ensure_images(float(cold_start), _say)

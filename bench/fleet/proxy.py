@@ -17,6 +17,23 @@ STATS = defaultdict(lambda: {"connections": 0, "turns": 0})
 
 
 async def pipe(reader, writer, delay, state, side, target):
+    """Forward one direction; each chunk leaves ``delay`` after it came in, chunks in
+    flight overlap (a link's latency, not a per-chunk toll)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def deliver():
+        while True:
+            due, data = await queue.get()
+            if data is None:
+                return
+            wait = due - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            writer.write(data)
+            await writer.drain()
+
+    sender = asyncio.create_task(deliver())
     try:
         while True:
             data = await reader.read(65536)
@@ -25,12 +42,11 @@ async def pipe(reader, writer, delay, state, side, target):
             if state["last"] != side:
                 state["last"] = side
                 STATS[target]["turns"] += 1
-            if delay:
-                await asyncio.sleep(delay)
-            writer.write(data)
-            await writer.drain()
+            queue.put_nowait((loop.time() + delay, data))
+        queue.put_nowait((0, None))
+        await sender
     except (ConnectionError, asyncio.CancelledError):
-        pass
+        sender.cancel()
     finally:
         try:
             writer.close()
@@ -49,8 +65,12 @@ def handler(target_addr, target_port, delay):
             client_writer.close()
             return
         state = {"last": None}
-        await asyncio.gather(pipe(client_reader, server_writer, delay, state, "c", target),
-                             pipe(server_reader, client_writer, delay, state, "s", target))
+        try:
+            await asyncio.gather(pipe(client_reader, server_writer, delay, state, "c", target),
+                                 pipe(server_reader, client_writer, delay, state, "s", target))
+        except asyncio.CancelledError:  # the proxy is stopping with this connection still open
+            for writer in (client_writer, server_writer):
+                writer.close()
     return handle
 
 

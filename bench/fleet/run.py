@@ -158,6 +158,10 @@ def main():
     parser.add_argument("--rtts", default="0,20")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tools", default="ours,ours-podman,pyinfra,ansible")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the scenarios of docs/fleet-bench.json that this run does not measure")
+    parser.add_argument("--only-round-trips", action="store_true",
+                        help="count round trips again and rewrite the report, keeping the timings")
     parser.add_argument("--slow-max-hosts", type=int, default=16,
                         help="run ansible only up to this many hosts (at 64 hosts one no-op run takes over a minute)")
     args = parser.parse_args()
@@ -165,6 +169,12 @@ def main():
     rtts = [float(r) for r in args.rtts.split(",")]
     tools = args.tools.split(",")
     WORK.mkdir(parents=True, exist_ok=True)
+    out = ROOT / "docs" / "fleet-bench.json"
+    if args.only_round_trips:
+        subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(min(sizes))], cwd=ROOT, check=True)
+        results = json.loads(out.read_text())
+        results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
+        return write_report(results, out)
     for name in ("ansible", "pyinfra"):
         print(f"venv {name}: {venv(name)}", flush=True)
     subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(max(sizes))], cwd=ROOT, check=True)
@@ -185,7 +195,7 @@ def main():
                 first, rss_first, _ = timed(commands(tool, folder), cwd=HERE)
                 noop, rss = [], []
                 for _ in range(args.runs):
-                    wall, peak, out = timed(commands(tool, folder), cwd=HERE)
+                    wall, peak, _ = timed(commands(tool, folder), cwd=HERE)
                     noop.append(wall)
                     rss.append(peak)
                 scenario["tools"][tool] = {"first": round(first, 3), "noop": summary(noop),
@@ -197,34 +207,76 @@ def main():
             results["scenarios"].append(scenario)
             (WORK / "partial.json").write_text(json.dumps(results, indent=2))  # a late failure loses nothing
     results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
-    out = ROOT / "docs" / "fleet-bench.json"
+    if args.merge and out.exists():
+        measured = {(x["hosts"], x["rtt_ms"]) for x in results["scenarios"]}
+        kept = [x for x in json.loads(out.read_text())["scenarios"] if (x["hosts"], x["rtt_ms"]) not in measured]
+        results["scenarios"] = sorted(kept + results["scenarios"], key=lambda x: (x["hosts"], x["rtt_ms"]))
+    write_report(results, out)
+
+
+def write_report(results: dict, out: Path):
     out.write_text(json.dumps(results, indent=2))
     subprocess.run([WORK / "venv-pyinfra/bin/python", HERE / "report.py", out, ROOT / "docs"], check=True)
 
 
+PARAMIKO_TOOLS = {"ours", "ours-podman", "pyinfra"}  # the others speak through OpenSSH's client
+SLOW_LINK_MS = 200
+
+
+def waited_round_trips(hosts, tools, runs=3) -> dict:
+    """Round trips a run waits for after the handshake, from time: (run - connect
+    only) through a 200 ms link, less the same at 0 ms (which holds the host's own
+    work), over 200 ms. Unlike turns this leaves out messages nobody waits for."""
+    folder = WORK / "waited"
+    seconds = {}
+    for rtt in (0, SLOW_LINK_MS):
+        write_inventories(hosts, 1, folder)
+        proxy = start_proxy(hosts, rtt, folder / "proxy.json")
+        try:
+            for tool in ["paramiko-handshake", *tools]:
+                cmd = [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--connect-only"] \
+                    if tool == "paramiko-handshake" else commands(tool, folder)
+                timed(cmd, cwd=HERE)  # warm the page cache
+                seconds[tool, rtt] = statistics.median(timed(cmd, cwd=HERE)[0] for _ in range(runs))
+        finally:
+            stop_proxy(proxy, folder / "proxy.json")
+    extra = {rtt: {t: seconds[t, rtt] - seconds["paramiko-handshake", rtt] for t in tools}
+             for rtt in (0, SLOW_LINK_MS)}
+    return {t: round((extra[SLOW_LINK_MS][t] - extra[0][t]) / (SLOW_LINK_MS / 1000), 1) for t in tools}
+
+
 def count_round_trips(hosts, tools) -> dict:
-    """Turns per host for one no-op run of each tool through a zero-delay proxy,
-    minus those of `ssh host true` (handshake, auth, one command)."""
+    """Turns per host for one no-op run of each tool through a zero-delay proxy, minus
+    those of its SSH client's handshake: OpenSSH's is `ssh host true` less its one
+    command; paramiko's (ours, pyinfra) is our engine connecting and closing."""
     folder = WORK / "round-trips"
     entries = write_inventories(hosts, 1, folder)  # through the proxy
+    connect_only = [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--connect-only"]
     counts = {}
-    for tool in ["floor", *tools]:
+    for tool in ["floor", "paramiko-handshake", *tools]:
         stats = folder / f"{tool}.json"
         proxy = start_proxy(hosts, 0, stats)
         try:
             if tool == "floor":
                 floor(entries, folder / "known_hosts")
             else:
-                timed(commands(tool, folder), cwd=HERE)
+                timed(connect_only if tool == "paramiko-handshake" else commands(tool, folder), cwd=HERE)
         finally:
             data = stop_proxy(proxy, stats)
         per_host = [v["turns"] / 2 for v in data.values()]
         conns = [v["connections"] for v in data.values()]
         counts[tool] = {"round_trips_per_host": round(statistics.mean(per_host), 1),
                         "connections_per_host": round(statistics.mean(conns), 1)}
-    base = counts["floor"]["round_trips_per_host"] - 1  # handshake and auth: all but `true`'s exec
+    waited = waited_round_trips(nodes(1), [t for t in tools if t in PARAMIKO_TOOLS])
+    for tool, value in waited.items():
+        counts[tool]["waited_round_trips_after_handshake"] = value
+    handshake = {"openssh": counts["floor"]["round_trips_per_host"] - 1,
+                 "paramiko": counts["paramiko-handshake"]["round_trips_per_host"]}
     for tool in tools:
-        counts[tool]["command_round_trips_after_handshake"] = round(counts[tool]["round_trips_per_host"] - base, 1)
+        client = "paramiko" if tool in PARAMIKO_TOOLS else "openssh"
+        counts[tool]["client"] = client
+        counts[tool]["command_round_trips_after_handshake"] = round(
+            counts[tool]["round_trips_per_host"] - handshake[client], 1)
     return counts
 
 

@@ -39,6 +39,9 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
             if machines.running_pid(host) or Path(f"/run/netns/{host.netns}").exists():
                 machines.stop(host)
                 network.remove_host(host)
+            if host.dir.exists():  # plain copies of the base, made again in a second: give the disk back
+                machines.release_disk(host)
+                shutil.rmtree(host.dir, ignore_errors=True)
         (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
         for arch in sorted({h.arch for h in lab_hosts}):
             rootfs.ensure_base(arch, _say)

@@ -174,6 +174,7 @@ def main():
         subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(min(sizes))], cwd=ROOT, check=True)
         results = json.loads(out.read_text())
         results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
+        subprocess.run([sys.executable, "-m", "invoke", "lab.up"], cwd=ROOT, check=True)
         return write_report(results, out)
     for name in ("ansible", "pyinfra"):
         print(f"venv {name}: {venv(name)}", flush=True)
@@ -207,6 +208,8 @@ def main():
             results["scenarios"].append(scenario)
             (WORK / "partial.json").write_text(json.dumps(results, indent=2))  # a late failure loses nothing
     results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
+    # back to the default lab: the scale hosts' disks (~390 MB each) are given back
+    subprocess.run([sys.executable, "-m", "invoke", "lab.up"], cwd=ROOT, check=True)
     if args.merge and out.exists():
         measured = {(x["hosts"], x["rtt_ms"]) for x in results["scenarios"]}
         kept = [x for x in json.loads(out.read_text())["scenarios"] if (x["hosts"], x["rtt_ms"]) not in measured]

@@ -59,3 +59,24 @@ def test_image_presence_read_from_the_store_index_agrees_with_podman(lab):
         podman_says = ssh("h100-01", f"podman image exists {ref}", check=False).returncode == 0
         assert found[name] is podman_says, name
     assert found["tagged"] and not found["other_tag"] and not found["missing"]
+
+
+def test_scale_hosts_come_and_go_with_their_disks(lab):
+    import subprocess
+
+    from lab import config, machines
+    from tests.lab.conftest import KEY, KNOWN
+
+    node = config.hosts(1)[3]
+    try:
+        invoke("lab.up", "--hosts", 1, check=True, timeout=600)
+        out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
+                              f"UserKnownHostsFile={KNOWN}", "-i", str(KEY), f"root@{node.address}", "uname -m"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "x86_64", out.stderr
+        with open("/proc/sys/fs/inotify/max_user_instances") as handle:
+            assert int(handle.read()) >= 128 + 16 * 4
+    finally:
+        invoke("lab.up", check=True, timeout=600)  # the default lab: the extra host stopped, its disk gone
+    assert not machines.running_pid(node) and not node.dir.exists()
+    assert ssh("rtx01", "true").returncode == 0

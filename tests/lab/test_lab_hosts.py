@@ -80,3 +80,20 @@ def test_scale_hosts_come_and_go_with_their_disks(lab):
         invoke("lab.up", check=True, timeout=600)  # the default lab: the extra host stopped, its disk gone
     assert not machines.running_pid(node) and not node.dir.exists()
     assert ssh("rtx01", "true").returncode == 0
+
+
+def test_held_scripts_inline_or_too_long_for_a_command_line_both_run(lab):
+    from converge.connection import INLINE_MAX, SSHSettings, connect
+    from converge.runner import KEEP_HOLDING
+    from tests.lab.conftest import ADDRESS, KEY, KNOWN
+
+    settings = SSHSettings("rtx01", ADDRESS["rtx01"], key_file=str(KEY), known_hosts=str(KNOWN))
+    long_line = "x" * (INLINE_MAX + 10)
+    with connect(settings) as conn:
+        short = conn.hold("echo 'it''s inline'\n" + KEEP_HOLDING, timeout=10, inline=True)
+        assert short.readline(10) == "its inline"
+        long = conn.hold(f"echo {len(long_line)} ${{#v}}; v={long_line}; echo ${{#v}}\n" + KEEP_HOLDING, timeout=10,
+                         inline=True)  # too long for a command line: sent on stdin instead
+        assert long.readline(10).startswith(str(len(long_line)))
+        assert long.readline(10) == str(len(long_line))
+        assert conn.run("echo still here\n").stdout == "still here\n"

@@ -122,8 +122,10 @@ class Connection:
         self.close()
 
 
-def _shell(become: bool) -> str:
-    return "sudo -n sh -s" if become else "sh -s"
+def _shell(become: bool, script: str | None = None) -> str:
+    """The command a host runs: ``sh -s`` reading the script on stdin, or ``sh -c SCRIPT``."""
+    shell = f"sh -c {shlex.quote(script)}" if script is not None else "sh -s"
+    return f"sudo -n {shell}" if become else shell
 
 
 INLINE_MAX = 64 * 1024  # well under sshd's packet and Linux's single-argument limits
@@ -289,7 +291,9 @@ class SSHConnection(Connection):
                                          output=out.decode(errors="replace"))
             select.select([channel], [], [], 0.5)
         wait = max(deadline - time.monotonic(), 0.1) if deadline else 30
-        if channel.closed and not channel.status_event.is_set() or not channel.status_event.wait(wait):
+        # a closed channel without a status will not get one: no need to wait for it
+        got_status = channel.status_event.is_set() or (not channel.closed and channel.status_event.wait(wait))
+        if not got_status:
             channel.close()
             if channel.transport is None or not channel.transport.is_active():
                 raise ConnectionFailed(f"{self.name}: the SSH connection was lost")
@@ -304,7 +308,7 @@ class SSHConnection(Connection):
         if inline and len(script) < INLINE_MAX:
             # in the exec request itself: sshd opens a session's window only once the exec
             # is running, so a script on stdin waits one more round trip for it
-            channel = self._exec(timeout, f"{_shell(self.settings.become)[:-3]} -c {shlex.quote(script)}")
+            channel = self._exec(timeout, _shell(self.settings.become, script))
         else:
             channel = self._exec(timeout)
             channel.sendall(script.encode())

@@ -16,6 +16,7 @@ from .errors import ConnectionFailed, ConvergeError, RemoteCommandError, StepFai
 from .report import Report, TaskResult
 
 LOCK_DIR = "/run/lock"
+FIRST_ANSWER_S = 15  # for the held script to start and say whether it has the lock
 
 
 @dataclass
@@ -92,9 +93,9 @@ class HostRun:
         # inline: facts hold no secret (a secret file is only hashed), so the script may
         # be the exec request's command line, one round trip less than stdin
         held = conn.hold(lock_script(self.lock_name, self.lock_wait, holder) + gathering.script + KEEP_HOLDING,
-                         timeout=15, inline=True)
+                         timeout=FIRST_ANSWER_S, inline=True)
         try:
-            first = held.readline(15)
+            first = held.readline(FIRST_ANSWER_S)
             if first is not None and first.startswith("busy"):
                 self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by "
                                  f"{first[5:] or 'another run'} (up to {self.lock_wait:g} s)")

@@ -14,6 +14,7 @@ docs/PERFORMANCE.md, docs/fleet-bench.json and docs/fleet-bench.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -101,6 +102,21 @@ def stop_proxy(proc, stats: Path) -> dict:
     return json.loads(stats.read_text()) if stats.exists() else {}
 
 
+@contextlib.contextmanager
+def proxied(hosts, rtt, stats: Path):
+    """The delay proxy for the length of a block; yields a dict that holds its counts after."""
+    proc = start_proxy(hosts, rtt, stats)
+    counts: dict = {}
+    try:
+        yield counts
+    finally:
+        counts.update(stop_proxy(proc, stats))
+
+
+def lab_up(extra_hosts: int = 0):
+    subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(extra_hosts)], cwd=ROOT, check=True)
+
+
 def timed(cmd, cwd=None, env=None) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (kB) of the largest process of the run, output."""
     wrapper = ("import resource, subprocess, sys, time\n"
@@ -119,6 +135,8 @@ def timed(cmd, cwd=None, env=None) -> tuple[float, int, str]:
 def commands(tool, folder: Path):
     if tool == "floor":
         return None
+    if tool == "paramiko-handshake":  # our engine connecting and closing, nothing else
+        return [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--connect-only"]
     if tool in ("ours", "ours-podman"):
         return [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--forks", "32"] + \
             (["--ask-podman"] if tool == "ours-podman" else [])
@@ -171,50 +189,52 @@ def main():
     WORK.mkdir(parents=True, exist_ok=True)
     out = ROOT / "docs" / "fleet-bench.json"
     if args.only_round_trips:
-        subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(min(sizes))], cwd=ROOT, check=True)
+        lab_up(min(sizes))
         results = json.loads(out.read_text())
         results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
-        subprocess.run([sys.executable, "-m", "invoke", "lab.up"], cwd=ROOT, check=True)
+        lab_up()
         return write_report(results, out)
     for name in ("ansible", "pyinfra"):
         print(f"venv {name}: {venv(name)}", flush=True)
-    subprocess.run([sys.executable, "-m", "invoke", "lab.up", "--hosts", str(max(sizes))], cwd=ROOT, check=True)
+    lab_up(max(sizes))
     results = {"machine": os.uname().nodename, "cores": os.cpu_count(), "runs": args.runs, "scenarios": []}
     for size in sizes:
-        hosts = nodes(size)
         for rtt in rtts:
-            folder = WORK / f"n{size}-rtt{int(rtt)}"
-            entries = write_inventories(hosts, rtt, folder)
-            proxy = start_proxy(hosts, rtt, folder / "proxy.json") if rtt else None
-            scenario = {"hosts": size, "rtt_ms": rtt, "tools": {}}
-            scenario["floor"] = summary([floor(entries, folder / "known_hosts") for _ in range(args.runs)])
-            for tool in tools:
-                if tool in SLOW_TOOLS and size > args.slow_max_hosts:
-                    scenario["tools"][tool] = {"skipped": f"not run above {args.slow_max_hosts} hosts"}
-                    continue
-                reset(hosts)
-                first, rss_first, _ = timed(commands(tool, folder), cwd=HERE)
-                noop, rss = [], []
-                for _ in range(args.runs):
-                    wall, peak, _ = timed(commands(tool, folder), cwd=HERE)
-                    noop.append(wall)
-                    rss.append(peak)
-                scenario["tools"][tool] = {"first": round(first, 3), "noop": summary(noop),
-                                           "peak_rss_mb": round(max(rss + [rss_first]) / 1024, 1)}
-                print(f"n={size} rtt={rtt:g} {tool}: first {first:.2f} s, no-op median "
-                      f"{statistics.median(noop):.2f} s (floor {scenario['floor']['median']:.2f} s)", flush=True)
-            if proxy:
-                stop_proxy(proxy, folder / "proxy.json")
-            results["scenarios"].append(scenario)
+            results["scenarios"].append(measure(nodes(size), rtt, tools, args.runs, args.slow_max_hosts))
             (WORK / "partial.json").write_text(json.dumps(results, indent=2))  # a late failure loses nothing
     results["round_trips"] = count_round_trips(nodes(min(sizes)), tools)
-    # back to the default lab: the scale hosts' disks (~390 MB each) are given back
-    subprocess.run([sys.executable, "-m", "invoke", "lab.up"], cwd=ROOT, check=True)
+    lab_up()  # back to the default lab: the scale hosts' disks (~390 MB each) are given back
     if args.merge and out.exists():
         measured = {(x["hosts"], x["rtt_ms"]) for x in results["scenarios"]}
         kept = [x for x in json.loads(out.read_text())["scenarios"] if (x["hosts"], x["rtt_ms"]) not in measured]
         results["scenarios"] = sorted(kept + results["scenarios"], key=lambda x: (x["hosts"], x["rtt_ms"]))
     write_report(results, out)
+
+
+def measure(hosts, rtt, tools, runs, slow_max_hosts) -> dict:
+    """One cell: the floor, then each tool's first converge and ``runs`` no-op runs."""
+    size = len(hosts)
+    folder = WORK / f"n{size}-rtt{int(rtt)}"
+    entries = write_inventories(hosts, rtt, folder)
+    scenario = {"hosts": size, "rtt_ms": rtt, "tools": {}}
+    with proxied(hosts, rtt, folder / "proxy.json") if rtt else contextlib.nullcontext():
+        scenario["floor"] = summary([floor(entries, folder / "known_hosts") for _ in range(runs)])
+        for tool in tools:
+            if tool in SLOW_TOOLS and size > slow_max_hosts:
+                scenario["tools"][tool] = {"skipped": f"not run above {slow_max_hosts} hosts"}
+                continue
+            reset(hosts)
+            first, rss_first, _ = timed(commands(tool, folder), cwd=HERE)
+            noop, rss = [], []
+            for _ in range(runs):
+                wall, peak, _ = timed(commands(tool, folder), cwd=HERE)
+                noop.append(wall)
+                rss.append(peak)
+            scenario["tools"][tool] = {"first": round(first, 3), "noop": summary(noop),
+                                       "peak_rss_mb": round(max(rss + [rss_first]) / 1024, 1)}
+            print(f"n={size} rtt={rtt:g} {tool}: first {first:.2f} s, no-op median "
+                  f"{statistics.median(noop):.2f} s (floor {scenario['floor']['median']:.2f} s)", flush=True)
+    return scenario
 
 
 def write_report(results: dict, out: Path):
@@ -232,17 +252,13 @@ def waited_round_trips(hosts, tools, runs=3) -> dict:
     work), over 200 ms. Unlike turns this leaves out messages nobody waits for."""
     folder = WORK / "waited"
     seconds = {}
+    write_inventories(hosts, 1, folder)
     for rtt in (0, SLOW_LINK_MS):
-        write_inventories(hosts, 1, folder)
-        proxy = start_proxy(hosts, rtt, folder / "proxy.json")
-        try:
+        with proxied(hosts, rtt, folder / "proxy.json"):
             for tool in ["paramiko-handshake", *tools]:
-                cmd = [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--connect-only"] \
-                    if tool == "paramiko-handshake" else commands(tool, folder)
-                timed(cmd, cwd=HERE)  # warm the page cache
-                seconds[tool, rtt] = statistics.median(timed(cmd, cwd=HERE)[0] for _ in range(runs))
-        finally:
-            stop_proxy(proxy, folder / "proxy.json")
+                timed(commands(tool, folder), cwd=HERE)  # warm the page cache
+                seconds[tool, rtt] = statistics.median(timed(commands(tool, folder), cwd=HERE)[0]
+                                                       for _ in range(runs))
     extra = {rtt: {t: seconds[t, rtt] - seconds["paramiko-handshake", rtt] for t in tools}
              for rtt in (0, SLOW_LINK_MS)}
     return {t: round((extra[SLOW_LINK_MS][t] - extra[0][t]) / (SLOW_LINK_MS / 1000), 1) for t in tools}
@@ -254,24 +270,17 @@ def count_round_trips(hosts, tools) -> dict:
     command; paramiko's (ours, pyinfra) is our engine connecting and closing."""
     folder = WORK / "round-trips"
     entries = write_inventories(hosts, 1, folder)  # through the proxy
-    connect_only = [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--connect-only"]
     counts = {}
     for tool in ["floor", "paramiko-handshake", *tools]:
         stats = folder / f"{tool}.json"
         if tool in tools:  # converge first, uncounted: the count is of a no-op run
-            warm = start_proxy(hosts, 0, stats)
-            try:
+            with proxied(hosts, 0, stats):
                 timed(commands(tool, folder), cwd=HERE)
-            finally:
-                stop_proxy(warm, stats)
-        proxy = start_proxy(hosts, 0, stats)
-        try:
+        with proxied(hosts, 0, stats) as data:
             if tool == "floor":
                 floor(entries, folder / "known_hosts")
             else:
-                timed(connect_only if tool == "paramiko-handshake" else commands(tool, folder), cwd=HERE)
-        finally:
-            data = stop_proxy(proxy, stats)
+                timed(commands(tool, folder), cwd=HERE)
         per_host = [v["turns"] / 2 for v in data.values()]
         conns = [v["connections"] for v in data.values()]
         counts[tool] = {"round_trips_per_host": round(statistics.mean(per_host), 1),

@@ -83,6 +83,8 @@ def test_scale_hosts_come_and_go_with_their_disks(lab):
 
 
 def test_held_scripts_inline_or_too_long_for_a_command_line_both_run(lab):
+    import socket
+
     from converge.connection import INLINE_MAX, SSHSettings, connect
     from converge.runner import KEEP_HOLDING
     from tests.lab.conftest import ADDRESS, KEY, KNOWN
@@ -90,6 +92,8 @@ def test_held_scripts_inline_or_too_long_for_a_command_line_both_run(lab):
     settings = SSHSettings("rtx01", ADDRESS["rtx01"], key_file=str(KEY), known_hosts=str(KNOWN))
     long_line = "x" * (INLINE_MAX + 10)
     with connect(settings) as conn:
+        sock = conn.client.get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # no delayed-ACK wait per command
         short = conn.hold("echo 'it''s inline'\n" + KEEP_HOLDING, timeout=10, inline=True)
         assert short.readline(10) == "its inline"
         long = conn.hold(f"echo {len(long_line)} ${{#v}}; v={long_line}; echo ${{#v}}\n" + KEEP_HOLDING, timeout=10,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from invoke import Collection, Exit, task
+from invoke import Collection, Exit, Task, task
 
 from converge.errors import ConvergeError, InventoryError
 
@@ -20,10 +20,41 @@ HELP = {
     "hosts": "comma-separated hosts or groups (default: all)",
     "json": "write the result as JSON to FILE ('-' for standard output)",
     "set": "override a variable for this run: key=value (repeatable)",
+    "ask_become_pass": "ask once for the sudo password of hosts with ansible_become (Ansible's -K)",
 }
 
 
-def _play(inventory, overrides=None):
+class HostTask(Task):
+    """A task that reaches hosts: ``--ask-become-pass`` is ``-K``, as in Ansible."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        if name == "ask_become_pass":
+            opts["names"] = ["ask-become-pass", "K"]
+        return opts
+
+
+def _become_password(ask: bool) -> str | None:
+    """Asked once per run, on the terminal, not echoed (getpass)."""
+    if not ask:
+        return None
+    import getpass
+    from converge.become import check_password
+    try:
+        with open("/dev/tty"):
+            pass
+    except OSError:
+        raise Exit("--ask-become-pass (-K) needs a terminal to ask on; without one, set become_password_file "
+                   "to a 0600 file holding the password", code=2)
+    try:
+        return check_password(getpass.getpass("BECOME password: "), "--ask-become-pass")
+    except ValueError as exc:
+        raise Exit(str(exc), code=2)
+    except (EOFError, KeyboardInterrupt):
+        raise Exit("no become password given", code=2)
+
+
+def _play(inventory, overrides=None, ask_become_pass=False):
     import roles
     from converge.play import Play
     try:
@@ -31,6 +62,7 @@ def _play(inventory, overrides=None):
         play.check()
     except InventoryError as exc:
         raise Exit("inventory check failed:\n  " + "\n  ".join(exc.problems), code=2)
+    play.become_password = _become_password(ask_become_pass)
     return play
 
 
@@ -50,16 +82,17 @@ def inventory_check(c, inventory=None, set=None):
           f"{len(play.inventory.groups) - 1} groups: OK")
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
-            "local": "read this machine through a local connection instead of SSH", "set": HELP["set"]},
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+                            "local": "read this machine through a local connection instead of SSH",
+                            "set": HELP["set"], "ask_become_pass": HELP["ask_become_pass"]},
       iterable=["set"])
-def facts(c, inventory=None, hosts=None, local=False, json=None, set=None):
+def facts(c, inventory=None, hosts=None, local=False, json=None, set=None, ask_become_pass=False):
     """Gather facts and show the chosen image, model and memory, with reasons."""
     from converge import play as playlib
     from converge.report import write_json
     from roles.preflight import show
     from roles.preflight.role import FACTS_ROLE
-    play = _play(inventory, set)
+    play = _play(inventory, set, ask_become_pass and not local)
     report = _report(json)
     report.quiet = True
     try:
@@ -73,17 +106,19 @@ def facts(c, inventory=None, hosts=None, local=False, json=None, set=None):
         raise Exit(code=1)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
-            "check": "change nothing; show the diffs and commands a real run would make",
-            "diff": "show diffs of changed files", "forks": "hosts converged at once (default 10)",
-            "lock_wait": "seconds to wait for another run's lock on a host (default 300)"},
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+                            "set": HELP["set"], "ask_become_pass": HELP["ask_become_pass"],
+                            "check": "change nothing; show the diffs and commands a real run would make",
+                            "diff": "show diffs of changed files", "forks": "hosts converged at once (default 10)",
+                            "lock_wait": "seconds to wait for another run's lock on a host (default 300)"},
       iterable=["set"])
-def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, json=None, set=None, lock_wait=300):
+def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, json=None, set=None, lock_wait=300,
+           ask_become_pass=False):
     """Converge hosts: image, weights, systemd unit, started and answering."""
     import roles
     from converge import play as playlib
     from converge.report import write_json
-    play = _play(inventory, set)
+    play = _play(inventory, set, ask_become_pass)
     report = _report(json, show_diff=diff or check)
     try:
         playlib.run(play, roles.load(), hosts, check=check, forks=int(forks), report=report,
@@ -99,37 +134,47 @@ def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, jso
 @task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
             "yes": "pin the keys shown without asking"})
 def trust(c, inventory=None, hosts=None, yes=False):
-    """Show each host's SSH key fingerprint and pin it in known_hosts."""
-    from converge.connection import SSHSettings, fetch_host_key, fingerprint, load_known_hosts, pin_host_key
+    """Show and pin host keys: each jump host's on the way, then the host's own."""
+    from converge import hostkeys
+    from converge.ssh_settings import SSHSettings
+    from converge.trust import walk
     play = _play(inventory)
     failed = False
+
+    def decide(seen):
+        print(f"{name}: {seen.label + ' ' if seen.label != name else ''}{seen.where} {seen.key.get_name()} "
+              f"{hostkeys.fingerprint(seen.key)}")
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            print("  not pinned: run with --yes, or from a terminal, after checking the fingerprint")
+            return False
+        return input("  trust this key? [y/N] ").strip().lower() in ("y", "yes")
+
     for name in play.inventory.select(hosts):
-        settings = SSHSettings.from_vars(name, play.hostvars(name))
         try:
-            key = fetch_host_key(settings)
-        except OSError as exc:
-            print(f"{name}: cannot reach {settings.known_hosts_name}: {exc}")
+            # trust needs no become password: only the way in
+            settings = SSHSettings.from_vars(name, {**play.hostvars(name), "ansible_become": False})
+            seen = walk(settings, decide)
+        except ConvergeError as exc:
+            print(str(exc))
             failed = True
             continue
-        known = load_known_hosts(settings).lookup(settings.known_hosts_name) or {}
-        if key.get_name() in known and known[key.get_name()] == key:
-            print(f"{name}: {settings.known_hosts_name} {key.get_name()} {fingerprint(key)} already trusted")
-            continue
-        if key.get_name() in known:
-            print(f"{name}: {settings.known_hosts_name} offers {fingerprint(key)} but known_hosts has "
-                  f"{fingerprint(known[key.get_name()])}. Remove the old key first if the host was reinstalled: "
-                  f"ssh-keygen -R '{settings.known_hosts_name}' -f {settings.known_hosts or '~/.ssh/known_hosts'}")
-            failed = True
-            continue
-        print(f"{name}: {settings.known_hosts_name} {key.get_name()} {fingerprint(key)}")
-        if not yes:
-            if not sys.stdin.isatty():
-                print("  not pinned: run with --yes, or from a terminal, after checking the fingerprint")
+        for entry in seen:
+            what = entry.label + " " if entry.label != name else ""
+            if entry.state == "trusted":
+                print(f"{name}: {what}{entry.where} {entry.key.get_name()} {hostkeys.fingerprint(entry.key)} "
+                      f"already trusted")
+            elif entry.state == "pinned":
+                print(f"  pinned in {settings.known_hosts or hostkeys.USER_KNOWN_HOSTS}")
+            elif entry.state == "changed":
+                print(f"{name}: {what}{entry.where} offers {hostkeys.fingerprint(entry.key)} but known_hosts has "
+                      f"{hostkeys.fingerprint(entry.expected)}. Remove the old key first if the machine was "
+                      f"reinstalled: ssh-keygen -R '{entry.where}' -f "
+                      f"{settings.known_hosts or hostkeys.USER_KNOWN_HOSTS}")
                 failed = True
-                continue
-            if input("  trust this key? [y/N] ").strip().lower() not in ("y", "yes"):
-                continue
-        print(f"  pinned in {pin_host_key(settings, key)}")
+            else:
+                failed = failed or not yes
     if failed:
         raise Exit(code=1)
 
@@ -148,25 +193,27 @@ except ImportError as exc:  # pragma: no cover
         raise
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
-            "junit": "write JUnit XML to FILE"}, iterable=["set"])
-def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None):
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+                            "set": HELP["set"], "junit": "write JUnit XML to FILE",
+                            "ask_become_pass": HELP["ask_become_pass"]}, iterable=["set"])
+def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_become_pass=False):
     """Check every host with testinfra over SSH: units, secrets, image, weights, API."""
     import roles
     from converge import play as playlib
     from converge import verify as verifylib
-    from converge.connection import SSHSettings
     from converge.report import write_json
     from roles.verify_view import print_table, verify_document
-    play = _play(inventory, set)
+    play = _play(inventory, set, ask_become_pass)
     report = _report(json)
     report.quiet = True
     # what each host should look like: the roles' plan in check mode (changes nothing)
     playlib.run(play, roles.load(), hosts, check=True, report=report)
     expected = {h: x["expected"] for h, x in report.extra.items() if "expected" in x}
-    unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"}
+    # hosts the check run could not reach or become on are failures of their own
+    unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
+                   or (t.role == "connect" and t.status == "failed")}
     names = [h for h in play.inventory.select(hosts) if h not in unreachable]
-    settings = [SSHSettings.from_vars(h, play.hostvars(h)) for h in names]
+    settings = [play.ssh_settings(h) for h in names]
     results, output = verifylib.run(settings, ["roles"], expected, junit=junit) if settings else ([], "")
     data = verify_document(results, unreachable, expected)
     print_table(data, report.console)
@@ -180,11 +227,11 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None):
 ns.add_task(verify)
 
 
-def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP"):
+def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_become_pass=False):
     """Run one day-2 role on hosts through the engine (connection, lock, report)."""
     from converge import play as playlib
     from converge.report import write_json
-    play = _play(inventory, set)
+    play = _play(inventory, set, ask_become_pass)
     report = _report(json_target)
     try:
         playlib.run(play, [role], hosts, report=report)
@@ -196,15 +243,16 @@ def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP"):
         raise Exit(code=1)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"]})
-def status(c, inventory=None, hosts=None, json=None):
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+                            "ask_become_pass": HELP["ask_become_pass"]})
+def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
     """One table for the fleet: unit, container, health, model, image, GPU memory, drift."""
     import roles
     from converge import play as playlib
     from converge.report import write_json
     from roles.ops.status import status_role
     from roles.ops.status_view import print_status, status_document
-    play = _play(inventory)
+    play = _play(inventory, ask_become_pass=ask_become_pass)
     report = _report(json)
     report.quiet = True
     playlib.run(play, roles.load() + [status_role()], hosts, check=True, report=report)
@@ -215,43 +263,48 @@ def status(c, inventory=None, hosts=None, json=None):
         raise Exit(code=1)
 
 
-OPS_HELP = {"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"]}
+OPS_HELP = {"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
+            "ask_become_pass": HELP["ask_become_pass"]}
 
 
-@task(help=OPS_HELP, iterable=["set"])
-def start(c, inventory=None, hosts=None, json=None, set=None):
+@task(klass=HostTask, help=OPS_HELP, iterable=["set"])
+def start(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
     """Start vLLM (stopping the units it conflicts with, e.g. ollama) and wait until ready."""
     from roles.ops.lifecycle import start_role
-    _ops(inventory, hosts, start_role(), set, json_target=json)
+    _ops(inventory, hosts, start_role(), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
-@task(help={**OPS_HELP, "resume": "start again the units vLLM conflicts with (e.g. ollama)"}, iterable=["set"])
-def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None):
+@task(klass=HostTask, help={**OPS_HELP, "resume": "start again the units vLLM conflicts with (e.g. ollama)"},
+      iterable=["set"])
+def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None, ask_become_pass=False):
     """Stop vLLM; with --resume, start the units it displaced."""
     from roles.ops.lifecycle import stop_role
-    _ops(inventory, hosts, stop_role(resume), set, json_target=json)
+    _ops(inventory, hosts, stop_role(resume), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
-@task(help=OPS_HELP, iterable=["set"])
-def restart(c, inventory=None, hosts=None, json=None, set=None):
+@task(klass=HostTask, help=OPS_HELP, iterable=["set"])
+def restart(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
     """Restart vLLM and wait until ready."""
     from roles.ops.lifecycle import restart_role
-    _ops(inventory, hosts, restart_role(), set, json_target=json)
+    _ops(inventory, hosts, restart_role(), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
-@task(help=OPS_HELP, iterable=["set"])
-def recover(c, inventory=None, hosts=None, json=None, set=None):
+@task(klass=HostTask, help=OPS_HELP, iterable=["set"])
+def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
     """Clear a crash loop or a wedged container; refuse (reboot needed) if nvidia-smi hangs."""
     from roles.ops.lifecycle import recover_role
-    _ops(inventory, hosts, recover_role(), set, json_target=json, title="RECOVER RECAP")
+    _ops(inventory, hosts, recover_role(), set, json_target=json, title="RECOVER RECAP",
+         ask_become_pass=ask_become_pass)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "lines": "lines of history (default 50)",
-            "follow": "keep printing new lines (Ctrl-C to stop)"})
-def logs(c, inventory=None, hosts=None, lines=50, follow=False):
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
+                            "lines": "lines of history (default 50)",
+                            "follow": "keep printing new lines (Ctrl-C to stop)",
+                            "ask_become_pass": HELP["ask_become_pass"]})
+def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False):
     """The vLLM unit's journal on each host, prefixed by host."""
     from roles.ops.logs import stream_logs
-    play = _play(inventory)
+    play = _play(inventory, ask_become_pass=ask_become_pass)
     failed = stream_logs(play, play.inventory.select(hosts), int(lines), follow)
     if failed:
         raise Exit(code=1)
@@ -266,17 +319,23 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False):
     rows = rows_for({h: play.hostvars(h) for h in play.inventory.select(hosts)}, show_keys)
     for row in rows:
         print(f"{row['host']:<12} {row['base_url']:<36} key {row['key']}")
+        if row["problem"]:
+            print(f"  {row['problem']}", file=sys.stderr)
     print()
     print(open_webui_lines(rows), end="")
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": "write the figures as JSON to FILE",
-            "csv": "write the figures as CSV to FILE", "repeats": "sequential requests per scenario (default 4)",
-            "concurrency": "parallel requests of the aggregate figure (default 4)"})
-def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", repeats=4, concurrency=4):
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
+                            "json": "write the figures as JSON to FILE",
+                            "csv": "write the figures as CSV to FILE",
+                            "repeats": "sequential requests per scenario (default 4)",
+                            "concurrency": "parallel requests of the aggregate figure (default 4)",
+                            "ask_become_pass": HELP["ask_become_pass"]})
+def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", repeats=4, concurrency=4,
+          ask_become_pass=False):
     """Benchmark each serving host the seeds' way: full canvas, short answers, concurrency 4."""
     from roles.ops.bench_run import bench_hosts
-    play = _play(inventory)
+    play = _play(inventory, ask_become_pass=ask_become_pass)
     if not bench_hosts(play, play.inventory.select(hosts), json, csv, int(repeats), int(concurrency)):
         raise Exit(code=1)
 

@@ -1,31 +1,34 @@
 """Connections to hosts: one SSH connection per host per run, or the local machine.
 
-Every command is a POSIX shell script sent on standard input to ``sh -s``: the
-script (and any secret inside a heredoc) never appears on a command line, and
-one script is one command. The one exception is a held script that the caller
-marks ``inline`` (the host lock and the facts, which hold no secret): it is the
-exec request's command line, which saves the round trip sshd makes a script on
-stdin wait (it opens a session's window only once the exec runs). Host keys are checked against known_hosts with
-paramiko's RejectPolicy; nothing is ever added behind the user's back
-(``invoke trust`` does that, on request).
+The SSH connection is a Fabric ``Connection`` (ssh_config, gateways, connect
+settings; see fabric_ssh for what we change: strict host keys, shared jump
+hosts). What stays ours is the speed path, which Fabric's ``run`` does not
+have: every command is a POSIX shell script sent on standard input to
+``sh -s``, its exec request sent without waiting for the reply (as OpenSSH's
+own client does), so one script is one round trip; the script (and any secret
+inside a heredoc) never appears on a command line. The one exception is a held
+script that the caller marks ``inline`` (the host lock and the facts, which hold
+no secret): it is the exec request's command line, which saves the round trip
+sshd makes a script on stdin wait (it opens a session's window only once the
+exec runs). Become (sudo) wraps the shell; its password goes first on stdin
+(become.py).
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import select
 import shlex
-import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import paramiko
 
-from .errors import ConnectionFailed, HostKeyError, RemoteCommandError
+from . import fabric_ssh, hostkeys
+from .become import Become, diagnose
+from .errors import BecomeRefused, ConnectionFailed, RemoteCommandError
+from .ssh_settings import SSHSettings
 
 
 @dataclass
@@ -37,62 +40,6 @@ class Result:
     @property
     def ok(self):
         return self.rc == 0
-
-
-@dataclass
-class SSHSettings:
-    """Connection settings, from the inventory (``ansible_*`` names) and ~/.ssh/config."""
-
-    name: str
-    address: str
-    port: int = 22
-    user: str = "root"
-    key_file: str | None = None
-    known_hosts: str | None = None
-    connect_timeout: float = 10.0
-    become: bool = False
-
-    @classmethod
-    def from_vars(cls, name: str, hostvars: dict) -> "SSHSettings":
-        """Inventory values win over ~/.ssh/config, which wins over defaults."""
-        ssh_config = _user_ssh_config().lookup(hostvars.get("ansible_host") or name)
-        key = hostvars.get("ansible_ssh_private_key_file") or (ssh_config.get("identityfile") or [None])[0]
-        known = hostvars.get("known_hosts_file") or (ssh_config.get("userknownhostsfile") or "").split(" ")[0] or None
-        return cls(
-            name=name,
-            address=hostvars.get("ansible_host") or ssh_config.get("hostname", name),
-            port=int(hostvars.get("ansible_port") or ssh_config.get("port", 22)),
-            user=hostvars.get("ansible_user") or ssh_config.get("user", "root"),
-            key_file=os.path.expanduser(key) if key else None,
-            known_hosts=os.path.expanduser(known) if known else None,
-            connect_timeout=float(hostvars.get("connect_timeout", 10)),
-            become=bool(hostvars.get("ansible_become", False)),
-        )
-
-    @property
-    def known_hosts_name(self) -> str:
-        """How OpenSSH names this host in known_hosts."""
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-
-
-def _user_ssh_config() -> paramiko.SSHConfig:
-    path = Path.home() / ".ssh" / "config"
-    if path.is_file():
-        return paramiko.SSHConfig.from_path(str(path))
-    return paramiko.SSHConfig()
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def load_known_hosts(settings: SSHSettings) -> paramiko.HostKeys:
-    keys = paramiko.HostKeys()
-    for path in ([settings.known_hosts] if settings.known_hosts else []) + [os.path.expanduser("~/.ssh/known_hosts")]:
-        if path and os.path.isfile(path):
-            keys.load(path)
-    return keys
 
 
 class Connection:
@@ -112,6 +59,9 @@ class Connection:
         which saves a round trip over SSH."""
         raise NotImplementedError
 
+    def refused(self, held: "Held"):
+        """Raise BecomeRefused if ``held`` ended because sudo would not run it."""
+
     def close(self):
         pass
 
@@ -122,10 +72,11 @@ class Connection:
         self.close()
 
 
-def _shell(become: bool, script: str | None = None) -> str:
+def _shell(become: Become | None, script: str | None = None) -> str:
     """The command a host runs: ``sh -s`` reading the script on stdin, or ``sh -c SCRIPT``."""
-    shell = f"sh -c {shlex.quote(script)}" if script is not None else "sh -s"
-    return f"sudo -n {shell}" if become else shell
+    if become is not None:
+        return become.command(script)
+    return f"sh -c {shlex.quote(script)}" if script is not None else "sh -s"
 
 
 INLINE_MAX = 64 * 1024  # well under sshd's packet and Linux's single-argument limits
@@ -134,14 +85,16 @@ INLINE_MAX = 64 * 1024  # well under sshd's packet and Linux's single-argument l
 class Held:
     """A script that keeps running while we read its output line by line.
 
-    ``recv(seconds)`` returns the next chunk of output, ``None`` when nothing
-    came within that time, or ``b""`` when the script's output ended.
+    ``recv(seconds)`` returns the next chunk of standard output, ``None`` when
+    nothing came within that time, or ``b""`` when the script's output ended.
+    ``stderr()`` is what came on standard error (where sudo speaks).
     """
 
-    def __init__(self, name: str, recv, close):
+    def __init__(self, name: str, recv, close, stderr=lambda: ""):
         self.name = name
         self._recv = recv
         self._close = close
+        self.stderr = stderr
         self._buf = b""
         self.ended = False
 
@@ -189,49 +142,33 @@ class Held:
 
 
 class SSHConnection(Connection):
-    def __init__(self, settings: SSHSettings):
+    """A host over SSH: a Fabric connection (through its jump hosts, if any)
+    driven by our pipelined scripts."""
+
+    def __init__(self, settings: SSHSettings, jumps: fabric_ssh.JumpHosts | None = None):
         self.name = settings.name
         self.settings = settings
-        self.client = paramiko.SSHClient()
-        self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        self.become = settings.become
+        self._own_jumps = jumps is None  # alone (trust, tests): its jump hosts are its own
+        self.jumps = jumps if jumps is not None else fabric_ssh.JumpHosts()
+        self._gateway = self.jumps.gateway(settings)
+        self.fabric = fabric_ssh.for_host(settings, self._gateway)
+        self.client = self.fabric.client
         self._held = []
+
+    @property
+    def known_hosts_name(self) -> str:
+        return hostkeys.known_hosts_name(self.fabric.host, self.fabric.port)
 
     def open(self) -> "SSHConnection":
         s = self.settings
-        known = load_known_hosts(s)
-        # paramiko's own client keeps the same table; give it ours
-        for hostname in known.keys():
-            for keytype, key in known[hostname].items():
-                self.client.get_host_keys().add(hostname, keytype, key)
         try:
-            self.client.connect(
-                s.address, port=s.port, username=s.user, key_filename=s.key_file,
-                timeout=s.connect_timeout, banner_timeout=s.connect_timeout, auth_timeout=s.connect_timeout,
-                allow_agent=s.key_file is None, look_for_keys=s.key_file is None)
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(
-                f"{s.name}: the host key of {s.known_hosts_name} CHANGED: it offered {fingerprint(exc.key)} "
-                f"but known_hosts has {fingerprint(exc.expected_key)}. If the host was reinstalled, remove the "
-                f"old key (ssh-keygen -R {shlex.quote(s.known_hosts_name)} -f {s.known_hosts or '~/.ssh/known_hosts'}) "
-                f"and run: invoke trust --hosts {s.name}. Otherwise someone may be intercepting the connection.") from exc
-        except paramiko.SSHException as exc:
-            if "not found in known_hosts" in str(exc):
-                raise HostKeyError(
-                    f"{s.name}: {s.known_hosts_name} is not in known_hosts"
-                    f"{' (' + s.known_hosts + ')' if s.known_hosts else ''}. Check its fingerprint and pin it "
-                    f"with: invoke trust --hosts {s.name}") from exc
-            raise ConnectionFailed(f"{s.name}: SSH to {s.user}@{s.known_hosts_name} failed: {exc}") from exc
-        except (socket.timeout, TimeoutError) as exc:
-            raise ConnectionFailed(f"{s.name}: no answer from {s.known_hosts_name} within "
-                                   f"{s.connect_timeout:g} s: is the host up?") from exc
-        except OSError as exc:
-            raise ConnectionFailed(f"{s.name}: cannot reach {s.known_hosts_name}: {exc.strerror or exc}") from exc
-        transport = self.client.get_transport()
-        transport.set_keepalive(15)
-        # Our messages are small requests that wait for their answers: with Nagle's
-        # algorithm on, the script behind an exec request waited for a delayed ACK,
-        # ~40 ms per command on a LAN.
-        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.jumps.open_for(s, self._gateway)
+            via = str(s.jumps[-1]) if s.jumps else None
+            fabric_ssh.open_connection(self.fabric, s.name, "", s.known_hosts, s.connect_timeout, via=via)
+        except ConnectionFailed:
+            self.close()
+            raise
         return self
 
     def _exec(self, timeout, command: str | None = None) -> paramiko.Channel:
@@ -240,7 +177,7 @@ class SSHConnection(Connection):
         The exec request is sent without waiting for its reply (as OpenSSH's own
         client does): the script follows at once, which saves a round trip per
         command. A refused request closes the channel, which `run` reports."""
-        command = command or _shell(self.settings.become)
+        command = command or _shell(self.become)
         try:
             channel = self.client.get_transport().open_session(timeout=timeout)
             # paramiko's exec_command without its wait (same message, same bookkeeping)
@@ -261,9 +198,20 @@ class SSHConnection(Connection):
             raise ConnectionFailed(f"{self.name}: the SSH connection was lost: {exc}") from exc
         return channel
 
+    def _preamble(self) -> bytes:
+        return self.become.preamble() if self.become else b""
+
+    def _refused(self, output: str):
+        """Raise BecomeRefused when sudo, not the script, said no."""
+        if self.become is None:
+            return
+        why = diagnose(output, self.fabric.user, self.become, self.name)
+        if why:
+            raise BecomeRefused(why)
+
     def run(self, script: str, timeout: float | None = None, on_output=None) -> Result:
         channel = self._exec(timeout)
-        channel.sendall(script.encode())
+        channel.sendall(self._preamble() + script.encode())
         channel.shutdown_write()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout if timeout else None
@@ -298,46 +246,61 @@ class SSHConnection(Connection):
             if channel.transport is None or not channel.transport.is_active():
                 raise ConnectionFailed(f"{self.name}: the SSH connection was lost")
             raise RemoteCommandError(f"{self.name}: the host ended a command without an exit status "
-                                     f"(did sshd refuse to run '{_shell(self.settings.become)}'?)", rc=255,
+                                     f"(did sshd refuse to run '{_shell(self.become)}'?)", rc=255,
                                      output=out.decode(errors="replace"))
         rc = channel.recv_exit_status()
         channel.close()
-        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+        result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+        if rc != 0:
+            self._refused(result.stderr)
+        return result
 
     def hold(self, script: str, timeout: float, inline: bool = False) -> Held:
-        if inline and len(script) < INLINE_MAX:
+        if inline and len(script) < INLINE_MAX and (self.become is None or self.become.inline_ok):
             # in the exec request itself: sshd opens a session's window only once the exec
             # is running, so a script on stdin waits one more round trip for it
-            channel = self._exec(timeout, _shell(self.settings.become, script))
+            channel = self._exec(timeout, _shell(self.become, script))
         else:
             channel = self._exec(timeout)
-            channel.sendall(script.encode())
+            channel.sendall(self._preamble() + script.encode())
         self._held.append(channel)
+        err = bytearray()
 
         def recv(seconds):
             for _ in range(2):
                 if channel.recv_ready():
                     return channel.recv(65536)
-                if channel.recv_stderr_ready():  # held scripts send both streams as one
-                    return channel.recv_stderr(65536)
+                while channel.recv_stderr_ready():  # sudo's words: kept apart from the script's lines
+                    err.extend(channel.recv_stderr(65536))
                 if channel.eof_received or channel.closed:
                     return b""
                 if not select.select([channel], [], [], seconds)[0]:
                     return None
             return None
 
-        return Held(self.name, recv, channel.close)
+        def stderr():
+            while channel.recv_stderr_ready():
+                err.extend(channel.recv_stderr(65536))
+            return err.decode(errors="replace")
+
+        return Held(self.name, recv, channel.close, stderr)
+
+    def refused(self, held: Held):
+        """For the runner: raise BecomeRefused if a held script ended because sudo said no."""
+        self._refused(held.stderr())
 
     def close(self):
         for channel in self._held:
             channel.close()
-        self.client.close()
+        self.fabric.close()
+        if self._own_jumps:
+            self.jumps.close()
 
 
 class LocalConnection(Connection):
     """The machine we run on, through the same scripts (``--local``)."""
 
-    def __init__(self, name: str = "localhost", become: bool = False):
+    def __init__(self, name: str = "localhost", become: Become | None = None):
         self.name = name
         self.become = become
         self._held = []
@@ -405,27 +368,6 @@ class LocalConnection(Connection):
         for proc in self._held:
             self._release(proc)
         self._held = []
-
-
-def fetch_host_key(settings: SSHSettings, timeout: float = 10.0) -> paramiko.PKey:
-    """The key a host offers, without authenticating (for ``invoke trust``)."""
-    sock = socket.create_connection((settings.address, settings.port), timeout=timeout)
-    transport = paramiko.Transport(sock)
-    try:
-        transport.start_client(timeout=timeout)
-        return transport.get_remote_server_key()
-    finally:
-        transport.close()
-
-
-def pin_host_key(settings: SSHSettings, key: paramiko.PKey) -> str:
-    """Append the host's key to its known_hosts file; returns the file."""
-    path = settings.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    line = f"{settings.known_hosts_name} {key.get_name()} {key.get_base64()}\n"
-    with open(path, "a", encoding="ascii") as handle:
-        handle.write(line)
-    return path
 
 
 def connect(settings: SSHSettings | None, local: bool = False, name: str = "localhost") -> Connection:

@@ -35,3 +35,11 @@ class RemoteCommandError(ConvergeError):
 
 class StepFailed(ConvergeError):
     """A role step decided the host cannot go on (e.g. a failed precheck)."""
+
+
+class SecretError(StepFailed):
+    """A secret file on the control machine cannot be used (missing, too open, not one line)."""
+
+
+class BecomeRefused(ConvergeError):
+    """sudo would not run our scripts (wrong or missing password, not allowed)."""

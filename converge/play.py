@@ -3,12 +3,14 @@ host's variables, build its connection, run, report."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import runner
-from .connection import LocalConnection, SSHConnection, SSHSettings
+from .connection import LocalConnection, SSHConnection
 from .errors import InventoryError
+from .fabric_ssh import JumpHosts
+from .ssh_settings import SSHSettings
 from .inventory import Inventory, load_inventory, parse_overrides
 from .report import Report
 
@@ -25,6 +27,8 @@ class Play:
     schema: dict
     defaults: list
     overrides: dict
+    # typed once at --ask-become-pass (-K), for every host that becomes without a password file
+    become_password: str | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, path: str | None, var_schemas, defaults, overrides=None) -> "Play":
@@ -49,7 +53,13 @@ class Play:
     def hostvars(self, name: str) -> dict:
         return self.inventory.host(name, self.defaults, self.overrides).vars
 
-    def targets(self, hosts: str | None, local: bool = False) -> list[runner.Target]:
+    def ssh_settings(self, name: str) -> SSHSettings:
+        """How to reach a host (raises ConvergeError for a setting that cannot be used)."""
+        return SSHSettings.from_vars(name, self.hostvars(name), self.become_password)
+
+    def targets(self, hosts: str | None, local: bool = False, jumps: JumpHosts | None = None) -> list[runner.Target]:
+        """The hosts to run on; SSH hosts reach their jump hosts through ``jumps``
+        (one connection per jump host per run)."""
         if local:
             return [runner.Target("localhost", self._local_vars(),
                                   lambda: LocalConnection("localhost").open())]
@@ -59,8 +69,8 @@ class Play:
             if hv.get("ansible_connection") == "local":
                 out.append(runner.Target(name, hv, lambda n=name: LocalConnection(n).open()))
             else:
-                settings = SSHSettings.from_vars(name, hv)
-                out.append(runner.Target(name, hv, lambda s=settings: SSHConnection(s).open()))
+                # settings are read when the host's turn comes: a bad one fails that host alone
+                out.append(runner.Target(name, hv, lambda n=name: SSHConnection(self.ssh_settings(n), jumps).open()))
         return out
 
     def _local_vars(self) -> dict:
@@ -79,6 +89,10 @@ class Play:
 def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, report: Report | None = None,
         lock_name="dgemma", lock_wait=300) -> Report:
     report = report or Report()
-    runner.run(play.targets(hosts, local), roles, report, check=check, forks=forks, lock_name=lock_name,
-               lock_wait=lock_wait)
+    jumps = JumpHosts()
+    try:
+        runner.run(play.targets(hosts, local, jumps), roles, report, check=check, forks=forks, lock_name=lock_name,
+                   lock_wait=lock_wait)
+    finally:
+        jumps.close()
     return report

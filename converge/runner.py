@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from . import facts as factlib
 from .changes import Check, Command, File, HostContext, Role
 from .connection import Connection
-from .errors import ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
+from .errors import BecomeRefused, ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
 from .report import Report, TaskResult
 
 LOCK_DIR = "/run/lock"
@@ -73,11 +73,16 @@ class HostRun:
         except ConnectionFailed as exc:
             self._result("connect", "ssh", "unreachable", str(exc), started=started)
             return
+        except ConvergeError as exc:  # a setting that cannot be used (e.g. a become password file)
+            self._result("connect", "settings", "failed", str(exc), started=started)
+            return
         with conn:
             try:
                 self._locked(conn)
             except ConnectionFailed as exc:
                 self._result("connect", "ssh", "unreachable", str(exc))
+            except BecomeRefused as exc:
+                self._result("connect", "become", "failed", str(exc), started=started)
             except ConvergeError as exc:
                 self._result("run", "host", "failed", str(exc))
 
@@ -104,6 +109,8 @@ class HostRun:
                 raise ConvergeError(f"another run is converging this host and kept its lock for more than "
                                     f"{self.lock_wait:g} s ({LOCK_DIR}/{self.lock_name}.lock); try again when it "
                                     f"is done, or pass a longer --lock-wait")
+            if first is None:
+                conn.refused(held)  # sudo said no (wrong password, not allowed): say that, not "no word"
             if first != "locked":
                 raise ConvergeError(f"could not take the host lock {LOCK_DIR}/{self.lock_name}.lock: "
                                     f"{first or 'the shell ended without a word'}")

@@ -15,6 +15,28 @@ from pathlib import Path
 import jsonschema
 
 from .inventory import Inventory, Origin, VarSource
+from .ssh_settings import parse_common_args
+
+FORMATS = jsonschema.FormatChecker(formats=())
+
+
+@FORMATS.checks("ansible-ssh-common-args", raises=ValueError)
+def _common_args(value) -> bool:
+    if isinstance(value, str):
+        parse_common_args(value)  # raises ValueError saying what is not understood
+    return True
+
+
+# Ansible variables we know and refuse on purpose, with what to write instead
+REFUSED_KEYS = {
+    "ansible_become_password": "secrets stay out of the inventory: set become_password_file (a 0600 file) or run "
+                               "with --ask-become-pass (-K)",
+    "ansible_become_pass": "secrets stay out of the inventory: set become_password_file (a 0600 file) or run "
+                           "with --ask-become-pass (-K)",
+    "ansible_password": "password logins are not supported: use a key (ansible_ssh_private_key_file)",
+    "ansible_ssh_pass": "password logins are not supported: use a key (ansible_ssh_private_key_file)",
+    "ansible_ssh_extra_args": "write ssh options in ansible_ssh_common_args (ProxyJump and a few more are understood)",
+}
 
 
 def load_schema(path: str | Path) -> dict:
@@ -72,6 +94,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         bad = sorted(set(re.findall(r"[;&|`$<>(){}\\\"'\s*?!#~]", str(inst))))
         why = f" (contains {' '.join(repr(c) for c in bad)})" if bad else ""
         return f"{inst!r} is not allowed{why}; expected {desc or 'to match ' + error.validator_value}"
+    if v == "format" and error.cause is not None:
+        return str(error.cause)
     if v in ("anyOf", "oneOf") and error.context:
         # the branch of the right type says it best (1.4 vs "a number up to 0.95")
         same_type = [e for e in error.context if e.validator != "type" and e.validator != "const"]
@@ -104,6 +128,9 @@ def check_source(validator: jsonschema.Validator, schema: dict, src: VarSource) 
         if error.validator == "additionalProperties" and not path:
             extra = [k for k in error.instance if k not in schema.get("properties", {})]
             for key in extra:
+                if key in REFUSED_KEYS:
+                    problems.append(f"{src.origin_of((key,))}: {key}: not accepted: {REFUSED_KEYS[key]}")
+                    continue
                 close = suggest(str(key), known)
                 hint = f"did you mean {close!r}?" if close else "no role or connection setting uses it"
                 problems.append(f"{src.origin_of((key,))}: {key}: unknown key; {hint}")
@@ -115,7 +142,7 @@ def check_source(validator: jsonschema.Validator, schema: dict, src: VarSource) 
 def check_inventory(inventory: Inventory, schema: dict, defaults: list[VarSource] = ()) -> list[str]:
     """All problems of an inventory against the combined vars schema."""
     no_required = {k: v for k, v in schema.items() if k != "required"}
-    validator = jsonschema.Draft202012Validator(no_required)
+    validator = jsonschema.Draft202012Validator(no_required, format_checker=FORMATS)
     problems: list[str] = []
     seen_sources: set[int] = set()
     for name in inventory.host_names:
@@ -141,4 +168,4 @@ def check_inventory(inventory: Inventory, schema: dict, defaults: list[VarSource
 def check_values(values: dict, schema: dict, label: str) -> list[str]:
     """Validate a plain mapping (e.g. resolved vars with --set) naming ``label``."""
     src = VarSource(label, values, {k: Origin(label) for k in values})
-    return check_source(jsonschema.Draft202012Validator(schema), schema, src)
+    return check_source(jsonschema.Draft202012Validator(schema, format_checker=FORMATS), schema, src)

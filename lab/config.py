@@ -15,16 +15,27 @@ BRIDGE = "dglab0"
 SUBNET = "10.213.0"  # private, on this machine only: the bridge and the hosts' namespaces
 GATEWAY = f"{SUBNET}.1"
 PREFIX = 24
+# A second network, as a server room behind a bastion: this machine has no address on
+# it and no route to it; its hosts reach the lab's services through a NAT router
+# (a namespace of its own, not a host), and people reach them through bastion01.
+PRIVATE_BRIDGE = "dglab1"
+PRIVATE_SUBNET = "10.213.1"
+PRIVATE_GATEWAY = f"{PRIVATE_SUBNET}.1"  # the NAT router's address there
+NAT_NETNS = "dglab-nat"
+NAT_OUTSIDE = f"{SUBNET}.2"  # the NAT router's address on the lab network
+SUBNETS = {"lab": SUBNET, "private": PRIVATE_SUBNET}
 REGISTRY_PORT = 5000
 HUB_PORT = 8088
 REGISTRY = f"{GATEWAY}:{REGISTRY_PORT}"
 HUB_URL = f"http://{GATEWAY}:{HUB_PORT}"
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-# what every host's rootfs carries; python3-yaml for the hf CLI in the images
+# what every host's rootfs carries; python3-yaml for the hf CLI in the images; the real
+# Docker engine (docker.io) beside podman; sudo for logins that are not root
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "python3", "python3-yaml",
             "curl", "ca-certificates", "podman", "crun", "conmon", "fuse-overlayfs", "util-linux", "procps",
-            "netavark", "aardvark-dns", "containernetworking-plugins", "golang-github-containers-common"]
+            "netavark", "aardvark-dns", "containernetworking-plugins", "golang-github-containers-common",
+            "sudo", "docker.io", "iptables"]
 IMAGE_TAGS = {
     "x86_64": ["gemma-x86_64-cu130", "gemma-cu129", "v0.33.0-x86_64", "v0.33.0-x86_64-cu129"],
     "aarch64": ["gemma-aarch64-cu130", "gemma-aarch64-cu129", "v0.33.0-aarch64", "v0.33.0-aarch64-cu129"],
@@ -36,12 +47,18 @@ REPOSITORY = "vllm/vllm-openai"
 class LabHost:
     name: str
     arch: str
-    profile: str  # lab/profiles/<profile>.json
+    profile: str | None  # lab/profiles/<profile>.json; None: no GPU (the bastion)
     index: int
+    networks: tuple = ("lab",)  # the first is where its address is; a bastion has both
+    login: str = "root"  # the user people log in as (root's SSH login is off otherwise)
+    docker: bool = True  # whether the Docker engine runs (installed everywhere)
 
     @property
     def address(self) -> str:
-        return f"{SUBNET}.{10 + self.index}"
+        return self.address_on(self.networks[0])
+
+    def address_on(self, network: str) -> str:
+        return f"{SUBNETS[network]}.{10 + self.index}"
 
     @property
     def netns(self) -> str:
@@ -49,7 +66,15 @@ class LabHost:
 
     @property
     def veth(self) -> str:
-        return f"dgl{self.index}"  # machine side; interface names are at most 15 characters
+        return self.veth_on(self.networks[0])
+
+    def veth_on(self, network: str) -> str:
+        # machine side; interface names are at most 15 characters
+        return f"dgl{self.index}" if network == "lab" else f"dglp{self.index}"
+
+    @property
+    def bastion(self) -> bool:
+        return self.profile is None
 
     @property
     def root(self) -> Path:
@@ -61,15 +86,27 @@ class LabHost:
 
 
 DEFAULT_HOSTS = [
-    LabHost("spark01", "aarch64", "gb10", 1),
+    # DGX OS: the user made at first boot, whose sudo asks its password (seed 004's docker)
+    LabHost("spark01", "aarch64", "gb10", 1, login="nvidia"),
     LabHost("rtx01", "x86_64", "rtx5090", 2),
-    LabHost("h100-01", "x86_64", "h100", 3),
+    # a server behind a bastion, on a network this machine cannot reach
+    LabHost("h100-01", "x86_64", "h100", 3, networks=("private",)),
+    LabHost("bastion01", "x86_64", None, 0, networks=("lab", "private"), login="jump", docker=False),
 ]
+GPU_HOSTS = [h for h in DEFAULT_HOSTS if not h.bastion]
 
 
 def hosts(extra: int = 0) -> list[LabHost]:
-    """The three profile hosts, plus ``extra`` plain x86_64 hosts for scale tests."""
+    """The profile hosts and the bastion, plus ``extra`` plain x86_64 hosts for scale
+    tests (no Docker engine running: 64 of them would not fit in memory)."""
     out = list(DEFAULT_HOSTS)
     for i in range(extra):
-        out.append(LabHost(f"node{i + 1:02d}", "x86_64", "h100", 4 + i))
+        out.append(LabHost(f"node{i + 1:02d}", "x86_64", "h100", 4 + i, docker=False))
     return out
+
+
+def host(name: str) -> LabHost:
+    for candidate in hosts(64):
+        if candidate.name == name:
+            return candidate
+    raise KeyError(name)

@@ -11,12 +11,16 @@ from pathlib import Path
 
 from . import config, rootfs, sh
 
-IMAGE_VERSION = "3"
+IMAGE_VERSION = "4"
 # pure-Python wheels: the same files serve both arches (hf_xet is left out: HF_HUB_DISABLE_XET=1)
 HF_REQUIREMENTS = ["huggingface_hub==2.4.0"]
 EXCLUDES = ["./usr/share/doc", "./usr/share/man", "./usr/share/locale", "./usr/share/info",
             "./var/cache/apt", "./var/lib/apt/lists", "./etc/ssh/ssh_host_*", "./usr/bin/podman",
-            "./usr/lib/podman", "./opt/x86", "./etc/cdi", "./etc/nvidia-stub", "./usr/bin/nvidia-smi"]
+            "./usr/lib/podman", "./opt/x86", "./etc/cdi", "./etc/nvidia-stub", "./usr/bin/nvidia-smi",
+            # the hosts' Docker engine and GPU hooks are not the image's
+            "./usr/sbin/dockerd", "./usr/bin/dockerd", "./usr/bin/docker", "./usr/bin/containerd*",
+            "./usr/bin/ctr", "./usr/sbin/runc", "./usr/bin/docker-proxy", "./usr/sbin/docker-init",
+            "./usr/bin/nvidia-container-*", "./etc/docker", "./etc/sudoers", "./etc/sudoers.d"]
 
 
 def _hf_site() -> Path:

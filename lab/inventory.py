@@ -1,6 +1,9 @@
 """The lab's inventory: the seeds' hosts and groups with the lab's addresses,
 key, known_hosts, registry mirror and hub, so ``invoke deploy --hosts
-spark01,rtx01`` works against it unchanged."""
+spark01,rtx01`` works against it unchanged. Each host is reached as the
+seeds' machines are: spark01 as its user with sudo asking a password (in a
+0600 file), h100-01 through bastion01 (ProxyJump, the Ansible way), rtx01 as
+root with a key."""
 from __future__ import annotations
 
 import os
@@ -8,16 +11,30 @@ import secrets
 
 import yaml
 
-from . import config
+from . import config, rootfs
 
 GROUP_OF = {"gb10": "spark", "rtx5090": "rtx", "h100": "h100"}
+# the runtime of each group as in the shipped inventory (inventory/group_vars)
 GROUP_VARS = {
-    # docker cannot run containers under nspawn here (README): the Spark stand-in uses podman
-    "spark": {"gpu_memory_utilization": 0.7, "max_model_len": 100000, "autostart": True},
-    "rtx": {"gpu_memory_utilization": 0.7, "autostart": False, "conflicts": ["ollama.service"]},
-    "h100": {"gpu_memory_utilization": "auto", "autostart": True},
-    "scale": {"gpu_memory_utilization": "auto", "autostart": False},
+    "spark": {"container_runtime": "docker", "gpu_memory_utilization": 0.7, "max_model_len": 100000,
+              "autostart": True},
+    "rtx": {"container_runtime": "podman", "gpu_memory_utilization": 0.7, "autostart": False,
+            "conflicts": ["ollama.service"]},
+    "h100": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": True},
+    "scale": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": False},
 }
+BASTION = next(h for h in config.DEFAULT_HOSTS if h.bastion)
+
+
+def host_vars(host: config.LabHost) -> dict:
+    """How the inventory reaches one host."""
+    out: dict = {"ansible_host": host.address}
+    if host.login != "root":
+        out.update(ansible_user=host.login, ansible_become=True,
+                   become_password_file=str(rootfs.become_password_file(host)))
+    if "lab" not in host.networks:
+        out["ansible_ssh_common_args"] = f"-o ProxyJump={BASTION.login}@{BASTION.address}"
+    return out
 
 
 def directory():
@@ -34,15 +51,16 @@ def write(hosts: list[config.LabHost]) -> str:
         os.chmod(key_file, 0o600)
     children: dict = {}
     for host in hosts:
+        if host.bastion:
+            continue  # the way in, not a place to deploy to
         group = GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale"
-        children.setdefault(group, {"hosts": {}})["hosts"][host.name] = {"ansible_host": host.address}
+        children.setdefault(group, {"hosts": {}})["hosts"][host.name] = host_vars(host)
     data = {"all": {"vars": {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(config.STATE / "ssh" / "id_ed25519"),
         "known_hosts_file": str(config.STATE / "ssh" / "known_hosts"),
         "registry": config.REGISTRY,
         "hf_endpoint": config.HUB_URL,
-        "container_runtime": "podman",
         "api_key_file": str(key_file),
         "ready_timeout": 300,
         # the lab rebuilds its images when the stand-ins change: hosts follow the registry
@@ -65,6 +83,7 @@ def write_known_hosts(hosts: list[config.LabHost]):
     for host in hosts:
         for pub in sorted((host.root / "etc/ssh").glob("ssh_host_*_key.pub")):
             keytype, key = pub.read_text().split()[:2]
-            lines.append(f"{host.address} {keytype} {key}\n")
+            names = ",".join(host.address_on(n) for n in host.networks)
+            lines.append(f"{names} {keytype} {key}\n")
     path = config.STATE / "ssh" / "known_hosts"
     path.write_text("".join(lines))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
+import sys
 import time
 
 from . import config, sh
@@ -122,7 +122,9 @@ def boot(host: config.LabHost):
     _kill_orphans(host)
     _clear_stale_mounts(host)
     log = open(host.dir / "console.log", "ab")
-    env = dict(os.environ, SYSTEMD_NSPAWN_API_VFS_WRITABLE="1", SYSTEMD_NSPAWN_TMPFS_TMP="0")
+    # a writable cgroup v2 tree: the Docker engine needs it to run containers (LAB-NOTES.md)
+    env = dict(os.environ, SYSTEMD_NSPAWN_API_VFS_WRITABLE="1", SYSTEMD_NSPAWN_TMPFS_TMP="0",
+               SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
     args = ["systemd-nspawn", "-q", "-D", str(host.root), "-b", "-M", host.name,
             f"--network-namespace-path=/run/netns/{host.netns}", "--register=no", "--keep-unit",
             "--capability=all", "--system-call-filter=@keyring bpf", "--console=read-only",
@@ -132,23 +134,53 @@ def boot(host: config.LabHost):
     pid_file(host).write_text(str(proc.pid))
 
 
+_BANNER = ("import socket, sys\n"
+           "try:\n"
+           "    c = socket.create_connection((sys.argv[1], 22), timeout=2); c.settimeout(5)\n"
+           "    sys.exit(0 if c.recv(64).startswith(b'SSH-') else 1)\n"
+           "except OSError:\n"
+           "    sys.exit(1)\n")
+
+
 def wait_ssh(host: config.LabHost, timeout: float = 120) -> float:
-    """Seconds until sshd answers with its banner."""
+    """Seconds until sshd answers with its banner (asked from inside the host's own
+    network namespace: a host of the private network cannot be reached from here)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         if not running_pid(host):
             tail = (host.dir / "console.log").read_text(errors="replace")[-1500:]
             raise sh.LabError(f"{host.name}: systemd-nspawn exited during boot:\n{tail}")
-        try:
-            with socket.create_connection((host.address, 22), timeout=2) as conn:
-                conn.settimeout(5)
-                if conn.recv(64).startswith(b"SSH-"):
-                    return time.monotonic() - started
-        except OSError:
-            pass
+        if sh.run("ip", "netns", "exec", host.netns, sys.executable, "-c", _BANNER, host.address,
+                  check=False, timeout=15).returncode == 0:
+            return time.monotonic() - started
         time.sleep(0.5)
     raise sh.LabError(f"{host.name}: sshd did not answer on {host.address}:22 within {timeout:g} s; "
                       f"see {host.dir / 'console.log'}")
+
+
+def init_pid(host: config.LabHost) -> int | None:
+    """The host's PID 1 (its systemd), as this machine numbers it."""
+    for pid in processes_in(host):
+        try:
+            with open(f"/proc/{pid}/status") as handle:
+                nspid = next((line.split()[1:] for line in handle if line.startswith("NSpid:")), [])
+            if len(nspid) > 1 and nspid[-1] == "1":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def console(host: config.LabHost, command: str, timeout: float = 120, input: str | None = None,
+            check: bool = True):
+    """Run ``command`` (sh) as root on the host's console: inside all its
+    namespaces, whatever its network or SSH settings allow. For the lab's own
+    work and for tests that inspect a host; the toolkit itself always uses SSH."""
+    pid = init_pid(host)
+    if pid is None:
+        raise sh.LabError(f"{host.name} is not running: invoke lab.up")
+    return sh.run("nsenter", "-t", pid, "-a", "-r", "-w", "/bin/sh", "-c", command, timeout=timeout, input=input,
+                  check=check)
 
 
 def stop(host: config.LabHost, timeout: float = 60):

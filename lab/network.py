@@ -1,47 +1,113 @@
-"""The lab network: a bridge on the machine and one network namespace per host."""
+"""The lab networks: bridges on the machine, one network namespace per host.
+
+- ``dglab0`` (10.213.0.0/24): the lab network; the machine is 10.213.0.1 on it
+  (the registry and the hub listen there).
+- ``dglab1`` (10.213.1.0/24): a private network, like a server room behind a
+  bastion. The machine has no address on it and no route to it. Its hosts go
+  out through a NAT router (its own namespace, masquerading onto the lab
+  network), as a datacenter's hosts reach the internet; people come in through
+  bastion01, the one host on both networks.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 from . import config, sh
 
+BRIDGES = {"lab": config.BRIDGE, "private": config.PRIVATE_BRIDGE}
+
+
+def _bridge(name: str, address: str | None):
+    if not sh.ok("ip", "link", "show", name):
+        sh.run("ip", "link", "add", name, "type", "bridge")
+    if address:
+        addrs = sh.run("ip", "-4", "-o", "addr", "show", "dev", name).stdout
+        if f"{address}/" not in addrs:
+            sh.run("ip", "addr", "add", f"{address}/{config.PREFIX}", "dev", name)
+    sh.run("ip", "link", "set", name, "up")
+
 
 def ensure_bridge():
-    if not sh.ok("ip", "link", "show", config.BRIDGE):
-        sh.run("ip", "link", "add", config.BRIDGE, "type", "bridge")
-    addrs = sh.run("ip", "-4", "-o", "addr", "show", "dev", config.BRIDGE).stdout
-    if f"{config.GATEWAY}/" not in addrs:
-        sh.run("ip", "addr", "add", f"{config.GATEWAY}/{config.PREFIX}", "dev", config.BRIDGE)
-    sh.run("ip", "link", "set", config.BRIDGE, "up")
+    _bridge(config.BRIDGE, config.GATEWAY)
+    _bridge(config.PRIVATE_BRIDGE, None)  # no address: no route from this machine
+    # and no way around: this machine's default route would carry the private network's
+    # addresses out to whatever network it sits on (which may answer anything)
+    private = f"{config.PRIVATE_SUBNET}.0/{config.PREFIX}"
+    if "unreachable" not in sh.run("ip", "route", "show", private).stdout:
+        sh.run("ip", "route", "add", "unreachable", private)
+    _ensure_nat_router()
+
+
+def _ensure_nat_router():
+    """The private network's way out: forwarding and masquerading in a namespace."""
+    ns = config.NAT_NETNS
+    if not Path(f"/run/netns/{ns}").exists():
+        sh.run("ip", "netns", "add", ns)
+    for side, bridge, address, peer in (("0", config.BRIDGE, config.NAT_OUTSIDE, "out"),
+                                        ("1", config.PRIVATE_BRIDGE, config.PRIVATE_GATEWAY, "in")):
+        veth = f"dglnat{side}"
+        if not sh.ok("ip", "link", "show", veth):
+            sh.run("ip", "link", "add", veth, "type", "veth", "peer", "name", peer, "netns", ns)
+        sh.run("ip", "link", "set", veth, "master", bridge, "up")
+        addrs = sh.run("ip", "-n", ns, "-4", "-o", "addr", "show", "dev", peer).stdout
+        if f"{address}/" not in addrs:
+            sh.run("ip", "-n", ns, "addr", "add", f"{address}/{config.PREFIX}", "dev", peer)
+        sh.run("ip", "-n", ns, "link", "set", peer, "up")
+    sh.run("ip", "-n", ns, "link", "set", "lo", "up")
+    sh.run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+    rule = ["-s", f"{config.PRIVATE_SUBNET}.0/{config.PREFIX}", "-o", "out", "-j", "MASQUERADE"]
+    if not sh.ok("ip", "netns", "exec", ns, "iptables", "-t", "nat", "-C", "POSTROUTING", *rule):
+        sh.run("ip", "netns", "exec", ns, "iptables", "-t", "nat", "-A", "POSTROUTING", *rule)
 
 
 def ensure_host(host: config.LabHost):
     if not Path(f"/run/netns/{host.netns}").exists():
         sh.run("ip", "netns", "add", host.netns)
-    if not sh.ok("ip", "link", "show", host.veth):
-        sh.run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "host0", "netns", host.netns)
-    sh.run("ip", "link", "set", host.veth, "master", config.BRIDGE, "up")
     ns = ("ip", "-n", host.netns)
-    addrs = sh.run(*ns, "-4", "-o", "addr", "show", "dev", "host0").stdout
-    if f"{host.address}/" not in addrs:
-        sh.run(*ns, "addr", "add", f"{host.address}/{config.PREFIX}", "dev", "host0")
+    # a lab of an earlier layout may have put this host on another network: its links go first
+    expected = {host.veth_on(n) for n in host.networks}
+    for network in BRIDGES:
+        veth = host.veth_on(network)
+        if veth not in expected and sh.ok("ip", "link", "show", veth):
+            sh.run("ip", "link", "del", veth)
+    for number, network in enumerate(host.networks):
+        if not sh.ok("ip", "link", "show", host.veth_on(network)) and sh.ok(*ns, "link", "show", f"host{number}"):
+            sh.run(*ns, "link", "del", f"host{number}")
+    for number, network in enumerate(host.networks):
+        veth, inside, address = host.veth_on(network), f"host{number}", host.address_on(network)
+        if not sh.ok("ip", "link", "show", veth):
+            sh.run("ip", "link", "add", veth, "type", "veth", "peer", "name", inside, "netns", host.netns)
+        sh.run("ip", "link", "set", veth, "master", BRIDGES[network], "up")
+        addrs = sh.run(*ns, "-4", "-o", "addr", "show", "dev", inside).stdout
+        if f"{address}/" not in addrs:
+            sh.run(*ns, "addr", "add", f"{address}/{config.PREFIX}", "dev", inside)
+        sh.run(*ns, "link", "set", inside, "up")
     sh.run(*ns, "link", "set", "lo", "up")
-    sh.run(*ns, "link", "set", "host0", "up")
     routes = sh.run(*ns, "route", "show", "default").stdout
     if "default" not in routes:
-        sh.run(*ns, "route", "add", "default", "via", config.GATEWAY)
+        # the lab network's hosts go out through this machine; the private network's through its NAT router
+        via = config.GATEWAY if host.networks[0] == "lab" else config.PRIVATE_GATEWAY
+        sh.run(*ns, "route", "add", "default", "via", via)
 
 
 def remove_host(host: config.LabHost):
-    if sh.ok("ip", "link", "show", host.veth):
-        sh.run("ip", "link", "del", host.veth, check=False)
+    for network in host.networks:
+        if sh.ok("ip", "link", "show", host.veth_on(network)):
+            sh.run("ip", "link", "del", host.veth_on(network), check=False)
     if Path(f"/run/netns/{host.netns}").exists():
         sh.run("ip", "netns", "del", host.netns, check=False)
 
 
 def remove_bridge():
-    if sh.ok("ip", "link", "show", config.BRIDGE):
-        sh.run("ip", "link", "del", config.BRIDGE, check=False)
+    for veth in ("dglnat0", "dglnat1"):
+        if sh.ok("ip", "link", "show", veth):
+            sh.run("ip", "link", "del", veth, check=False)
+    if Path(f"/run/netns/{config.NAT_NETNS}").exists():
+        sh.run("ip", "netns", "del", config.NAT_NETNS, check=False)
+    for bridge in BRIDGES.values():
+        if sh.ok("ip", "link", "show", bridge):
+            sh.run("ip", "link", "del", bridge, check=False)
+    sh.run("ip", "route", "del", "unreachable", f"{config.PRIVATE_SUBNET}.0/{config.PREFIX}", check=False)
 
 
 def leftovers() -> list[str]:
@@ -52,6 +118,8 @@ def leftovers() -> list[str]:
             found.append(f"network namespace {line.split(' ')[0]}")
     for line in sh.run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        if name == config.BRIDGE or (name.startswith("dgl") and name[3:].isdigit()):
+        if name in BRIDGES.values() or (name.startswith("dgl") and (name[3:].isdigit() or name[3:4] in "pn")):
             found.append(f"link {name}")
+    if "unreachable" in sh.run("ip", "route", "show", f"{config.PRIVATE_SUBNET}.0/{config.PREFIX}", check=False).stdout:
+        found.append(f"route unreachable {config.PRIVATE_SUBNET}.0/{config.PREFIX}")
     return found

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 
 from . import config, sh
 
-BASE_VERSION = "4"  # bump when what goes into a base rootfs changes
+BASE_VERSION = "5"  # bump when what goes into a base rootfs changes
 
 HOST_PACKAGES = ["debootstrap", "systemd-container", "qemu-user-static", "binfmt-support", "podman", "crun",
                  "conmon", "uidmap", "fuse-overlayfs", "docker-registry", "skopeo", "openssh-client",
-                 "iproute2", "util-linux", "curl", "python3-pip"]
+                 "iproute2", "iptables", "util-linux", "curl", "python3-pip", "openssl"]
 
 CONTAINERS_CONF = """\
 # Written by the dgemma lab. Inside systemd-nspawn: no cgroup v1 paths for
@@ -41,6 +42,12 @@ unqualified-search-registries = ["docker.io"]
 location = "{config.REGISTRY}"
 insecure = true
 """
+
+# Docker's default seccomp profile is built for the daemon's arch (arm64), while the
+# processes of an arm64 host make x86_64 system calls (qemu-user): every container would
+# die. The arm64 host's daemon gets this profile instead (docker 20.10 has no daemon-wide
+# "unconfined"); x86_64 hosts keep Docker's default.
+SECCOMP_ALLOW = '{"defaultAction": "SCMP_ACT_ALLOW"}\n'
 
 POLICY_JSON = '{"default": [{"type": "insecureAcceptAnything"}]}\n'
 
@@ -79,13 +86,26 @@ def ensure_machine_packages(log=print):
 
 
 def ensure_binfmt():
+    """qemu-aarch64 for the arm64 host: F (the interpreter works inside containers
+    and chroots) and C (setuid arm64 programs, such as sudo, run with their owner's
+    credentials: without it sudo says "effective uid is not 0"). Debian registers
+    it without C; multi-arch setups (e.g. tonistiigi/binfmt) use flags POCF."""
     if not Path("/proc/sys/fs/binfmt_misc/status").exists():
         sh.run("mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc")
     entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
     if not entry.exists() or "enabled" not in entry.read_text():
         sh.run("update-binfmts", "--enable", "qemu-aarch64")
-    if "F" not in entry.read_text().split("flags:")[1].split("\n")[0]:
-        raise sh.LabError("binfmt_misc's qemu-aarch64 entry lacks the F flag; reinstall qemu-user-static")
+    flags = entry.read_text().split("flags:")[1].split("\n")[0].strip()
+    if "F" not in flags or "C" not in flags:
+        spec = dict(line.split(" ", 1) for line in Path("/usr/share/binfmts/qemu-aarch64").read_text().splitlines()
+                    if " " in line)
+        registration = (f":qemu-aarch64:M:{spec.get('offset', '0')}:{spec['magic']}:{spec['mask']}:"
+                        f"{spec['interpreter']}:{'P' if spec.get('preserve') == 'yes' else ''}OCF")
+        entry.write_text("-1")  # unregister, then register again with the flags
+        Path("/proc/sys/fs/binfmt_misc/register").write_text(registration)
+    if "C" not in entry.read_text().split("flags:")[1].split("\n")[0]:
+        raise sh.LabError("binfmt_misc's qemu-aarch64 entry lacks the C flag (setuid programs such as sudo cannot "
+                          "run on the arm64 host); reinstall qemu-user-static")
 
 
 def base_dir(arch: str) -> Path:
@@ -140,9 +160,7 @@ def _customise_base(root: Path, arch: str):
     _write(root, "/etc/containers/registries.conf", REGISTRIES_CONF)
     _write(root, "/etc/containers/policy.json", POLICY_JSON)
     _write(root, "/etc/containers/storage.conf", STORAGE_CONF)
-    _write(root, "/etc/ssh/sshd_config.d/dgemma-lab.conf",
-           "PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\nMaxStartups 100:30:200\n"
-           "MaxSessions 64\n")
+    _write(root, "/etc/docker/seccomp-allow.json", SECCOMP_ALLOW)
     _write(root, "/etc/systemd/system/nvidia-stub-meminfo.service", MEMINFO_UNIT)
     wants = root / "etc/systemd/system/sysinit.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
@@ -155,28 +173,38 @@ def _customise_base(root: Path, arch: str):
         mask = root / "etc/systemd/system" / unit
         if not mask.exists():
             mask.symlink_to("/dev/null")
-    if arch == "aarch64":
-        _native_runtime(root)
+    for unit in ("docker.service", "docker.socket", "containerd.service"):  # started per host, when wanted
+        (root / "etc/systemd/system/multi-user.target.wants" / unit).unlink(missing_ok=True)
+        (root / "etc/systemd/system/sockets.target.wants" / unit).unlink(missing_ok=True)
     shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
     (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
 
 
 def _native_runtime(root: Path):
-    """An arm64 crun cannot run under qemu-user; give the arm64 podman the
-    machine's native crun and conmon with their libraries (LAB-NOTES.md)."""
+    """An arm64 crun or runc cannot run under qemu-user, nor containerd's arm64
+    shim: give the arm64 podman the machine's native crun and conmon, and the
+    arm64 Docker engine native runc and shim, with their libraries (LAB-NOTES.md).
+    runc and the shim come from the x86_64 base (the machine has no Docker engine)."""
+    amd64 = ensure_base("x86_64")
     target = root / "opt/x86/bin"
     target.mkdir(parents=True, exist_ok=True)
-    for tool in ("crun", "conmon"):
-        src = shutil.which(tool) or f"/usr/bin/{tool}"
-        shutil.copy2(src, target / tool)
-        for line in sh.run("ldd", src).stdout.splitlines():
+    # nsenter for the GPU stand-in's hook: setns into a mount namespace fails (EINVAL) from
+    # a multi-threaded process, which every program under qemu-user is
+    tools = [(Path("/"), shutil.which(t) or f"/usr/bin/{t}", target / t) for t in ("crun", "conmon", "nsenter")]
+    tools += [(amd64, "/usr/sbin/runc", target / "runc"),
+              (amd64, "/usr/bin/containerd-shim-runc-v2", root / "usr/bin/containerd-shim-runc-v2")]
+    for src_root, path, dest in tools:
+        dest.unlink(missing_ok=True)
+        shutil.copy2(src_root / path.lstrip("/"), dest)
+        ldd = ("chroot", src_root, "ldd", path) if str(src_root) != "/" else ("ldd", path)
+        for line in sh.run(*ldd).stdout.splitlines():
             parts = line.split("=>")
             lib = (parts[1] if len(parts) > 1 else parts[0]).strip().split(" (")[0].strip()
             if lib.startswith("/"):
-                dest = root / lib.lstrip("/")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                if not dest.exists():
-                    shutil.copy2(os.path.realpath(lib), dest)
+                lib_dest = root / lib.lstrip("/")
+                lib_dest.parent.mkdir(parents=True, exist_ok=True)
+                if not lib_dest.exists():
+                    shutil.copy2(os.path.realpath(src_root / lib.lstrip("/")), lib_dest)
 
 
 def lab_key() -> Path:
@@ -217,7 +245,69 @@ def prepare_host(host: config.LabHost, fresh: bool = False, log=print):
     pub = lab_key().with_suffix(".pub").read_text()
     _write(root, "/root/.ssh/authorized_keys", pub, 0o600)
     (root / "root/.ssh").chmod(0o700)
-    _install_gpu_standin(root, host)
+    # as the seeds' machines: root logs in with a key on the lab's own hosts; a DGX Spark
+    # and a bastion are reached as their user, root's SSH login off
+    _write(root, "/etc/ssh/sshd_config.d/dgemma-lab.conf",
+           f"PasswordAuthentication no\nPermitRootLogin {'prohibit-password' if host.login == 'root' else 'no'}\n"
+           "UseDNS no\nMaxStartups 100:30:200\nMaxSessions 64\n")
+    if host.login != "root":
+        _login_user(root, host, pub)
+    if host.arch == "aarch64":
+        _native_runtime(root)
+    _docker(root, host)
+    if not host.bastion:
+        _install_gpu_standin(root, host)
+
+
+def become_password_file(host: config.LabHost) -> Path:
+    """Where the lab keeps a login user's sudo password (0600), for become_password_file."""
+    return config.STATE / "secrets" / f"{host.name}-become"
+
+
+def _login_user(root: Path, host: config.LabHost, pub: str):
+    """The user people log in as: the lab's key, sudo that asks this user's
+    password (a random one, kept 0600 on this machine), docker as DGX OS sets it."""
+    user = host.login
+    if f"\n{user}:" not in "\n" + (root / "etc/passwd").read_text():
+        groups = "sudo" if host.bastion else "sudo,docker"
+        sh.run("chroot", root, "useradd", "--create-home", "--shell", "/bin/bash", "--groups", groups, user)
+    if not host.bastion:
+        secret = become_password_file(host)
+        secret.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not secret.exists():
+            fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(18) + "\n")
+        # on chpasswd's stdin: the password is on no command line
+        sh.run("chroot", root, "chpasswd", input=f"{user}:{secret.read_text().strip()}\n")
+    entry = next(line for line in (root / "etc/passwd").read_text().splitlines() if line.startswith(user + ":"))
+    uid, gid, home = int(entry.split(":")[2]), int(entry.split(":")[3]), entry.split(":")[5]
+    ssh_dir = root / home.lstrip("/") / ".ssh"
+    _write(root, f"{home}/.ssh/authorized_keys", pub, 0o600)
+    ssh_dir.chmod(0o700)
+    for path in (ssh_dir, ssh_dir / "authorized_keys"):
+        os.chown(path, uid, gid)
+
+
+def _docker(root: Path, host: config.LabHost):
+    """The Docker engine's configuration, and whether it starts at boot. The
+    arm64 host needs what LAB-NOTES.md found (no iptables under qemu, native runc
+    and shim, the seccomp profile above); a GPU host gets the nvidia runtime as
+    `nvidia-ctk runtime configure --runtime=docker` writes it."""
+    daemon: dict = {"insecure-registries": [config.REGISTRY]}
+    if host.arch == "aarch64":
+        daemon.update({"iptables": False, "bridge": "none", "default-runtime": "runcx86",
+                       "runtimes": {"runcx86": {"path": "/opt/x86/bin/runc"}},
+                       "seccomp-profile": "/etc/docker/seccomp-allow.json"})
+    if not host.bastion:
+        daemon.setdefault("runtimes", {})["nvidia"] = {"args": [], "path": "nvidia-container-runtime"}
+    _write(root, "/etc/docker/daemon.json", json.dumps(daemon, indent=2) + "\n")
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    for unit in ("docker.service", "containerd.service"):
+        link = wants / unit
+        link.unlink(missing_ok=True)
+        if host.docker:
+            link.symlink_to(f"/lib/systemd/system/{unit}")
 
 
 def _install_gpu_standin(root: Path, host: config.LabHost):
@@ -234,7 +324,8 @@ def _install_gpu_standin(root: Path, host: config.LabHost):
         {"hostPath": "/var/lib/nvidia-stub", "containerPath": "/var/lib/nvidia-stub", "options": ["rw", "nosuid", "bind"]},
     ]
     if profile.get("unified_memory"):
-        write_meminfo(root, profile, held_mib=0)
+        held = json.loads(state.read_text() or "{}").get("held_mib", 0)
+        write_meminfo(root, profile, held_mib=held)
         mounts.append({"hostPath": "/etc/nvidia-stub/meminfo", "containerPath": "/proc/meminfo",
                        "options": ["ro", "bind"]})
     else:
@@ -246,6 +337,9 @@ def _install_gpu_standin(root: Path, host: config.LabHost):
            "containerEdits": {"env": ["NVIDIA_STUB=1"], "mounts": mounts}}
     _write(root, "/etc/cdi/nvidia.yaml", json.dumps(cdi, indent=2) + "\n")
     (root / "var/lib/nvidia-stub/apps").mkdir(parents=True, exist_ok=True)
+    # Docker's --gpus: NVIDIA's runtime hook (found on PATH by dockerd) and the nvidia runtime
+    for name in ("nvidia-container-runtime-hook", "nvidia-container-runtime"):
+        _write(root, f"/usr/bin/{name}", (config.HERE / "stubs" / name).read_text(), 0o755)
 
 
 def write_meminfo(root: Path, profile: dict, held_mib: int = 0):

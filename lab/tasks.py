@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
                 machines.release_disk(host)
                 shutil.rmtree(host.dir, ignore_errors=True)
         (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
-        for arch in sorted({h.arch for h in lab_hosts}):
+        for arch in sorted({h.arch for h in lab_hosts}, reverse=True):  # x86_64 first: arm64 takes its runc
             rootfs.ensure_base(arch, _say)
         network.ensure_bridge()
         machines.raise_inotify_limits(len(lab_hosts))
@@ -53,15 +54,16 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
         for host in lab_hosts:
             if fresh and machines.running_pid(host):
                 machines.stop(host)
-            if not machines.running_pid(host):
-                rootfs.prepare_host(host, fresh=fresh, log=_say)
+            # a host whose disk is of an older base is stopped and given a new disk; a running
+            # one of the current base gets its identity and settings written again (idempotent)
+            rootfs.prepare_host(host, fresh=fresh, log=_say)
             network.ensure_host(host)
             machines.boot(host)
         inventory.write_known_hosts(lab_hosts)
         path = inventory.write(lab_hosts)
         for host in lab_hosts:
             took = machines.wait_ssh(host)
-            _say(f"{host.name:<8} {host.arch:<8} {host.address:<12} sshd up ({took:.1f} s)")
+            _say(f"{host.name:<9} {host.arch:<8} {host.address:<12} sshd up ({took:.1f} s)")
     except sh.LabError as exc:
         raise Exit(f"lab.up failed: {exc}\nRun `invoke lab.up` again once fixed: it picks up where it stopped.",
                    code=1)
@@ -74,23 +76,24 @@ def status(c, json_out=None):
     """Each lab host's arch, address and state."""
     from rich.console import Console
     from rich.table import Table
-    table = Table("host", "arch", "profile", "address", "state", "systemd")
+    table = Table("host", "arch", "profile", "address", "login", "state", "systemd")
     rows = []
     for host in _state_hosts():
         pid = machines.running_pid(host)
         state, systemd = ("running", "") if pid else ("stopped", "")
         if pid:
-            proc = sh.run("ip", "netns", "exec", host.netns, "ssh", "-o", "BatchMode=yes", "-o",
-                          "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={config.STATE}/ssh/known_hosts",
-                          "-i", config.STATE / "ssh" / "id_ed25519", "-o", "ConnectTimeout=5",
-                          f"root@{host.address}", "systemctl is-system-running", check=False, timeout=30)
-            systemd = proc.stdout.strip() or "unreachable"
+            try:  # on the host's console: some hosts take no root login, some are not reachable from here
+                proc = machines.console(host, "systemctl is-system-running", timeout=30, check=False)
+                systemd = proc.stdout.strip() or "no answer"
+            except (sh.LabError, OSError, subprocess.TimeoutExpired) as exc:
+                systemd = f"no answer ({exc})"
+        addresses = ", ".join(host.address_on(n) for n in host.networks)
         rows.append({"host": host.name, "arch": host.arch, "profile": host.profile, "address": host.address,
-                     "state": state, "systemd": systemd})
-        table.add_row(host.name, host.arch, host.profile, host.address, state, systemd)
+                     "addresses": addresses, "login": host.login, "state": state, "systemd": systemd})
+        table.add_row(host.name, host.arch, host.profile or "(bastion)", addresses, host.login, state, systemd)
     for name in ("registry", "hub"):
         table.add_row(name, "", "", f"{config.GATEWAY}:{config.REGISTRY_PORT if name == 'registry' else config.HUB_PORT}",
-                      "running" if services.running(name) else "stopped", "")
+                      "", "running" if services.running(name) else "stopped", "")
     Console().print(table)
     if json_out:
         text = json.dumps({"hosts": rows}, indent=2)
@@ -144,9 +147,10 @@ def leftovers() -> list[str]:
             "hang": "make nvidia-smi hang (a wedged GPU)", "clear": "back to an idle GPU"})
 def gpu(c, host, held_mib=None, hang=False, clear=False):
     """Turn the GPU stand-in's knobs on one lab host."""
-    match = [h for h in _state_hosts() if h.name == host]
+    match = [h for h in _state_hosts() if h.name == host and not h.bastion]
     if not match:
-        raise Exit(f"no lab host {host!r}; lab hosts: {', '.join(h.name for h in _state_hosts())}", code=2)
+        raise Exit(f"no lab GPU host {host!r}; lab GPU hosts: "
+                   f"{', '.join(h.name for h in _state_hosts() if not h.bastion)}", code=2)
     set_gpu(match[0], held_mib=None if held_mib is None else int(held_mib), hang=hang, clear=clear)
     _say(f"{host}: {(match[0].root / 'etc/nvidia-stub/state.json').read_text().strip()}")
 

@@ -6,6 +6,10 @@ from roles.ops.endpoints import HIDDEN, endpoints, open_webui_lines
 def test_endpoints_hide_keys_unless_asked(tmp_path):
     key = tmp_path / "k"
     key.write_text("s3cret\n")
+    key.chmod(0o644)
+    rows = endpoints({"rtx01": {"ansible_host": "10.0.0.2", "api_key_file": str(key)}})
+    assert rows[0]["key"] == "EMPTY" and "is mode 0644" in rows[0]["problem"]  # others could read it: refused
+    key.chmod(0o600)
     hostvars = {"rtx01": {"ansible_host": "10.0.0.2", "api_port": 8000, "api_key_file": str(key)},
                 "h100-01": {"ansible_host": "10.0.0.3", "api_port": 8001, "state": "stopped"},
                 "spark01": {"ansible_host": "10.0.0.1", "api_host": "10.0.0.9"}}

@@ -59,3 +59,56 @@ def test_sections_hang_missing_and_failure():
     facts = parse_nvidia_smi_sections(_sections((H100 / "idle-query.csv").read_text(),
                                                 (H100 / "idle-version.txt").read_text()))
     assert facts["cuda_version"] == "13.0" and facts["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+
+
+R610 = ["r610-version.txt", "r610-rtx5090-nvidia-smi.txt", "r610-q-head.txt"]
+
+
+@pytest.mark.parametrize("name", R610)
+def test_driver_610_labels_kmd_and_cuda_umd_versions(name):
+    """Branch 610 relabels the versions (built from published headers, see built/README.md)."""
+    assert parse_version((BUILT / name).read_text()) == {"driver_version": "610.43.02", "cuda_version": "13.3"}
+
+
+def test_a_610_driver_picks_the_cu130_image():
+    from roles.preflight.select import choose
+    from converge.facts.host import parse_meminfo
+    nvidia = parse_nvidia_smi_sections(_sections((BUILT / "r610-rtx5090-query.csv").read_text(),
+                                                 (BUILT / "r610-version.txt").read_text()))
+    assert nvidia["cuda_version"] == "13.3" and nvidia["driver_version"] == "610.43.02"
+    choice = choose({"arch": "x86_64", "nvidia": nvidia,
+                     "meminfo": parse_meminfo("MemTotal: 65536000 kB\nMemAvailable: 60000000 kB\n")},
+                    {"gpu_memory_utilization": 0.7})
+    assert choice.image == "vllm/vllm-openai:gemma-x86_64-cu130"
+    assert "driver CUDA 13.3 >= 13.0" in choice.image_reason
+    # and the fallback to the table header, when --version fails, reads the new header too
+    nvidia = parse_nvidia_smi_sections("@query 0\n" + (BUILT / "r610-rtx5090-query.csv").read_text() +
+                                       "@version 0\n" + (BUILT / "r610-rtx5090-nvidia-smi.txt").read_text() +
+                                       "@apps 0\n")
+    assert nvidia["cuda_version"] == "13.3"
+
+
+def test_invoke_facts_local_on_a_610_driver_picks_cu130(tmp_path):
+    """`invoke facts --local` end to end, with the lab's nvidia-smi stand-in printing
+    the 610 format (the RTX 5090 profile) as this machine's nvidia-smi."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "profile.json").write_text((ROOT / "lab" / "profiles" / "rtx5090.json").read_text())
+    (stub / "state.json").write_text("{}\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "nvidia-smi"
+    wrapper.write_text(f"#!/bin/sh\nNVIDIA_STUB_DIR={stub} NVIDIA_STUB_APPS={stub}/apps "
+                       f"exec {sys.executable} {ROOT / 'lab' / 'stubs' / 'nvidia-smi'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    proc = subprocess.run([sys.executable, "-m", "invoke", "facts", "--local", "--json", "-"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    host = json.loads(proc.stdout)["hosts"]["localhost"]
+    assert host["facts"]["cuda_version"] == "13.3" and host["facts"]["driver_version"] == "610.43.02", proc.stderr
+    assert host["choice"]["image"].endswith("vllm/vllm-openai:gemma-x86_64-cu130")

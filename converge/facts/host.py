@@ -142,3 +142,26 @@ class UnitState(Fact):
         if not props:
             raise FactError(f"systemctl show {self.unit} printed nothing: is systemd running?")
         return props
+
+
+class TextFiles(Fact):
+    """The text of the files a shell glob names (e.g. /etc/nixos/*.nix), each cut
+    at ``max_bytes``: ``{path: text}``, empty when none match."""
+
+    def __init__(self, pattern: str, max_bytes: int = 256 * 1024):
+        if any(c in pattern for c in "'\"`$;&|<>\n"):
+            raise ValueError(f"not a plain glob: {pattern!r}")
+        self.pattern = pattern
+        self.command = (f"for f in {pattern}; do [ -f \"$f\" ] || continue; printf '@file %s\\n' \"$f\"; "
+                        f"head -c {int(max_bytes)} \"$f\" | base64; done; true")
+
+    def process(self, output, rc):
+        files: dict[str, list[str]] = {}
+        current = None
+        for line in output.splitlines():
+            if line.startswith("@file "):
+                current = line[6:]
+                files[current] = []
+            elif current is not None:
+                files[current].append(line)
+        return {path: base64.b64decode("".join(lines)).decode("utf-8", "replace") for path, lines in files.items()}

@@ -2,7 +2,8 @@
 
 The supported CUDA version is not a ``--query-gpu`` field (``cuda_version`` is
 refused); it is read from ``nvidia-smi --version`` or, on drivers without that,
-from the header of plain ``nvidia-smi``. Memory reads ``[N/A]`` or
+from the header of plain ``nvidia-smi``. Drivers of branch 610 and later label
+it ``CUDA UMD Version`` (and the driver ``KMD Version``); both spellings are read. Memory reads ``[N/A]`` or
 ``[Not Supported]`` on unified-memory GPUs (GB10, GH200): then it is None here
 and callers use the host's MemAvailable, as vLLM does.
 """
@@ -58,12 +59,18 @@ def parse_gpu_query(text: str) -> list[dict]:
     return gpus
 
 
+# driver 580: "DRIVER version : X" / "Driver Version: X"; 610 and later: "KMD version : X" / "KMD Version: X"
+_DRIVER = re.compile(r"(?:DRIVER|KMD) version\s*:\s*([0-9][0-9.]*)", re.I)
+# driver 580: "CUDA Version : 13.0"; 610 and later: "CUDA UMD Version: 13.3" (--version: "CUDA UMD version")
+_CUDA = re.compile(r"CUDA (?:UMD )?Version\s*:\s*([0-9]+(?:\.[0-9]+)?)", re.I)
+
+
 def parse_version(text: str) -> dict:
-    """``nvidia-smi --version`` (``CUDA Version : 13.0``) or the plain table's header
-    (``Driver Version: 580.159.04     CUDA Version: 13.0``)."""
+    """``nvidia-smi --version``, the plain table's header or ``-q``, in either
+    generation's labels (``CUDA Version`` / ``CUDA UMD Version``)."""
     out = {}
-    driver = re.search(r"DRIVER version\s*:\s*(\S+)", text, re.I) or re.search(r"Driver Version:\s*(\S+)", text)
-    cuda = re.search(r"CUDA Version\s*:\s*([0-9]+(?:\.[0-9]+)?)", text)
+    driver = _DRIVER.search(text)
+    cuda = _CUDA.search(text)
     if driver:
         out["driver_version"] = driver.group(1)
     if cuda:
@@ -101,7 +108,7 @@ f=$(mktemp); trap 'rm -f "$f"' EXIT
 echo "@query $rc"; cat "$f"
 [ $rc -eq 124 ] || [ $rc -eq 137 ] && exit 0
 {t} nvidia-smi --version >"$f" 2>&1; rc=$?
-if [ $rc -ne 0 ] || ! grep -q 'CUDA Version' "$f"; then {t} nvidia-smi >"$f" 2>&1; rc=$?; fi
+if [ $rc -ne 0 ] || ! grep -qiE 'CUDA (UMD )?Version' "$f"; then {t} nvidia-smi >"$f" 2>&1; rc=$?; fi
 echo "@version $rc"; cat "$f"
 {t} nvidia-smi {APPS_QUERY} >"$f" 2>&1; rc=$?
 echo "@apps $rc"; cat "$f"

@@ -21,13 +21,28 @@ def facts(hostvars):
             "image_record": FileState(record_path(hostvars))}
 
 
+def digest_command(runtime: str, ref: str) -> str:
+    """Shell that prints the registry digest of the local image ``ref``.
+
+    podman keeps it as ``.Digest``; docker only in ``.RepoDigests``
+    (``repo@sha256:...``, one per repository it was pulled from, with docker.io
+    and library/ left out of the name): the one of ``ref``'s repository."""
+    q = shlex.quote(ref)
+    if runtime == "podman":
+        return f"podman image inspect --format '{{{{.Digest}}}}' {q}"
+    return (f"r={q}; repo=${{r%:*}}; short=${{repo#docker.io/}}; short=${{short#library/}}; "
+            f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' {q} | "
+            f"while read -r rd; do case \"${{rd%@*}}\" in \"$repo\"|\"$short\"|\"docker.io/$short\") "
+            f"echo \"${{rd#*@}}\"; break;; esac; done")
+
+
 def pull_script(runtime: str, ref: str, record: str, pull: bool = True) -> str:
     """Pull (unless ``pull`` is false), then record ref, digest and arch atomically."""
     rt, q = shlex.quote(runtime), shlex.quote(ref)
     rec = shlex.quote(record)
     return ("set -e\n" + (f"{rt} pull {q}\n" if pull else "") +
             f"mkdir -p {shlex.quote(STATE_DIR)}\n"
-            f"d=$({rt} image inspect --format '{{{{.Digest}}}}' {q})\n"
+            f"d=$({digest_command(runtime, ref)})\n"
             f"a=$({rt} image inspect --format '{{{{.Architecture}}}}' {q})\n"
             f"tmp=$(mktemp {rec}.XXXXXX)\n"
             f"printf '%s\\n%s\\n%s\\n' {q} \"$d\" \"$a\" > \"$tmp\"\n"

@@ -15,12 +15,13 @@ def endpoints(hostvars: dict[str, dict], show_keys: bool = False) -> list[dict]:
             continue
         host = v.get("api_host", "0.0.0.0")
         address = v.get("ansible_host", name) if host in ("0.0.0.0", "::") else host
+        problem = None
         try:
             key = read_secret(v.get("api_key_file"), "api_key_file", name)
-        except StepFailed:
-            key = None  # unreadable: listed as keyless, as Open WebUI would use it
+        except StepFailed as exc:
+            key, problem = None, str(exc)  # unusable: listed as keyless, and said why
         out.append({"host": name, "base_url": f"http://{address}:{v.get('api_port', 8000)}/v1",
-                    "key": (key if show_keys else HIDDEN) if key else "EMPTY"})
+                    "key": (key if show_keys else HIDDEN) if key else "EMPTY", "problem": problem})
     return out
 
 

@@ -10,6 +10,7 @@ from converge.facts.containers import Runtimes
 from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd, UnitState
 from converge.facts.nvidia import NvidiaSmi
 
+from roles.service.nixos import module_path
 from roles.service.role import unit_name, unit_path
 
 from . import catalog
@@ -32,6 +33,7 @@ def facts(hostvars):
         # whether our own service runs (its memory is then not free), and what it started with
         "unit": UnitState(unit_name(hostvars)),
         "unit_file": FileState(unit_path(hostvars)),
+        "nixos_module": FileState(module_path(hostvars)),
     }
 
 
@@ -67,7 +69,9 @@ def plan_choice(ctx):
         # our own server holds its memory now: vLLM's check applies to a fresh start, and
         # `auto` keeps the value it resolved to when the service started (else every run would differ)
         hostvars = {**hostvars, "_skip_memory_check": True}
-        deployed = re.search(r"--gpu-memory-utilization (\S+)", (ctx.facts.get("unit_file") or {}).get("content", ""))
+        declared = (ctx.facts.get("unit_file") or ctx.facts.get("nixos_module") or {}).get("content", "")
+        # the unit's ExecStart (--gpu-memory-utilization 0.7) or the module's cmd ("--gpu-memory-utilization" "0.7")
+        deployed = re.search(r'--gpu-memory-utilization"?\s+"?([0-9.]+)', declared)
         if hostvars.get("gpu_memory_utilization", "auto") == "auto" and deployed:
             hostvars["gpu_memory_utilization"] = float(deployed.group(1))
             hostvars["_auto_kept"] = True

@@ -52,7 +52,7 @@ def choose_image(arch: str, cuda: str | None, hostvars: dict) -> tuple[str, str]
     rows = cat["channels"][channel]
     have = cuda_tuple(cuda)
     if have is None:
-        raise Refused(f"the driver's CUDA version is unknown (nvidia-smi printed no 'CUDA Version'): "
+        raise Refused(f"the driver's CUDA version is unknown (nvidia-smi printed neither 'CUDA Version' nor 'CUDA UMD Version'): "
                       f"{cat['remedy']}")
     arches = {r["arch"] for r in rows}
     if arch not in arches:

@@ -3,21 +3,20 @@ environment file for secrets, and boot enablement; handlers reload systemd and
 restart the service only when the unit, the environment or the image changed."""
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
 import jinja2
 
-from converge.changes import Command, File, Role
-from converge.errors import StepFailed
-from converge.facts.host import FileState, UnitState
+from converge.changes import Check, Command, File, Role
+from converge.facts.host import FileState, OsRelease, TextFiles, UnitState
+from converge.secrets import read_secret_file
 
-from .serve import command_line, serve_args
+from .container import RUNTIME_PATHS, container_spec, run_command
+from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
+from .serve import command_line
 
 HERE = Path(__file__).parent
-RUNTIME_PATHS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
-CONTAINER_CACHE = "/root/.cache/huggingface"
 
 
 def unit_name(v: dict) -> str:
@@ -35,46 +34,49 @@ def env_path(v: dict) -> str:
 def facts(hostvars):
     return {"unit_file": FileState(unit_path(hostvars)),
             "env_file": FileState(env_path(hostvars), secret=True),
-            "unit": UnitState(unit_name(hostvars))}
+            "unit": UnitState(unit_name(hostvars)),
+            "os": OsRelease(),
+            # NixOS declares units: our module and whether the configuration imports it
+            "nixos_module": FileState(module_path(hostvars)),
+            "nixos_configuration": TextFiles(f"{NIXOS_DIR}/*.nix")}
+
+
+def is_nixos(ctx) -> bool:
+    return (ctx.facts.get("os") or {}).get("ID") == "nixos"
 
 
 def read_secret(path: str | None, what: str, host: str) -> str | None:
-    """A secret from a file on the control machine; never echoed anywhere."""
+    """A secret from a file on the control machine (refused unless 0600); never echoed anywhere."""
     if not path:
         return None
-    full = os.path.expanduser(path)
-    try:
-        value = Path(full).read_text().strip()
-    except OSError as exc:
-        raise StepFailed(f"{what}: cannot read {path} on this machine ({exc.strerror}); create it with the "
-                         f"secret on one line (chmod 600)") from exc
-    if not value or "\n" in value:
-        raise StepFailed(f"{what}: {path} must hold the secret on exactly one line")
-    return value
+    return read_secret_file(path, what, host).strip()
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["nix"] = nix_value
+    return env
 
 
 def render_unit(v: dict, image: str, model: str, utilization: float, has_token: bool) -> str:
-    runtime = v.get("container_runtime", "podman")
-    name = v.get("service_name", "vllm-diffusiongemma")
-    rt = RUNTIME_PATHS[runtime]
-    run = [rt, "run", "--rm", "--name", name]
-    run += ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
-    run += ["--network=host", "--ipc=host",
-            "-v", f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
-            "-v", f"{v.get('compile_cache', '/var/cache/vllm')}:/root/.cache/vllm",
-            # names only: the values come from EnvironmentFile, so they never reach a command line
-            "-e", "VLLM_API_KEY"]
-    if has_token:
-        run += ["-e", "HF_TOKEN"]
-    run += ["-e", "VLLM_USE_V2_MODEL_RUNNER=1", "-e", "HF_HUB_OFFLINE=1", "-e", "HF_HUB_DISABLE_XET=1", image]
-    run += serve_args(v, model, utilization)
-    template = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
-                                  undefined=jinja2.StrictUndefined)
-    return template.get_template("unit.j2").render(
-        model=model, name=name, runtime=runtime, runtime_path=rt, conflicts=v.get("conflicts") or [],
-        burst=v.get("start_limit_burst", 3), interval=v.get("start_limit_interval_sec", 900),
-        env_file=env_path(v), exec_start=command_line(run), restart_sec=v.get("restart_sec", 15),
+    spec = container_spec(v, image, model, utilization, has_token)
+    return _templates().get_template("unit.j2").render(
+        model=model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
+        conflicts=v.get("conflicts") or [], burst=v.get("start_limit_burst", 3),
+        interval=v.get("start_limit_interval_sec", 900), env_file=env_path(v),
+        exec_start=command_line(run_command(spec)), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900))
+
+
+def render_module(v: dict, image: str, model: str, utilization: float, has_token: bool) -> str:
+    """The same service as a NixOS module (oci-containers), for hosts whose units are declared."""
+    spec = container_spec(v, image, model, utilization, has_token)
+    return _templates().get_template("module.nix.j2").render(
+        spec=spec, model=model, unit=unit_name(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
+        autostart=bool(v.get("autostart", False)), burst=v.get("start_limit_burst", 3),
+        interval=v.get("start_limit_interval_sec", 900), restart_sec=v.get("restart_sec", 15),
+        start_timeout=v.get("start_timeout_sec", 900), path=module_path(v))
 
 
 def render_env(api_key: str | None, hf_token: str | None) -> str:
@@ -90,15 +92,22 @@ def plan(ctx):
     api_key = read_secret(v.get("api_key_file"), "api_key_file", ctx.name)
     hf_token = read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name)
     ctx.desired.update(env_file=env_path(v), hf_token=bool(hf_token), unit=unit_name(v), api_key=api_key)
-    unit_text = render_unit(v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"],
-                            bool(hf_token))
-    ctx.desired["unit_text"] = unit_text
+    args = (v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"], bool(hf_token))
+    nixos = is_nixos(ctx)
+    # what declares the service: our unit file, or on NixOS our module
+    ctx.desired["declared_by"] = "nixos" if nixos else "unit"
+    ctx.desired["unit_path"] = module_path(v) if nixos else unit_path(v)
+    ctx.desired["unit_text"] = render_module(*args) if nixos else render_unit(*args)
+    current = ctx.facts.get("nixos_module" if nixos else "unit_file")
     dirs = [v.get("model_cache", "/srv/models/hf-cache"), v.get("compile_cache", "/var/cache/vllm"), "/etc/dgemma"]
     yield Command("directories", script="mkdir -p " + " ".join(shlex.quote(d) for d in dirs) + "\n",
-                  when=ctx.facts.get("unit_file") is None, describe="mkdir -p " + " ".join(dirs))
+                  when=current is None, describe="mkdir -p " + " ".join(dirs))
     yield File("environment file", path=env_path(v), content=render_env(api_key, hf_token), mode="0600",
                secret=True, current=ctx.facts.get("env_file"), notify=("restart",))
-    yield File("unit file", path=unit_path(v), content=unit_text, mode="0644", current=ctx.facts.get("unit_file"),
+    if nixos:
+        yield from _nixos(ctx, current)
+        return
+    yield File("unit file", path=unit_path(v), content=ctx.desired["unit_text"], mode="0644", current=current,
                notify=("daemon-reload", "restart"))
     unit = ctx.facts.get("unit") or {}
     enabled = unit.get("UnitFileState") == "enabled"
@@ -110,11 +119,34 @@ def plan(ctx):
                   describe=f"systemctl {'enable' if want else 'disable'} {unit_name(v)}")
 
 
+def _nixos(ctx, current):
+    """On NixOS: the module, atomically; then the host stops unless the
+    configuration imports it and it is applied (nixos-rebuild, when allowed)."""
+    v = ctx.vars
+    rebuild = bool(v.get("nixos_rebuild", False))
+    module = File("NixOS module", path=module_path(v), content=ctx.desired["unit_text"], mode="0644",
+                  current=current, notify=("nixos-rebuild",) if rebuild else ())
+    yield module
+    configuration = ctx.facts.get("nixos_configuration") or {}
+    yield Check("imported by the NixOS configuration", ok=imported(configuration, v),
+                message=f"{module_path(v)} is written; add `{imports_line(v)}` to {CONFIGURATION} (or "
+                        f"./{module_path(v).rsplit('/', 1)[1]} to its imports list), then deploy again"
+                        f"{'' if rebuild else ' after running: nixos-rebuild switch (or set nixos_rebuild: true)'}")
+    if not rebuild:
+        loaded = (ctx.facts.get("unit") or {}).get("LoadState") == "loaded"
+        yield Check("applied by nixos-rebuild", ok=(loaded and not module.needed()) or ctx.check,
+                    message=f"{module_path(v)} changed: run nixos-rebuild switch on {ctx.name} to apply it (or set "
+                            f"nixos_rebuild: true), then deploy again")
+
+
 def handlers(ctx):
     name = shlex.quote(unit_name(ctx.vars))
     return {
         "daemon-reload": Command("daemon-reload", script="systemctl daemon-reload\n",
                                  describe="systemctl daemon-reload"),
+        # NixOS applies its own configuration: it restarts the units whose definition changed
+        "nixos-rebuild": Command("nixos-rebuild switch", script="nixos-rebuild switch\n",
+                                 describe="nixos-rebuild switch", timeout=3600, progress=True),
         # only a running service restarts here; a stopped one is started (or not) by the start role
         "restart": Command("restart", script=f"systemctl try-restart {name}\n",
                            describe=f"systemctl try-restart {unit_name(ctx.vars)}"),

@@ -86,12 +86,13 @@ def plan(ctx):
 def summary(ctx) -> dict:
     """What verify checks each host against (no secret in here: it may go to --json)."""
     from roles.image.role import record_path
-    from roles.service.role import unit_path
     d, v = ctx.desired, ctx.vars
     if "unit_text" not in d:
         return {}
     return {"expected": {
-        "unit": unit_name(v), "unit_path": unit_path(v), "unit_text": d["unit_text"], "env_path": env_path(v),
+        # what declares the service: our unit file, or on NixOS our module (its unit NixOS generates)
+        "unit": unit_name(v), "unit_path": d["unit_path"], "unit_text": d["unit_text"],
+        "declared_by": d["declared_by"], "env_path": env_path(v),
         "autostart": bool(v.get("autostart", False)), "conflicts": list(v.get("conflicts") or []),
         "state": v.get("state", "started"), "api_host": v.get("api_host", "0.0.0.0"),
         "api_port": v.get("api_port", 8000), "model": d["model"], "image": d["image"],

@@ -9,7 +9,7 @@ from converge.errors import StepFailed
 
 from .cache import HfCache, status, verify_script
 
-CONTAINER_CACHE = "/root/.cache/huggingface"
+from roles.service.container import CONTAINER_CACHE
 
 
 def facts(hostvars):

@@ -1,6 +1,7 @@
 """The lab fixture: real nspawn hosts, brought up once per test session."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,9 @@ LAB_INVENTORY = config.STATE / "inventory"
 KEY = config.STATE / "ssh" / "id_ed25519"
 KNOWN = config.STATE / "ssh" / "known_hosts"
 ADDRESS = {h.name: h.address for h in config.DEFAULT_HOSTS}
+BASTION = next(h for h in config.DEFAULT_HOSTS if h.bastion)
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN}",
+               "-i", str(KEY), "-o", "ConnectTimeout=10"]
 
 
 def invoke(*args, inventory=LAB_INVENTORY, timeout=900, check=False):
@@ -29,10 +33,31 @@ def invoke(*args, inventory=LAB_INVENTORY, timeout=900, check=False):
     return proc
 
 
+def ssh_args(host) -> list[str]:
+    """OpenSSH to a lab host as people reach it: through bastion01 for the private
+    network (with this key and known_hosts for the hop too), as its login user."""
+    lab_host = config.host(host)
+    args = ["ssh", *SSH_OPTIONS]
+    if "lab" not in lab_host.networks:
+        hop = " ".join(["ssh", *SSH_OPTIONS, "-W", "%h:%p", f"{BASTION.login}@{BASTION.address}"])
+        args += ["-o", f"ProxyCommand={hop}"]
+    return args + [f"{lab_host.login}@{lab_host.address}"]
+
+
+def become_password(host) -> str:
+    from lab.rootfs import become_password_file
+    return become_password_file(config.host(host)).read_text().strip()
+
+
 def ssh(host, command, timeout=120, check=True):
-    proc = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
-                           f"UserKnownHostsFile={KNOWN}", "-i", str(KEY), "-o", "ConnectTimeout=10",
-                           f"root@{ADDRESS[host]}", command], text=True, capture_output=True, timeout=timeout)
+    """Run ``command`` as root on a lab host over SSH: a login that is not root goes
+    through sudo, its password on sudo's stdin."""
+    lab_host = config.host(host)
+    if lab_host.login == "root":
+        proc = subprocess.run([*ssh_args(host), command], text=True, capture_output=True, timeout=timeout)
+    else:
+        proc = subprocess.run([*ssh_args(host), "sudo -S -p '' sh -c " + shlex.quote(command)], text=True,
+                              capture_output=True, timeout=timeout, input=become_password(host) + "\n")
     if check and proc.returncode != 0:
         raise AssertionError(f"ssh {host} {command!r}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -64,8 +64,12 @@ def test_second_deploy_changes_nothing(fresh_lab):
     assert {h: r["changed"] for h, r in recap(data).items()} == {"spark01": 0, "rtx01": 0}
 
 
+UNITS = {"spark01": "docker-vllm-diffusiongemma", "rtx01": "podman-vllm-diffusiongemma",
+         "h100-01": "podman-vllm-diffusiongemma"}  # the runtime of each host, as in the shipped inventory
+
+
 def test_host_var_edit_check_shows_diff_then_deploy_restarts_only_that_host(lab_copy):
-    before = {h: ssh(h, "systemctl show -p ActiveEnterTimestampMonotonic --value podman-vllm-diffusiongemma")
+    before = {h: ssh(h, f"systemctl show -p ActiveEnterTimestampMonotonic --value {UNITS[h]}")
               .stdout.strip() for h in ("spark01", "rtx01")}
     (lab_copy / "host_vars").mkdir(exist_ok=True)
     (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 8\n")
@@ -78,7 +82,7 @@ def test_host_var_edit_check_shows_diff_then_deploy_restarts_only_that_host(lab_
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "--max-num-seqs 8" in ssh("rtx01", f"cat {UNIT}").stdout
     assert ssh("rtx01", f"cat {UNIT}.previous").stdout.count("--max-num-seqs 4") == 1
-    after = {h: ssh(h, "systemctl show -p ActiveEnterTimestampMonotonic --value podman-vllm-diffusiongemma")
+    after = {h: ssh(h, f"systemctl show -p ActiveEnterTimestampMonotonic --value {UNITS[h]}")
              .stdout.strip() for h in ("spark01", "rtx01")}
     assert after["spark01"] == before["spark01"] and after["rtx01"] != before["rtx01"]
     assert data["hosts"]["spark01"]["recap"]["changed"] == 0

@@ -40,18 +40,20 @@ def test_lab_status_lists_each_host(lab, tmp_path):
 
 
 def test_image_presence_read_from_the_store_index_agrees_with_podman(lab):
-    from converge.connection import SSHSettings, connect
+    import roles
+    from converge.connection import SSHConnection
     from converge.facts import Gathering, gather
     from converge.facts.containers import ImagePresent
-    from tests.lab.conftest import ADDRESS, KEY, KNOWN
+    from converge.play import Play
+    from tests.lab.conftest import LAB_INVENTORY
 
     present = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
     ssh("h100-01", f"podman pull -q {present} >/dev/null", timeout=300)
     refs = {"tagged": present, "other_tag": present.replace("cu130", "cu999"),
             "short": "vllm/vllm-openai:gemma-x86_64-cu130", "missing": "10.213.0.1:5000/nothing/here:1"}
     facts = {name: ImagePresent("podman", ref) for name, ref in refs.items()}
-    settings = SSHSettings("h100-01", ADDRESS["h100-01"], key_file=str(KEY), known_hosts=str(KNOWN))
-    with connect(settings) as conn:
+    settings = Play.load(str(LAB_INVENTORY), roles.schemas(), roles.defaults()).ssh_settings("h100-01")
+    with SSHConnection(settings).open() as conn:  # through bastion01
         found = gather(conn, facts)
         raw = conn.run(Gathering({"tagged": facts["tagged"]}).script).stdout
     assert "@index 0" in raw  # read from the index, podman not started
@@ -67,7 +69,7 @@ def test_scale_hosts_come_and_go_with_their_disks(lab):
     from lab import config, machines
     from tests.lab.conftest import KEY, KNOWN
 
-    node = config.hosts(1)[3]
+    node = config.hosts(1)[-1]  # node01
     try:
         invoke("lab.up", "--hosts", 1, check=True, timeout=600)
         out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",

@@ -1,0 +1,151 @@
+"""Fabric connections as the engine wants them: strict host keys, jump hosts
+shared per run, and errors that say what to do.
+
+Fabric gives us ssh_config (HostName, User, Port, IdentityFile, ProxyJump...),
+``connect_kwargs``, ``connect_timeout`` and gateways (an inner connection
+carried by a ``direct-tcpip`` channel of the bastion's). What we change:
+- host keys: Fabric sets ``AutoAddPolicy`` and loads no known_hosts; every
+  connection here gets paramiko's ``RejectPolicy`` and the inventory's
+  known_hosts before it opens;
+- jump hosts: Fabric builds ProxyJump hops itself with a clone of the config
+  and the same AutoAddPolicy (fabric #1852), and a new connection to the
+  bastion for every host. We build the hops (``JumpHosts``), strict like the
+  hosts, and share one connection per bastion among all hosts of a run; hops
+  open under a lock, as several host threads may reach one at once.
+"""
+from __future__ import annotations
+
+import shlex
+import socket
+import threading
+
+import fabric
+import paramiko
+
+from . import hostkeys, ssh_config
+from .errors import ConnectionFailed, HostKeyError
+from .ssh_settings import Hop, SSHSettings
+
+
+def connection(host: str, user: str | None, port: int | None, key_file: str | None, known_hosts: str | None,
+               timeout: float, gateway) -> fabric.Connection:
+    """A Fabric connection (not yet open) that checks host keys against known_hosts."""
+    kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
+              # an explicit key is the key: no agent, no ~/.ssh guessing
+              "allow_agent": key_file is None, "look_for_keys": key_file is None}
+    if key_file:
+        kwargs["key_filename"] = [key_file]
+    conn = fabric.Connection(host, user=user, port=port, config=ssh_config.shared_config(), gateway=gateway,
+                             connect_timeout=int(max(timeout, 1)), connect_kwargs=kwargs)
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    hostkeys.load(hostkeys.files(known_hosts), into=conn.client.get_host_keys())
+    return conn
+
+
+def open_connection(conn: fabric.Connection, name: str, what: str, known_hosts: str | None, timeout: float,
+                    via: str | None = None):
+    """Open ``conn`` (``what`` names it in messages: the host, or "the jump host X"),
+    turning paramiko's exceptions into ConnectionFailed / HostKeyError for ``name``."""
+    where = hostkeys.known_hosts_name(conn.host, conn.port)
+    known_file = known_hosts or hostkeys.USER_KNOWN_HOSTS
+    through = f" through {via}" if via else ""
+    label = f"{what} {where}".strip()
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as exc:
+        raise HostKeyError(
+            f"{name}: the host key of {label} CHANGED: it offered {hostkeys.fingerprint(exc.key)} but "
+            f"known_hosts has {hostkeys.fingerprint(exc.expected_key)}. If the machine was reinstalled, remove the "
+            f"old key (ssh-keygen -R {shlex.quote(where)} -f {known_file}) and run: invoke trust --hosts {name}. "
+            f"Otherwise someone may be intercepting the connection.") from exc
+    except paramiko.AuthenticationException as exc:
+        raise ConnectionFailed(f"{name}: {(what + ' ') if what else ''}{conn.user}@{where} refused our key ({exc}): check ansible_user and "
+                               f"ansible_ssh_private_key_file") from exc
+    except paramiko.ChannelException as exc:
+        raise ConnectionFailed(f"{name}: {via} could not reach {where}: {exc.text or exc}") from exc
+    except paramiko.SSHException as exc:
+        if "not found in known_hosts" in str(exc):
+            raise HostKeyError(
+                f"{name}: {label} is not in known_hosts ({known_file}). Check its fingerprint and pin it "
+                f"with: invoke trust --hosts {name}") from exc
+        if "banner" in str(exc).lower() or "timeout" in str(exc).lower():
+            raise ConnectionFailed(f"{name}: {label} did not answer as an SSH server within {timeout:g} s"
+                                   f"{through} ({exc})") from exc
+        raise ConnectionFailed(f"{name}: SSH to {(what + ' ') if what else ''}{conn.user}@{where}{through} failed: {exc}") from exc
+    except (socket.timeout, TimeoutError) as exc:
+        raise ConnectionFailed(f"{name}: no answer from {label}{through} within {timeout:g} s: "
+                               f"is it up?") from exc
+    except OSError as exc:
+        raise ConnectionFailed(f"{name}: cannot reach {label}{through}: {exc.strerror or exc}") from exc
+    except EOFError as exc:
+        raise ConnectionFailed(f"{name}: {label}{through} closed the connection during the handshake") from exc
+    transport = conn.client.get_transport()
+    if isinstance(transport.sock, socket.socket):
+        # Our messages are small requests that wait for their answers: with Nagle's
+        # algorithm on, a script behind its exec request waited for a delayed ACK,
+        # ~40 ms per command on a LAN. (A connection through a jump host rides a
+        # channel: the jump host's own socket carries the option.)
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.set_keepalive(15)
+
+
+class JumpHosts:
+    """The jump hosts (bastions) of one run: one connection to each, shared by
+    every host behind it, closed when the run is over."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._hops: dict[tuple, tuple[fabric.Connection, threading.Lock, str, str | None]] = {}
+
+    def gateway(self, settings: SSHSettings):
+        """The Fabric gateway for a host: the last hop of its ProxyJump list
+        (each hop reached through the one before), or False (no jump)."""
+        parent, parent_label = False, None
+        for hop in settings.jumps:
+            parent, parent_label = self._hop(hop, settings, parent, parent_label), str(hop)
+        return parent
+
+    def _hop(self, hop: Hop, settings: SSHSettings, parent, parent_label):
+        key = (hop.host, hop.user, hop.port, settings.key_file, settings.known_hosts, id(parent))
+        with self._lock:
+            if key not in self._hops:
+                # a hop without an IdentityFile of its own in ssh_config uses the host's key
+                # (Fabric adds ssh_config's IdentityFile for the hop before it)
+                conn = for_hop(hop, settings, parent)
+                self._hops[key] = (conn, threading.Lock(), str(hop), parent_label)
+            return self._hops[key][0]
+
+    def open_for(self, settings: SSHSettings, gateway):
+        """Open every hop in front of a host (each once per run)."""
+        chain = []
+        while gateway:
+            chain.append(gateway)
+            gateway = gateway.gateway
+        for hop in reversed(chain):
+            entry = next(e for e in self._hops.values() if e[0] is hop)
+            conn, lock, label, via = entry
+            with lock:
+                if not conn.is_connected:
+                    open_connection(conn, settings.name, f"the jump host {label}", settings.known_hosts,
+                                    settings.connect_timeout, via=via)
+                    # opening a channel to the next hop (or the host) must not wait an hour
+                    conn.client.get_transport().channel_timeout = settings.connect_timeout
+
+    def close(self):
+        with self._lock:
+            hops = list(self._hops.values())
+            self._hops.clear()
+        for conn, *_ in reversed(hops):  # the innermost first
+            conn.close()
+
+
+def for_host(settings: SSHSettings, gateway=False) -> fabric.Connection:
+    """The host's own Fabric connection (not open): Fabric resolves HostName,
+    User and Port from ssh_config, which verify's ssh_config and trust need too."""
+    return connection(settings.host, settings.user, settings.port, settings.key_file, settings.known_hosts,
+                      settings.connect_timeout, gateway)
+
+
+def for_hop(hop: Hop, settings: SSHSettings, gateway=False) -> fabric.Connection:
+    return connection(hop.host, hop.user, hop.port, settings.key_file, settings.known_hosts,
+                      settings.connect_timeout, gateway)

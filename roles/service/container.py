@@ -1,0 +1,49 @@
+"""What the vLLM container is, whatever declares it: a systemd unit of ours or
+a NixOS oci-containers module. Pure."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .serve import serve_args
+
+CONTAINER_CACHE = "/root/.cache/huggingface"
+RUNTIME_PATHS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
+# the image's own settings (DOMAIN.md): V2 model runner, weights from the cache only, no Xet
+ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_XET": "1"}
+
+
+@dataclass
+class ContainerSpec:
+    runtime: str
+    name: str
+    image: str
+    cmd: list  # the model first, then vllm serve's flags (the image's entrypoint is `vllm serve`)
+    volumes: list
+    gpu: list  # how the runtime hands the GPU over
+    network: list = field(default_factory=lambda: ["--network=host", "--ipc=host"])
+    environment: dict = field(default_factory=lambda: dict(ENVIRONMENT))
+    secret_names: list = field(default_factory=list)  # from the 0600 environment file, by name only
+
+
+def container_spec(v: dict, image: str, model: str, utilization: float, has_token: bool) -> ContainerSpec:
+    runtime = v.get("container_runtime", "podman")
+    return ContainerSpec(
+        runtime=runtime, name=v.get("service_name", "vllm-diffusiongemma"), image=image,
+        cmd=serve_args(v, model, utilization),
+        volumes=[f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
+                 f"{v.get('compile_cache', '/var/cache/vllm')}:/root/.cache/vllm"],
+        gpu=["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"],
+        secret_names=["VLLM_API_KEY"] + (["HF_TOKEN"] if has_token else []))
+
+
+def run_command(spec: ContainerSpec) -> list[str]:
+    """``RUNTIME run --rm --name NAME ... IMAGE MODEL FLAGS`` as the unit's ExecStart."""
+    run = [RUNTIME_PATHS[spec.runtime], "run", "--rm", "--name", spec.name, *spec.gpu, *spec.network]
+    for volume in spec.volumes:
+        run += ["-v", volume]
+    for name in spec.secret_names:
+        # names only: the values come from EnvironmentFile, so they never reach a command line
+        run += ["-e", name]
+    for key, value in spec.environment.items():
+        run += ["-e", f"{key}={value}"]
+    return run + [spec.image, *spec.cmd]

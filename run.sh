@@ -10,6 +10,11 @@ setup() {
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip git
   fi
+  # the tests evaluate the NixOS modules with Debian's Nix (nix-instantiate)
+  if [ "${1:-}" = test ] && ! command -v nix-instantiate >/dev/null; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nix-bin
+  fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
@@ -25,7 +30,7 @@ case "${1:-}" in
     .venv/bin/invoke verify
     ;;
   test)
-    setup
+    setup test
     shift
     exec .venv/bin/python -m pytest "$@"
     ;;

@@ -202,7 +202,7 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
     from converge import play as playlib
     from converge import verify as verifylib
     from converge.report import write_json
-    from roles.verify_view import print_table, verify_document
+    from converge.verify_report import print_table, verify_document
     play = _play(inventory, set, ask_become_pass)
     report = _report(json)
     report.quiet = True
@@ -250,8 +250,8 @@ def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
     import roles
     from converge import play as playlib
     from converge.report import write_json
-    from roles.ops.status import status_role
-    from roles.ops.status_view import print_status, status_document
+    from day2.status import status_role
+    from day2.status_table import print_status, status_document
     play = _play(inventory, ask_become_pass=ask_become_pass)
     report = _report(json)
     report.quiet = True
@@ -270,7 +270,7 @@ OPS_HELP = {"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP
 @task(klass=HostTask, help=OPS_HELP, iterable=["set"])
 def start(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
     """Start vLLM (stopping the units it conflicts with, e.g. ollama) and wait until ready."""
-    from roles.ops.lifecycle import start_role
+    from day2.lifecycle import start_role
     _ops(inventory, hosts, start_role(), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
@@ -278,21 +278,21 @@ def start(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=Fa
       iterable=["set"])
 def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None, ask_become_pass=False):
     """Stop vLLM; with --resume, start the units it displaced."""
-    from roles.ops.lifecycle import stop_role
+    from day2.lifecycle import stop_role
     _ops(inventory, hosts, stop_role(resume), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
 @task(klass=HostTask, help=OPS_HELP, iterable=["set"])
 def restart(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
     """Restart vLLM and wait until ready."""
-    from roles.ops.lifecycle import restart_role
+    from day2.lifecycle import restart_role
     _ops(inventory, hosts, restart_role(), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
 @task(klass=HostTask, help=OPS_HELP, iterable=["set"])
 def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
     """Clear a crash loop or a wedged container; refuse (reboot needed) if nvidia-smi hangs."""
-    from roles.ops.lifecycle import recover_role
+    from day2.lifecycle import recover_role
     _ops(inventory, hosts, recover_role(), set, json_target=json, title="RECOVER RECAP",
          ask_become_pass=ask_become_pass)
 
@@ -303,7 +303,7 @@ def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=
                             "ask_become_pass": HELP["ask_become_pass"]})
 def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False):
     """The vLLM unit's journal on each host, prefixed by host."""
-    from roles.ops.logs import stream_logs
+    from day2.logs import stream_logs
     play = _play(inventory, ask_become_pass=ask_become_pass)
     failed = stream_logs(play, play.inventory.select(hosts), int(lines), follow)
     if failed:
@@ -314,7 +314,7 @@ def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=
             "show_keys": "print the API keys instead of ********"})
 def endpoints(c, inventory=None, hosts=None, show_keys=False):
     """OpenAI base URLs of the serving hosts, and the lines Open WebUI takes."""
-    from roles.ops.endpoints import endpoints as rows_for, open_webui_lines
+    from day2.endpoints import endpoints as rows_for, open_webui_lines
     play = _play(inventory)
     rows = rows_for({h: play.hostvars(h) for h in play.inventory.select(hosts)}, show_keys)
     for row in rows:
@@ -323,6 +323,39 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False):
             print(f"  {row['problem']}", file=sys.stderr)
     print()
     print(open_webui_lines(rows), end="")
+
+
+@task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "set": HELP["set"],
+                            "format": "systemd (the unit) or nixos (a NixOS oci-containers module)",
+                            "ask_become_pass": HELP["ask_become_pass"]}, iterable=["set"])
+def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False):
+    """Print the unit (or NixOS module) deploy would write, for hosts you manage yourself."""
+    from converge import play as playlib
+    from roles.preflight.role import FACTS_ROLE
+    from roles.service.render import FORMATS, RENDER_ROLE
+    if format not in FORMATS:
+        raise Exit(f"--format {format}: expected one of {', '.join(FORMATS)}", code=2)
+    play = _play(inventory, set, ask_become_pass)
+    report = _report(None)
+    report.quiet = True
+    try:
+        playlib.run(play, [FACTS_ROLE, RENDER_ROLE], hosts, check=True, report=report)
+    except ConvergeError as exc:
+        raise Exit(str(exc), code=2)
+    failed = False
+    for host in report.recap:
+        rendered = report.extra.get(host, {}).get("render")
+        if not rendered:
+            problems = [t.message for t in report.tasks if t.host == host and t.status in ("failed", "unreachable")]
+            print(f"# {host}: nothing to render: {'; '.join(problems) or 'no choice of image and model'}",
+                  file=sys.stderr)
+            failed = True
+            continue
+        path, text = rendered[format]
+        print(f"# ---- {host}: {path}")
+        print(text, end="")
+    if failed:
+        raise Exit(code=1)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
@@ -334,11 +367,11 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False):
 def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", repeats=4, concurrency=4,
           ask_become_pass=False):
     """Benchmark each serving host the seeds' way: full canvas, short answers, concurrency 4."""
-    from roles.ops.bench_run import bench_hosts
+    from day2.benchmark_run import bench_hosts
     play = _play(inventory, ask_become_pass=ask_become_pass)
     if not bench_hosts(play, play.inventory.select(hosts), json, csv, int(repeats), int(concurrency)):
         raise Exit(code=1)
 
 
-for day2 in (status, start, stop, restart, recover, logs, endpoints, bench):
+for day2 in (status, start, stop, restart, recover, logs, endpoints, bench, render):
     ns.add_task(day2)

@@ -36,3 +36,22 @@ def test_answers(output, present):
 def test_a_runtime_that_cannot_answer_is_an_error_not_an_absent_image(output):
     with pytest.raises(FactError):
         ImagePresent("podman", QUALIFIED).process(output, 0)
+
+
+def test_runtimes_and_what_keeps_docker_from_the_gpu():
+    from converge.facts.containers import parse_runtimes
+    from roles.preflight.role import runtime_problem
+    ready = parse_runtimes('@docker Docker version 20.10.24+dfsg1, build 297e128\n'
+                           '@docker-runtimes {"io.containerd.runc.v2":{},"nvidia":{"path":"nvidia-container-runtime"},'
+                           '"runc":{}}\n@nvidia-hook /usr/bin/nvidia-container-runtime-hook\n')
+    assert ready["docker"] == {"version": "20.10.24", "runtimes": ["io.containerd.runc.v2", "nvidia", "runc"],
+                               "daemon": True, "nvidia_hook": True}
+    assert runtime_problem("docker", ready) is None
+    no_runtime = parse_runtimes('@docker Docker version 24.0.7\n@docker-runtimes {"runc":{}}\n@nvidia-hook -\n')
+    assert "nvidia-ctk runtime configure --runtime=docker" in runtime_problem("docker", no_runtime)
+    no_hook = parse_runtimes('@docker Docker version 24.0.7\n@docker-runtimes {"nvidia":{},"runc":{}}\n'
+                             '@nvidia-hook -\n')
+    assert "nvidia-container-runtime-hook" in runtime_problem("docker", no_hook)
+    down = parse_runtimes("@docker Docker version 24.0.7\n@docker-runtimes unreachable\n@nvidia-hook -\n")
+    assert runtime_problem("docker", down) == "the docker daemon does not answer: systemctl start docker"
+    assert "CDI spec" in runtime_problem("podman", parse_runtimes("@podman podman version 4.3.1\n"))

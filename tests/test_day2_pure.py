@@ -1,6 +1,6 @@
 """Day-2 pieces that need no host: endpoints lines, benchmark arithmetic."""
-from roles.ops import bench
-from roles.ops.endpoints import HIDDEN, endpoints, open_webui_lines
+from day2 import benchmark as bench
+from day2.endpoints import HIDDEN, endpoints, open_webui_lines
 
 
 def test_endpoints_hide_keys_unless_asked(tmp_path):

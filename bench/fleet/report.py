@@ -46,6 +46,20 @@ def main(path, docs):
                      f"{noop['max']:.2f}) | {floor:.2f} | {ratio:.2f} | {faster} | {rss} |")
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
+    behind = [s for s in data["scenarios"] if "bastion" in s]
+    if behind:
+        lines += ["", "## Hosts behind a bastion", "",
+                  "The same hosts reached through bastion01 (`-o ProxyJump=jump@bastion01`, the delay in front of "
+                  "the bastion), beside their own floor: `ssh -J bastion host true` to every host in parallel "
+                  "(each ssh its own connection to the bastion; ours shares one per run).", "",
+                  "| hosts | RTT | first converge s | no-op median s (min-max) | floor through the bastion s | "
+                  "no-op / floor | peak RSS MB |", "|---|---|---|---|---|---|---|"]
+        for s in behind:
+            b = s["bastion"]
+            noop = b["ours"]["noop"]
+            lines.append(f"| {s['hosts']} | {s['rtt_ms']:g} ms | {b['ours']['first']:.2f} | {noop['median']:.2f} "
+                         f"({noop['min']:.2f}-{noop['max']:.2f}) | {b['floor']['median']:.2f} | "
+                         f"{noop['median'] / b['floor']['median']:.2f} | {b['ours']['peak_rss_mb']} |")
     lines += ["", "## SSH round trips per host, one no-op run", "",
               "| tool | round trips per host (all) | connections per host | command round trips after the handshake "
               "(turns) | round trips waited for after the handshake (time) |",

@@ -58,26 +58,52 @@ def nodes(n):
     return [h for h in config.hosts(n) if h.name.startswith("node")][:n]
 
 
-def write_inventories(hosts, rtt, folder: Path) -> dict:
-    """The same hosts for all three tools; through the delay proxy when rtt > 0."""
+BASTION = next(h for h in config.DEFAULT_HOSTS if h.bastion)
+BASTION_PROXY_PORT = PROXY_BASE_PORT + 999
+
+
+def _keys(host, name: str) -> list[str]:
+    lines = []
+    for pub in sorted((host.root / "etc/ssh").glob("ssh_host_*_key.pub")):
+        keytype, key = pub.read_text().split()[:2]
+        lines.append(f"{name} {keytype} {key}\n")
+    return lines
+
+
+def bastion_endpoint(rtt) -> tuple[str, int]:
+    """bastion01, through the delay proxy when rtt > 0 (the WAN is in front of it)."""
+    return (config.GATEWAY, BASTION_PROXY_PORT) if rtt else (BASTION.address, 22)
+
+
+def write_inventories(hosts, rtt, folder: Path, bastion: bool = False) -> dict:
+    """The same hosts for all three tools; through the delay proxy when rtt > 0.
+    ``bastion``: every host behind bastion01 (ProxyJump), the delay in front of it."""
     folder.mkdir(parents=True, exist_ok=True)
     known = folder / "known_hosts"
     lines, entries = [], {}
     for i, h in enumerate(hosts):
-        addr, port = (config.GATEWAY, PROXY_BASE_PORT + i) if rtt else (h.address, 22)
-        name = addr if port == 22 else f"[{addr}]:{port}"
-        for pub in sorted((h.root / "etc/ssh").glob("ssh_host_*_key.pub")):
-            keytype, key = pub.read_text().split()[:2]
-            lines.append(f"{name} {keytype} {key}\n")
+        addr, port = (config.GATEWAY, PROXY_BASE_PORT + i) if rtt and not bastion else (h.address, 22)
+        lines += _keys(h, addr if port == 22 else f"[{addr}]:{port}")
         entries[h.name] = (addr, port)
+    common = f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
+    if bastion:
+        addr, port = bastion_endpoint(rtt)
+        lines += _keys(BASTION, addr if port == 22 else f"[{addr}]:{port}")
+        common += f" -o ProxyJump={BASTION.login}@{addr}:{port}"
     known.write_text("".join(lines))
     hosts_yml = {"all": {"vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(KEY), "bench_port": 8000,
-                                  "known_hosts_file": str(known),
-                                  "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} "
-                                                             f"-o StrictHostKeyChecking=yes"},
+                                  "known_hosts_file": str(known), "ansible_ssh_common_args": common},
                          "hosts": {n: {"ansible_host": a, "ansible_port": p} for n, (a, p) in entries.items()}}}
     import yaml
     (folder / "hosts.yml").write_text(yaml.safe_dump(hosts_yml))
+    if bastion:  # OpenSSH's view of the same, for the floor: `ssh -J bastion host true`
+        addr, port = bastion_endpoint(rtt)
+        blocks = [f"Host bastion\n  HostName {addr}\n  Port {port}\n  User {BASTION.login}\n"]
+        blocks += [f"Host {n}\n  HostName {a}\n  User root\n  ProxyJump bastion\n" for n, (a, _) in entries.items()]
+        options = (f"  IdentityFile {KEY}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n"
+                   "  StrictHostKeyChecking yes\n  BatchMode yes\n  ControlMaster no\n")
+        (folder / "ssh_config").write_text("".join(b + options + "\n" for b in blocks))
+        return entries
     py = ["hosts = ["]
     for n, (a, p) in entries.items():
         py.append(f"    ({n!r}, {{'ssh_hostname': {a!r}, 'ssh_port': {p}, 'ssh_user': 'root', "
@@ -90,6 +116,7 @@ def write_inventories(hosts, rtt, folder: Path) -> dict:
 
 def start_proxy(hosts, rtt, stats: Path):
     specs = [f"{PROXY_BASE_PORT + i}:{h.address}:22" for i, h in enumerate(hosts)]
+    specs.append(f"{BASTION_PROXY_PORT}:{BASTION.address}:22")
     proc = subprocess.Popen([sys.executable, str(HERE / "proxy.py"), str(stats), str(rtt), config.GATEWAY, *specs],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
@@ -144,6 +171,17 @@ def commands(tool, folder: Path):
         return [WORK / "venv-ansible/bin/ansible-playbook", "-i", folder / "hosts.yml", HERE / "playbook.yml"]
     return [WORK / "venv-pyinfra/bin/pyinfra", "-y", "--parallel", "32", folder / "inventory.py",
             HERE / "pyinfra_deploy.py"]
+
+
+def floor_through_bastion(entries, folder: Path) -> float:
+    """`ssh -J bastion host true` to every host in parallel: each its own bastion connection."""
+    started = time.perf_counter()
+    procs = [subprocess.Popen(["ssh", "-F", str(folder / "ssh_config"), name, "true"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for name in entries]
+    rcs = [p.wait() for p in procs]
+    if any(rcs):
+        raise RuntimeError(f"ssh -J bastion host true failed on some hosts: {rcs}")
+    return time.perf_counter() - started
 
 
 def floor(entries, known: Path) -> float:
@@ -234,7 +272,29 @@ def measure(hosts, rtt, tools, runs, slow_max_hosts) -> dict:
                                        "peak_rss_mb": round(max(rss + [rss_first]) / 1024, 1)}
             print(f"n={size} rtt={rtt:g} {tool}: first {first:.2f} s, no-op median "
                   f"{statistics.median(noop):.2f} s (floor {scenario['floor']['median']:.2f} s)", flush=True)
+    if "ours" in tools:
+        scenario["bastion"] = measure_bastion(hosts, rtt, runs, folder.with_name(folder.name + "-bastion"))
     return scenario
+
+
+def measure_bastion(hosts, rtt, runs, folder: Path) -> dict:
+    """The same hosts behind bastion01 (the delay in front of it): ours, beside its own
+    floor, `ssh -J bastion host true` to every host in parallel."""
+    entries = write_inventories(hosts, rtt, folder, bastion=True)
+    with proxied(hosts, rtt, folder / "proxy.json") if rtt else contextlib.nullcontext():
+        floor_s = summary([floor_through_bastion(entries, folder) for _ in range(runs)])
+        reset(hosts)
+        cmd = commands("ours", folder)
+        first, rss_first, _ = timed(cmd, cwd=HERE)
+        noop, rss = [], []
+        for _ in range(runs):
+            wall, peak, _ = timed(cmd, cwd=HERE)
+            noop.append(wall)
+            rss.append(peak)
+    print(f"n={len(hosts)} rtt={rtt:g} ours behind the bastion: no-op median {statistics.median(noop):.2f} s "
+          f"(floor through the bastion {floor_s['median']:.2f} s)", flush=True)
+    return {"floor": floor_s, "ours": {"first": round(first, 3), "noop": summary(noop),
+                                       "peak_rss_mb": round(max(rss + [rss_first]) / 1024, 1)}}
 
 
 def write_report(results: dict, out: Path):

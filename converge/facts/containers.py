@@ -11,8 +11,10 @@ from . import Fact, FactError
 class Runtimes(Fact):
     """podman and docker: installed, version, and how they reach the GPU.
 
-    docker reaches GPUs through the nvidia runtime (``docker info`` lists it);
-    podman through a CDI spec naming ``nvidia.com/gpu`` in /etc/cdi or /var/run/cdi.
+    docker reaches GPUs through NVIDIA's container toolkit: ``--gpus`` needs its
+    runtime hook on the daemon's PATH, and ``nvidia-ctk runtime configure``
+    registers the ``nvidia`` runtime (``docker info`` lists it); podman through a
+    CDI spec naming ``nvidia.com/gpu`` in /etc/cdi or /var/run/cdi.
     """
 
     command = r"""
@@ -20,6 +22,7 @@ if command -v podman >/dev/null 2>&1; then echo "@podman $(podman --version 2>&1
 if command -v docker >/dev/null 2>&1; then
   echo "@docker $(docker --version 2>&1)"
   echo "@docker-runtimes $(timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null || echo unreachable)"
+  echo "@nvidia-hook $(command -v nvidia-container-runtime-hook || echo -)"
 fi
 for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do
   [ -f "$f" ] && grep -q 'nvidia.com/gpu' "$f" && echo "@cdi $f"
@@ -48,6 +51,8 @@ def parse_runtimes(text: str) -> dict:
                     out["docker"]["daemon"] = True
                 except json.JSONDecodeError:
                     pass
+        elif line.startswith("@nvidia-hook ") and out["docker"] is not None:
+            out["docker"]["nvidia_hook"] = line.split(" ", 1)[1].strip() not in ("-", "")
         elif line.startswith("@cdi "):
             out["cdi_specs"].append(line.split(" ", 1)[1])
     return out

@@ -53,6 +53,9 @@ def runtime_problem(runtime: str, runtimes: dict) -> str | None:
     if "nvidia" not in runtimes["docker"].get("runtimes", []):
         return ("docker has no nvidia runtime: install nvidia-container-toolkit and run "
                 "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker")
+    if not runtimes["docker"].get("nvidia_hook", True):
+        return ("docker cannot hand the GPU over (--gpus needs nvidia-container-runtime-hook, which is not on the "
+                "PATH): install nvidia-container-toolkit, then systemctl restart docker")
     return None
 
 

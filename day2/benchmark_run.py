@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import bench
+from . import benchmark as bench
 from .endpoints import endpoints
 
 HOW_TO_READ = ("tok/s of a diffusion LM depends on output length: the cost is per 256-token canvas. "

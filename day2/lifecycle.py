@@ -85,12 +85,17 @@ def recover_role() -> Role:
                       f"2>/dev/null; true\n", describe=f"systemctl stop {name} (ends a restart loop)")
         yield Command("reset-failed", script=f"systemctl reset-failed {q} 2>/dev/null; true\n",
                       describe=f"systemctl reset-failed {name}")
+        # podman: the container's process and its conmon; docker: its process (containerd's
+        # shim reaps it), then docker's own SIGKILL
+        pids = "{{.State.Pid}} {{.State.ConmonPid}}" if rt == "podman" else "{{.State.Pid}}"
+        also = "" if rt == "podman" else f"{qrt} kill --signal KILL {qc} >/dev/null 2>&1 && echo 'docker kill'; "
         yield Command("kill stuck processes",
-                      script=(f"pids=$({qrt} inspect --format '{{{{.State.Pid}}}} {{{{.State.ConmonPid}}}}' {qc} "
+                      script=(f"pids=$({qrt} inspect --format {shlex.quote(pids)} {qc} "
                               f"2>/dev/null | tr ' ' '\\n' | grep -v '^0$' | grep -v '^$'); "
-                              f"for p in $pids; do kill -9 $p 2>/dev/null && echo \"killed $p\"; done; true\n"),
+                              f"for p in $pids; do kill -9 $p 2>/dev/null && echo \"killed $p\"; done; {also}true\n"),
                       describe=f"kill -9 the PIDs of container {cname}",
                       interpret=lambda r: ", ".join(r.stdout.split("\n")).strip(", ") or "none were left")
+        # podman waits at most 1 s for a stop (seed 000); docker's rm -f kills at once
         rm = f"{qrt} rm -f --time 1 {qc}" if rt == "podman" else f"{qrt} rm -f {qc}"
         yield Command("remove the container", script=f"timeout 60 {rm} >/dev/null 2>&1; "
                       f"{qrt} inspect {qc} >/dev/null 2>&1 && {{ echo still there; exit 1; }}; true\n",

@@ -1,0 +1,109 @@
+"""The DGX Spark as seed 004 runs it: the real Docker engine (Debian's docker.io)
+on an aarch64 host, the GPU handed over by --gpus through NVIDIA's runtime hook
+(the GPU stand-in's), reached as a user whose sudo asks a password. Every day-2
+task on it."""
+import csv
+import json
+
+import pytest
+
+from lab import config, images
+from tests.lab.conftest import deploy_json, invoke, ssh
+
+UNIT = "docker-vllm-diffusiongemma.service"
+OLLAMA = "[Unit]\nDescription=ollama stand-in (holds the GPU in real life)\n[Service]\nExecStart=/bin/sleep infinity\n"
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    proc, data = deploy_json("--hosts", "spark01,rtx01")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return lab
+
+
+def test_spark01_serves_the_aarch64_image_under_the_real_docker_engine(deployed, tmp_path):
+    out = tmp_path / "verify.json"
+    proc = invoke("verify", "--hosts", "spark01,rtx01", "--json", out)
+    assert proc.returncode == 0 and json.loads(out.read_text())["ok"], proc.stdout[-3000:]
+    assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
+    running = ssh("spark01", "docker ps --format '{{.Names}} {{.Image}}'").stdout.split()
+    assert running == ["vllm-diffusiongemma", "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130"]
+    assert ssh("spark01", "docker image inspect --format '{{.Architecture}}' "
+                          "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130").stdout.strip() == "arm64"
+    inside = ssh("spark01", "docker exec vllm-diffusiongemma sh -c "
+                            "'uname -m; nvidia-smi --query-gpu=name --format=csv,noheader'").stdout.split("\n")
+    assert inside[:2] == ["aarch64", "NVIDIA GB10"]  # the GPU, through --gpus all and the runtime hook
+    assert ssh("spark01", "docker info --format '{{.CgroupVersion}} {{.DefaultRuntime}}'").stdout.split() == \
+        ["2", "runcx86"]
+
+
+def test_status_shows_the_docker_hosts_digest(deployed, tmp_path):
+    out = tmp_path / "status.json"
+    proc = invoke("status", "--hosts", "spark01", "--json", out)
+    spark = json.loads(out.read_text())["hosts"]["spark01"]
+    assert proc.returncode == 0, proc.stdout
+    assert (spark["unit"], spark["unit_state"], spark["container"], spark["health"]) == \
+        (UNIT, "active/running", "running", "200")
+    assert spark["digest"] == images.registry_digest("gemma-aarch64-cu130")
+
+
+def test_logs_start_stop_conflicts_and_bench_on_a_docker_host(deployed, lab_copy, tmp_path):
+    ssh("spark01", f"printf '{OLLAMA}' > /etc/systemd/system/ollama.service && systemctl daemon-reload")
+    (lab_copy / "host_vars").mkdir(exist_ok=True)
+    (lab_copy / "host_vars" / "spark01.yml").write_text("conflicts: [ollama.service]\n")
+    assert deploy_json("--hosts", "spark01", inventory=lab_copy)[0].returncode == 0
+    try:
+        invoke("stop", "--hosts", "spark01", inventory=lab_copy, check=True)
+        ssh("spark01", "systemctl start ollama.service")
+        assert "ready after" in invoke("start", "--hosts", "spark01", inventory=lab_copy, check=True).stdout
+        assert ssh("spark01", "systemctl is-active ollama.service", check=False).stdout.strip() == "inactive"
+        invoke("stop", "--hosts", "spark01", "--resume", inventory=lab_copy, check=True)
+        assert ssh("spark01", "systemctl is-active ollama.service").stdout.strip() == "active"
+        assert ssh("spark01", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"
+        assert "ready after" in invoke("restart", "--hosts", "spark01", inventory=lab_copy, check=True).stdout
+    finally:
+        ssh("spark01", "systemctl stop ollama.service; rm -f /etc/systemd/system/ollama.service; "
+                       "systemctl daemon-reload")
+        assert deploy_json("--hosts", "spark01")[0].returncode == 0  # the lab's own values
+    logs = invoke("logs", "--hosts", "spark01", "--lines", "5", check=True).stdout
+    assert [l for l in logs.splitlines() if l.startswith("spark01 | ")]
+    js, cs = tmp_path / "bench.json", tmp_path / "bench.csv"
+    invoke("bench", "--hosts", "spark01", "--json", js, "--csv", cs, "--repeats", "2", check=True)
+    figures = {f["scenario"]: f for f in json.loads(js.read_text())["hosts"][0]["figures"]}
+    assert figures["full_canvas"]["mean_output_tokens"] == 256 and figures["concurrency_4"]["errors"] == 0
+    assert list(csv.DictReader(cs.open()))[0]["published"] == "158.7 prose / 143.1 code"
+
+
+def test_recover_clears_a_crash_loop_on_spark01(deployed):
+    # the unified memory is taken by something else: vLLM's memory check fails at every restart
+    invoke("lab.gpu", "--host", "spark01", "--held-mib", "100000", check=True)
+    try:
+        proc = invoke("restart", "--hosts", "spark01")
+        assert proc.returncode != 0 and "Free memory on device" in proc.stdout
+        assert ssh("spark01", f"systemctl is-active {UNIT}", check=False).stdout.strip() in ("failed", "activating")
+    finally:
+        invoke("lab.gpu", "--host", "spark01", "--clear", check=True)
+    proc = invoke("recover", "--hosts", "spark01", check=True)
+    for step in ("GPU answers", "stop the unit", "reset-failed", "kill stuck processes", "remove the container",
+                 "start and wait for ready"):
+        assert step in proc.stdout
+    assert "docker rm -f vllm-diffusiongemma" in proc.stdout
+    assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
+
+
+def test_preflight_names_the_remedy_when_docker_has_no_nvidia_runtime(deployed):
+    daemon = "/etc/docker/daemon.json"
+    original = ssh("spark01", f"cat {daemon}").stdout
+    stripped = json.loads(original)
+    del stripped["runtimes"]["nvidia"]
+    ssh("spark01", f"cat > {daemon} <<'EOF'\n{json.dumps(stripped)}\nEOF\nsystemctl restart docker")
+    try:
+        proc, data = deploy_json("--hosts", "spark01")
+        failed = [t for t in data["hosts"]["spark01"]["tasks"] if t["status"] == "failed"]
+        assert failed[0]["role"] == "preflight" and failed[0]["task"] == "docker GPU access"
+        assert "nvidia-ctk runtime configure --runtime=docker" in failed[0]["message"]
+    finally:
+        ssh("spark01", f"cat > {daemon} <<'EOF'\n{original}\nEOF\nsystemctl restart docker")
+    proc, data = deploy_json("--hosts", "spark01")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"

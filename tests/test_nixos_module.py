@@ -1,0 +1,80 @@
+"""The NixOS module the service role writes on NixOS hosts, parsed and evaluated by
+real Nix (Debian's nix-bin: nix-instantiate) against a small stub of `lib`."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from roles.service.nixos import imported, imports_line, module_name, nix_value
+from roles.service.role import render_module, render_unit
+
+NIX = shutil.which("nix-instantiate")
+pytestmark = pytest.mark.skipif(NIX is None, reason="needs nix-instantiate (apt-get install nix-bin; run.sh does)")
+IMAGE = "docker.io/vllm/vllm-openai:gemma-x86_64-cu130"
+MODEL = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
+# lib.mkForce as nixpkgs defines it: an override of priority 50
+LIB = '{ mkForce = x: { _type = "override"; priority = 50; content = x; }; }'
+
+
+def evaluate(text: str, tmp_path) -> dict:
+    path = tmp_path / "module.nix"
+    path.write_text(text)
+    parsed = subprocess.run([NIX, "--parse", str(path)], capture_output=True, text=True)
+    assert parsed.returncode == 0, parsed.stderr
+    out = subprocess.run([NIX, "--eval", "--strict", "--json", "-E",
+                          f"(import {path}) {{ config = {{}}; lib = {LIB}; pkgs = {{}}; }}"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("hostvars", [
+    {"container_runtime": "podman", "conflicts": ["ollama.service"], "autostart": False},  # seed 000's desktop
+    {"container_runtime": "docker", "autostart": True, "max_model_len": 100000, "service_name": "dg-2"},
+    {"container_runtime": "podman", "autostart": True, "extra_serve_args": ["--enable-prefix-caching"],
+     "start_limit_burst": 5, "conflicts": ["ollama.service", "comfyui@gpu0.service"]},
+])
+def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostvars):
+    module = evaluate(render_module(hostvars, IMAGE, MODEL, 0.7, has_token=True), tmp_path)
+    name = hostvars.get("service_name", "vllm-diffusiongemma")
+    runtime = hostvars["container_runtime"]
+    container = module["virtualisation"]["oci-containers"]["containers"][name]
+    assert module["virtualisation"]["oci-containers"]["backend"] == runtime
+    assert container["image"] == IMAGE
+    assert container["cmd"][0] == MODEL and "--gpu-memory-utilization" in container["cmd"]
+    assert container["cmd"][container["cmd"].index("--gpu-memory-utilization") + 1] == "0.7"
+    assert container["environmentFiles"] == [f"/etc/dgemma/{name}.env"]
+    assert container["autoStart"] is hostvars["autostart"]
+    assert ("--device=nvidia.com/gpu=all" if runtime == "podman" else "--gpus=all") in container["extraOptions"]
+    unit = module["systemd"]["services"][f"{runtime}-{name}"]
+    assert unit.get("conflicts", []) == hostvars.get("conflicts", [])
+    if hostvars["autostart"]:
+        assert "wantedBy" not in unit
+    else:
+        assert unit["wantedBy"] == {"_type": "override", "priority": 50, "content": []}
+    assert unit["startLimitBurst"] == hostvars.get("start_limit_burst", 3)
+    assert unit["serviceConfig"]["Restart"]["content"] == "on-failure"
+    # the same command line as the unit for hosts that are not NixOS
+    exec_start = next(line for line in render_unit(hostvars, IMAGE, MODEL, 0.7, True).splitlines()
+                      if line.startswith("ExecStart="))
+    assert f" {IMAGE} {MODEL} " in exec_start
+    assert exec_start.split(f" {IMAGE} ", 1)[1].count(" --") == sum(a.startswith("--") for a in container["cmd"])
+
+
+def test_nix_strings_survive_anything_a_value_may_hold(tmp_path):
+    values = ['say "hi"', "back\\slash", "${builtins.currentTime}", "dollar $ sign", "line\nbreak\ttab",
+              "ünïcode ✓", "", "'single'", "''${x}''"]
+    evaluated = evaluate(f"{{ ... }}: {{ v = {nix_value(values)}; }}", tmp_path)
+    assert evaluated["v"] == values
+
+
+def test_the_configuration_imports_the_module_or_not():
+    v = {"service_name": "vllm-diffusiongemma"}
+    name = module_name(v)
+    assert imports_line(v) == f"imports = [ ./{name} ];"
+    assert imported({"/etc/nixos/configuration.nix": f"{{\n  imports = [ ./hardware.nix ./{name} ];\n}}\n"}, v)
+    assert imported({"/etc/nixos/configuration.nix": f"imports =\n  [\n    ./{name}\n  ];\n"}, v)
+    assert not imported({"/etc/nixos/configuration.nix": f"# imports = [ ./{name} ];\n"}, v)
+    assert not imported({"/etc/nixos/configuration.nix": "imports = [ ./dgemma-vllm-diffusiongemma.nix.bak ];"}, v)
+    assert not imported({f"/etc/nixos/{name}": f"# {name}\n"}, v)  # the module naming itself does not count

@@ -60,10 +60,22 @@ def _play(inventory, overrides=None, ask_become_pass=False):
     try:
         play = Play.load(inventory, roles.schemas(), roles.defaults(), overrides)
         play.check()
+        catalogs = roles.problems()
+        if catalogs:
+            raise InventoryError(catalogs)
     except InventoryError as exc:
         raise Exit("inventory check failed:\n  " + "\n  ".join(exc.problems), code=2)
     play.become_password = _become_password(ask_become_pass)
     return play
+
+
+def _exit_for(report):
+    """The exit code a run ends with: 130 after Ctrl-C, 143 after SIGTERM (as a shell
+    reports them), 1 when a host failed, else none."""
+    if report.interrupted:
+        raise Exit(code=143 if report.interrupted == "SIGTERM" else 130)
+    if report.failed:
+        raise Exit(code=1)
 
 
 def _report(json_target, show_diff=False):
@@ -78,8 +90,8 @@ def inventory_check(c, inventory=None, set=None):
     """Validate the inventory and every host's variables against the schemas."""
     play = _play(inventory, set)
     hosts = play.inventory.host_names
-    print(f"{play.inventory.root}: {len(hosts)} hosts ({', '.join(hosts)}), "
-          f"{len(play.inventory.groups) - 1} groups: OK")
+    listed = ", ".join(hosts[:12]) + (f", … ({len(hosts) - 12} more)" if len(hosts) > 12 else "")
+    print(f"{play.inventory.root}: {len(hosts)} hosts ({listed}), {len(play.inventory.groups) - 1} groups: OK")
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
@@ -127,8 +139,7 @@ def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, jso
         raise Exit(str(exc), code=2)
     report.print_recap("CHECK RECAP (nothing was changed)" if check else "PLAY RECAP")
     write_json(report.as_dict(), json)
-    if report.failed:
-        raise Exit(code=1)
+    _exit_for(report)
 
 
 @task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
@@ -239,8 +250,7 @@ def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_
         raise Exit(str(exc), code=2)
     report.print_recap(title)
     write_json(report.as_dict(), json_target)
-    if report.failed:
-        raise Exit(code=1)
+    _exit_for(report)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],

@@ -135,6 +135,12 @@ class Command(Step):
     # True when only running it can tell whether anything changes (e.g. asking a registry
     # whether a tag moved): check mode then reports it as skipped, not as a change
     maybe: bool = False
+    # read-only and safe anywhere (e.g. asking a hub for a file list): it runs in check mode
+    # too, so that what follows it can be planned and shown
+    probe: bool = False
+    # it runs on its own channel while the next roles that say `overlaps` go on (an image
+    # pull beside a weights download); it is waited for before any other role
+    background: bool = False
 
     def needed(self) -> bool:
         return self.when
@@ -150,6 +156,7 @@ class Role:
     handlers: Callable | None = None  # (HostContext) -> dict[name, Command]
     summary: Callable | None = None  # (HostContext) -> dict for the report (--json, tables)
     flush_handlers: bool = False  # run the handlers notified so far before this role (Ansible's flush_handlers)
+    overlaps: bool = False  # may run while earlier roles' background steps still run
 
 
 @dataclass

@@ -62,6 +62,11 @@ class Connection:
     def refused(self, held: "Held"):
         """Raise BecomeRefused if ``held`` ended because sudo would not run it."""
 
+    def holding(self, held: "Held") -> bool:
+        """Whether a held script (the host lock) still runs; raises ConnectionFailed
+        when the connection was found dead."""
+        return not held.ended and held.alive()
+
     def close(self):
         pass
 
@@ -80,6 +85,28 @@ def _shell(become: Become | None, script: str | None = None) -> str:
 
 
 INLINE_MAX = 64 * 1024  # well under sshd's packet and Linux's single-argument limits
+# what a host may send back: a line (facts, lock answers) and a command's whole output; a
+# host that sends more (broken or hostile) fails with a message, the control process's
+# memory stays bounded; a command's output keeps its end, where the markers are
+MAX_LINE = 16 * 1024 * 1024
+MAX_HELD_OUTPUT = 64 * 1024 * 1024
+MAX_OUTPUT = 32 * 1024 * 1024
+
+
+# Liveness, as OpenSSH's ServerAliveInterval/CountMax: paramiko's own keepalive asks for
+# no reply, so a dead link (cable, host gone) was noticed only by a command's timeout, or
+# TCP's, in minutes to hours. Every ALIVE_S seconds the connection asks the server for a
+# reply; with none for ALIVE_S * ALIVE_COUNT seconds, it is closed and says why.
+ALIVE_S = 5.0
+ALIVE_COUNT = 3
+# The host lock's heartbeat (runner.KEEP_HOLDING): a line this often, patience on the host side
+HEARTBEAT_S = 15
+HOST_PATIENCE_S = 45
+
+
+def _keep_tail(buffer: bytearray):
+    if len(buffer) > MAX_OUTPUT:
+        del buffer[:len(buffer) - MAX_OUTPUT]
 
 
 class Held:
@@ -90,11 +117,12 @@ class Held:
     ``stderr()`` is what came on standard error (where sudo speaks).
     """
 
-    def __init__(self, name: str, recv, close, stderr=lambda: ""):
+    def __init__(self, name: str, recv, close, stderr=lambda: "", alive=lambda: True):
         self.name = name
         self._recv = recv
         self._close = close
         self.stderr = stderr
+        self.alive = alive  # whether the script still runs (raises ConnectionFailed if the link died)
         self._buf = b""
         self.ended = False
 
@@ -113,10 +141,15 @@ class Held:
                 raise RemoteCommandError(f"{self.name}: no answer within {timeout:g} s", rc=124,
                                          output=self._buf.decode(errors="replace"))
             chunk = self._recv(min(remaining, 1.0))
+            if chunk is None:
+                self.alive()  # a link the keeper found dead: say so now, not at the timeout
             if chunk == b"":
                 self.ended = True
             elif chunk:
                 self._buf += chunk
+                if len(self._buf) > MAX_LINE and b"\n" not in self._buf:
+                    raise RemoteCommandError(f"{self.name}: the host sent a line longer than "
+                                             f"{MAX_LINE // 1024 // 1024} MiB", rc=None)
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode(errors="replace")
 
@@ -125,7 +158,11 @@ class Held:
         (False: the script ended before printing it)."""
         deadline = time.monotonic() + timeout
         lines = []
+        size = 0
         while True:
+            if size > MAX_HELD_OUTPUT:
+                raise RemoteCommandError(f"{self.name}: the host sent more than {MAX_HELD_OUTPUT // 1024 // 1024} "
+                                         f"MiB before {marker!r}", rc=None)
             try:
                 line = self.readline(max(deadline - time.monotonic(), 0))
             except RemoteCommandError as exc:
@@ -136,6 +173,7 @@ class Held:
             if line == marker:
                 return "\n".join(lines), True
             lines.append(line)
+            size += len(line) + 1
 
     def close(self):
         self._close()
@@ -155,6 +193,8 @@ class SSHConnection(Connection):
         self.fabric = fabric_ssh.for_host(settings, self._gateway)
         self.client = self.fabric.client
         self._held = []
+        self.dead_reason: str | None = None  # set by the keeper when the link died
+        self._closing = threading.Event()
 
     @property
     def known_hosts_name(self) -> str:
@@ -169,7 +209,35 @@ class SSHConnection(Connection):
         except ConnectionFailed:
             self.close()
             raise
+        threading.Thread(target=self._keep, name=f"keeper-{s.name}", daemon=True).start()
         return self
+
+    def _keep(self):
+        """Probe the link every ALIVE_S seconds; send the host lock's heartbeat."""
+        transport = self.client.get_transport()
+        last_beat = time.monotonic()
+        while not self._closing.wait(ALIVE_S):
+            if transport is None or not transport.is_active():
+                return
+            if not _answers(transport, ALIVE_S * ALIVE_COUNT):
+                if self._closing.is_set():
+                    return
+                self.dead_reason = (f"{self.name}: no answer from {self.known_hosts_name} for "
+                                    f"{ALIVE_S * ALIVE_COUNT:g} s: the link or the host went down")
+                transport.close()
+                return
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                for channel in list(self._held):
+                    try:
+                        if not channel.closed:
+                            channel.sendall(b"alive\n")
+                    except (OSError, EOFError, paramiko.SSHException):
+                        pass
+
+    def _lost(self) -> ConnectionFailed:
+        return ConnectionFailed(self.dead_reason or f"{self.name}: the SSH connection was lost")
+
 
     def _exec(self, timeout, command: str | None = None) -> paramiko.Channel:
         """A session channel running our shell.
@@ -195,6 +263,8 @@ class SSHConnection(Connection):
             mark_pending()
             send(message)
         except (paramiko.SSHException, AttributeError, EOFError, OSError) as exc:
+            if self.dead_reason:
+                raise self._lost() from exc
             raise ConnectionFailed(f"{self.name}: the SSH connection was lost: {exc}") from exc
         return channel
 
@@ -222,14 +292,17 @@ class SSHConnection(Connection):
             if channel.recv_ready():
                 chunk = channel.recv(65536)
                 out += chunk
+                _keep_tail(out)
                 if on_output:
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
                         on_output(line.decode(errors="replace"))
+                    pending = pending[-MAX_LINE:]
                 continue
             if channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
+                _keep_tail(err)
                 continue
             if channel.eof_received or channel.closed:
                 break
@@ -244,12 +317,14 @@ class SSHConnection(Connection):
         if not got_status:
             channel.close()
             if channel.transport is None or not channel.transport.is_active():
-                raise ConnectionFailed(f"{self.name}: the SSH connection was lost")
+                raise self._lost()
             raise RemoteCommandError(f"{self.name}: the host ended a command without an exit status "
                                      f"(did sshd refuse to run '{_shell(self.become)}'?)", rc=255,
                                      output=out.decode(errors="replace"))
         rc = channel.recv_exit_status()
         channel.close()
+        if self.dead_reason or (rc == -1 and not channel.transport.is_active()):
+            raise self._lost()  # paramiko closes a dead connection's channels with status -1: not the command's
         result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
         if rc != 0:
             self._refused(result.stderr)
@@ -283,18 +358,45 @@ class SSHConnection(Connection):
                 err.extend(channel.recv_stderr(65536))
             return err.decode(errors="replace")
 
-        return Held(self.name, recv, channel.close, stderr)
+        def alive():
+            if self.dead_reason:
+                raise self._lost()
+            return not (channel.closed or channel.eof_received)
+
+        return Held(self.name, recv, channel.close, stderr, alive)
 
     def refused(self, held: Held):
         """For the runner: raise BecomeRefused if a held script ended because sudo said no."""
         self._refused(held.stderr())
 
     def close(self):
+        self._closing.set()
         for channel in self._held:
             channel.close()
         self.fabric.close()
         if self._own_jumps:
             self.jumps.close()
+
+
+def _answers(transport, timeout: float) -> bool:
+    """Whether the server answers a ``keepalive@openssh.com`` request (with a
+    reply asked for: OpenSSH answers "failure", which is an answer) in time."""
+    answered = threading.Event()
+    send = getattr(transport, "_send_user_message", None)
+    if send is None:  # a paramiko without it: the waiting request, in a thread of its own
+        threading.Thread(target=lambda: (transport.global_request("keepalive@openssh.com", wait=True),
+                                         answered.set()), daemon=True).start()
+        return answered.wait(timeout)
+    message = paramiko.Message()
+    message.add_byte(paramiko.common.cMSG_GLOBAL_REQUEST)
+    message.add_string("keepalive@openssh.com")
+    message.add_boolean(True)
+    transport.completion_event = answered  # set by paramiko when the reply (success or failure) comes
+    try:
+        send(message)
+    except (OSError, EOFError, paramiko.SSHException):
+        return False
+    return answered.wait(timeout)
 
 
 class LocalConnection(Connection):
@@ -304,6 +406,8 @@ class LocalConnection(Connection):
         self.name = name
         self.become = become
         self._held = []
+        self._closing = threading.Event()
+        self._beating = False
 
     def open(self):
         return self
@@ -326,6 +430,7 @@ class LocalConnection(Connection):
                 if not chunk:
                     break
                 out += chunk
+                _keep_tail(out)
                 if on_output:
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
@@ -345,6 +450,9 @@ class LocalConnection(Connection):
         proc.stdin.write(script.encode())
         proc.stdin.flush()
         self._held.append(proc)
+        if not self._beating:  # the host lock's heartbeat, as over SSH
+            self._beating = True
+            threading.Thread(target=self._beat, daemon=True).start()
 
         def recv(seconds):
             ready, _, _ = select.select([proc.stdout], [], [], seconds)
@@ -354,7 +462,16 @@ class LocalConnection(Connection):
             self._release(proc)
             self._held.remove(proc)
 
-        return Held(self.name, recv, close)
+        return Held(self.name, recv, close, alive=lambda: proc.poll() is None)
+
+    def _beat(self):
+        while not self._closing.wait(HEARTBEAT_S):
+            for proc in list(self._held):
+                try:
+                    proc.stdin.write(b"alive\n")
+                    proc.stdin.flush()
+                except (OSError, ValueError):
+                    pass
 
     @staticmethod
     def _release(proc):
@@ -365,6 +482,7 @@ class LocalConnection(Connection):
             proc.kill()
 
     def close(self):
+        self._closing.set()
         for proc in self._held:
             self._release(proc)
         self._held = []

@@ -68,7 +68,11 @@ def open_connection(conn: fabric.Connection, name: str, what: str, known_hosts: 
             raise HostKeyError(
                 f"{name}: {label} is not in known_hosts ({known_file}). Check its fingerprint and pin it "
                 f"with: invoke trust --hosts {name}") from exc
-        if "banner" in str(exc).lower() or "timeout" in str(exc).lower():
+        transport = conn.client.get_transport()
+        no_banner = transport is None or not getattr(transport, "remote_version", "")
+        # paramiko words a missing banner several ways ("Error reading SSH protocol banner",
+        # "No existing session"): what is known is that the server never said which SSH it is
+        if no_banner or "banner" in str(exc).lower() or "timeout" in str(exc).lower():
             raise ConnectionFailed(f"{name}: {label} did not answer as an SSH server within {timeout:g} s"
                                    f"{through} ({exc})") from exc
         raise ConnectionFailed(f"{name}: SSH to {(what + ' ') if what else ''}{conn.user}@{where}{through} failed: {exc}") from exc

@@ -9,7 +9,10 @@ file and line it came from, so that a bad value is reported where it was set.
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -18,6 +21,22 @@ from . import yamlsrc
 from .errors import InventoryError
 
 CLI = "command line"
+# what Ansible accepts without warnings, and what is safe in a file name or an ssh_config
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
+GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+MAX_OVERRIDE = 4096
+
+
+def shown(value, limit: int = 60) -> str:
+    """A value as a message shows it: quoted (repr: printable, one line), not too long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def shown_key(key, limit: int = 60) -> str:
+    """A key as a message shows it: as written when plain, else like a value."""
+    return key if isinstance(key, str) and key.isprintable() and " " not in key and len(key) <= limit \
+        else shown(key, limit)
 
 
 @dataclass(frozen=True)
@@ -110,14 +129,16 @@ class Inventory:
         return chosen
 
     def group_hosts(self, group: str) -> list[str]:
-        seen: list[str] = []
+        seen: set[str] = set()
+        visited: set[str] = set()
         stack = [group]
         while stack:
-            g = self.groups[stack.pop(0)]
-            for h in g.hosts:
-                if h not in seen:
-                    seen.append(h)
-            stack.extend(g.children)
+            name = stack.pop()
+            if name in visited:
+                continue
+            visited.add(name)
+            seen.update(self.groups[name].hosts)
+            stack.extend(self.groups[name].children)
         return [h for h in self.host_order if h in seen]
 
     def groups_of(self, host: str) -> list[str]:
@@ -161,21 +182,74 @@ class Inventory:
         return Host(name=name, groups=groups, vars=merged, origins=origins, sources=sources)
 
 
+def _group_loop(groups: dict[str, Group]) -> list[str] | None:
+    """A cycle of groups through ``children`` (``[a, b, a]``), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, trail: list[str]) -> list[str] | None:
+        state[name] = 1
+        for child in groups[name].children:
+            if state.get(child) == 1:
+                return trail[trail.index(child):] + [child] if child in trail else [name, child]
+            if child not in state:
+                found = visit(child, trail + [child])
+                if found:
+                    return found
+        state[name] = 2
+        return None
+
+    for name in groups:
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
+    return None
+
+
+def _where(data, parent: str, child: str) -> tuple:
+    """The key path of ``child`` under ``parent``'s children in hosts.yml (for its line)."""
+    stack = [(("all",), data.get("all") if isinstance(data, dict) else None)]
+    while stack:
+        path, body = stack.pop()
+        children = body.get("children") if isinstance(body, dict) else None
+        if not isinstance(children, dict):
+            continue
+        for name, sub in children.items():
+            if path[-1] == parent and name == child:
+                return path + ("children", name)
+            if len(path) < 64:
+                stack.append((path + ("children", name), sub))
+    return ("all",)
+
+
 def _display(path: Path) -> str:
+    return _display_cached(str(path), os.getcwd())
+
+
+@lru_cache(maxsize=4096)
+def _display_cached(path: str, cwd: str) -> str:
+    """A path as messages show it: relative to where we run, if inside it (one resolve per file)."""
     try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+        return str(Path(path).resolve().relative_to(Path(cwd).resolve()))
     except ValueError:
-        return str(path)
+        return path
+
+
+def yaml_problem(where: str, exc: yaml.YAMLError) -> str:
+    """One line for a YAML error: where, the line, what PyYAML found."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    line = f":{mark.line + 1}" if mark else ""
+    what = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    return f"{where}{line}: YAML syntax error: {what}. Fix the file's indentation or quoting."
 
 
 def _load(path: Path, problems: list[str]) -> yamlsrc.Sourced | None:
     try:
         return yamlsrc.load(path)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        what = getattr(exc, "problem", None) or str(exc)
-        problems.append(f"{_display(path)}{line}: YAML syntax error: {what}. Fix the file's indentation or quoting.")
+        problems.append(yaml_problem(_display(path), exc))
+    except yamlsrc.InputError as exc:
+        problems.append(f"{_display(path)}{':' + str(exc.line) if exc.line else ''}: {exc.message}")
     except OSError as exc:
         problems.append(f"{_display(path)}: cannot read: {exc.strerror}")
     return None
@@ -233,6 +307,8 @@ def load_inventory(root: str | Path) -> Inventory:
         group = groups.setdefault(name, Group(name))
         if parent and parent not in group.parents:
             group.parents.append(parent)
+        if parent and name not in groups[parent].children:
+            groups[parent].children.append(name)
         if body is None:
             return
         line = doc.line_of(path)
@@ -245,7 +321,7 @@ def load_inventory(root: str | Path) -> Inventory:
                 close = difflib.get_close_matches(str(key), ["hosts", "vars", "children"], n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else "; a group holds hosts, vars and children"
                 problems.append(f"{_display(hosts_file)}:{doc.line_of(path + (key,))}: "
-                                f"{'.'.join(map(str, path + (key,)))}: unknown key{hint}")
+                                f"{'.'.join(map(shown_key, path + (key,)))}: unknown key{hint}")
         if "vars" in body:
             group.vars = _mapping_source(f"group {name}", doc, path + ("vars",), body["vars"], problems)
         hosts = body.get("hosts") or {}
@@ -254,7 +330,11 @@ def load_inventory(root: str | Path) -> Inventory:
                             f"{'.'.join(path)}.hosts: expected a mapping of host names")
             hosts = {}
         for host, hvars in hosts.items():
-            host = str(host)
+            if not isinstance(host, str) or not HOST_NAME.match(host):
+                problems.append(f"{_display(hosts_file)}:{doc.line_of(path + ('hosts', host))}: "
+                                f"{'.'.join(path)}.hosts: host name {shown(host)} is not allowed: letters, digits, "
+                                f"dots, underscores and dashes, up to 63, starting with a letter or digit")
+                continue
             if host not in group.hosts:
                 group.hosts.append(host)
             if host not in host_sources:
@@ -269,9 +349,20 @@ def load_inventory(root: str | Path) -> Inventory:
                             f"{'.'.join(path)}.children: expected a mapping of group names")
             children = {}
         for child, child_body in children.items():
-            walk(str(child), child_body, path + ("children", child), name)
+            if not isinstance(child, str) or not GROUP_NAME.match(child):
+                problems.append(f"{_display(hosts_file)}:{doc.line_of(path + ('children', child))}: "
+                                f"{'.'.join(path)}.children: group name {shown(child)} is not allowed: letters, "
+                                f"digits and underscores, up to 63, not starting with a digit")
+                continue
+            walk(child, child_body, path + ("children", child), name)
 
     walk("all", data["all"], ("all",), None)
+    loop = _group_loop(groups)
+    if loop:
+        line = doc.line_of(_where(doc.data, loop[-2], loop[-1]))
+        raise InventoryError(problems + [
+            f"{_display(hosts_file)}:{line}: group {loop[0]!r} is its own descendant "
+            f"({' -> '.join(loop)}): Ansible refuses such a loop too; remove one of these children links"])
 
     for gname, group in groups.items():
         for f in _var_files(base / "group_vars", gname):
@@ -311,14 +402,26 @@ def parse_overrides(pairs: list[str] | str | None) -> dict:
     if isinstance(pairs, str):
         pairs = [pairs]
     out = {}
+    problems = []
     for pair in pairs:
         for item in pair.split(",") if "=" in pair and pair.count("=") > 1 and "," in pair else [pair]:
+            if len(item) > MAX_OVERRIDE:
+                problems.append(f"--set {shown(item)}: longer than {MAX_OVERRIDE} characters")
+                continue
             if "=" not in item:
-                raise InventoryError([f"--set {item!r}: expected key=value"])
+                problems.append(f"--set {shown(item)}: expected key=value")
+                continue
             key, _, raw = item.partition("=")
+            key = key.strip()
+            if not re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", key):
+                problems.append(f"--set {shown(item)}: {shown(key)} is not a variable name")
+                continue
             try:
-                value = yaml.safe_load(raw) if raw != "" else ""
-            except yaml.YAMLError:
+                # a YAML value as in a vars file (0.7, true, [a, b]), within the same bounds
+                value = yamlsrc.load_text(raw).data if raw.strip() else ""
+            except (yaml.YAMLError, yamlsrc.InputError):
                 value = raw
-            out[key.strip()] = value
+            out[key] = value
+    if problems:
+        raise InventoryError(problems)
     return out

@@ -3,6 +3,9 @@ host's variables, build its connection, run, report."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,13 +89,46 @@ class Play:
         return merged
 
 
+@contextmanager
+def _interruptible(control: runner.RunControl, report: Report):
+    """Ctrl-C: the steps in flight finish, nothing new starts; Ctrl-C again, or
+    SIGTERM: abandon the steps in flight too. Either way the recap follows and the
+    host locks go with the connections. (Signals reach the main thread only.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_interrupt(signum, frame):
+        if control.stopping.is_set():
+            report.note("[yellow]interrupted again[/yellow]: abandoning the steps in flight")
+            control.abandon("Ctrl-C")
+        else:
+            report.note("[yellow]interrupted[/yellow]: the steps in flight finish, nothing new starts "
+                        "(Ctrl-C again to abandon them)")
+            control.stop("Ctrl-C")
+
+    def on_terminate(signum, frame):
+        report.note("[yellow]terminated[/yellow]: abandoning the steps in flight")
+        control.abandon("SIGTERM")
+
+    old = signal.signal(signal.SIGINT, on_interrupt), signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGTERM, old[1])
+
+
 def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, report: Report | None = None,
         lock_name="dgemma", lock_wait=300) -> Report:
     report = report or Report()
     jumps = JumpHosts()
+    control = runner.RunControl()
     try:
-        runner.run(play.targets(hosts, local, jumps), roles, report, check=check, forks=forks, lock_name=lock_name,
-                   lock_wait=lock_wait)
+        with _interruptible(control, report):
+            runner.run(play.targets(hosts, local, jumps), roles, report, check=check, forks=forks,
+                       lock_name=lock_name, lock_wait=lock_wait, control=control)
     finally:
         jumps.close()
+    report.interrupted = report.interrupted or control.reason
     return report

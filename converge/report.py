@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "cyan",
-         "unreachable": "bold red", "would change": "yellow"}
+         "unreachable": "bold red", "would change": "yellow", "interrupted": "bold yellow"}
 
 
 @dataclass
@@ -22,7 +22,7 @@ class TaskResult:
     host: str
     role: str
     task: str
-    status: str  # ok, changed, failed, skipped, unreachable
+    status: str  # ok, changed, failed, skipped, unreachable, interrupted
     message: str = ""
     diff: str = ""
     seconds: float = 0.0
@@ -35,6 +35,7 @@ class HostRecap:
     failed: int = 0
     skipped: int = 0
     unreachable: int = 0
+    interrupted: int = 0
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Report:
     extra: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.monotonic)
+    interrupted: str | None = None  # why the run was stopped from outside (Ctrl-C, SIGTERM)
 
     def host(self, name: str):
         with self._lock:
@@ -86,18 +88,20 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return any(r.failed or r.unreachable for r in self.recap.values())
+        return bool(self.interrupted) or any(r.failed or r.unreachable or r.interrupted for r in self.recap.values())
 
     def print_recap(self, title: str = "PLAY RECAP"):
         if self.quiet:
             return
-        self.console.print(f"\n[bold]{title}[/bold] ({time.monotonic() - self.started:.1f} s)")
+        why = f", interrupted by {self.interrupted}" if self.interrupted else ""
+        self.console.print(f"\n[bold]{title}[/bold] ({time.monotonic() - self.started:.1f} s{why})")
         width = max((len(h) for h in self.recap), default=4)
         for host, r in self.recap.items():
-            colour = "red" if (r.failed or r.unreachable) else "yellow" if r.changed else "green"
+            colour = "red" if (r.failed or r.unreachable) else "yellow" if (r.changed or r.interrupted) else "green"
             self.console.print(
                 f"[{colour}]{escape(host):<{width}}[/{colour}] : ok={r.ok:<3} changed={r.changed:<3} "
-                f"unreachable={r.unreachable:<3} failed={r.failed:<3} skipped={r.skipped:<3}")
+                f"unreachable={r.unreachable:<3} failed={r.failed:<3} skipped={r.skipped:<3}"
+                + (f" interrupted={r.interrupted}" if r.interrupted else ""))
 
     def as_dict(self) -> dict:
         hosts = {}
@@ -105,7 +109,8 @@ class Report:
             hosts[host] = {"recap": asdict(recap),
                            "tasks": [asdict(t) for t in self.tasks if t.host == host]}
             hosts[host].update(self.extra.get(host, {}))
-        return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts}
+        return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts,
+                "interrupted": self.interrupted}
 
 
 def write_json(data, target: str | None):

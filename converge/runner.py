@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import facts as factlib
 from .changes import Check, Command, File, HostContext, Role
-from .connection import Connection
+from .connection import HOST_PATIENCE_S, Connection
 from .errors import BecomeRefused, ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
 from .report import Report, TaskResult
 
@@ -43,14 +44,64 @@ def lock_script(name: str, wait: float, holder: str) -> str:
     )
 
 
-# The lock lasts as long as our stdin stays open: if the control process dies,
-# sshd closes the channel, `cat` sees EOF and the lock goes with it.
-KEEP_HOLDING = "exec cat >/dev/null\n"
+# The lock lasts as long as this run is alive: the connection sends a line every
+# HEARTBEAT_S seconds on the held script's stdin. If the control process dies, sshd
+# closes the channel and `head` sees EOF; if the link dies (or the control machine
+# freezes), no line comes within HOST_PATIENCE_S and the host lets the lock go.
+def keep_holding(patience: int) -> str:
+    # `exit` on the same line: a shell reading its script from stdin would otherwise wait
+    # there for more script, and keep the lock
+    return f"while l=$(timeout {int(patience)} head -n 1) && [ -n \"$l\" ]; do :; done; exit\n"
+
+
+KEEP_HOLDING = keep_holding(HOST_PATIENCE_S)
+
+
+class RunControl:
+    """Stops a run from outside (Ctrl-C, SIGTERM): ``stop`` lets the steps in
+    flight finish and starts nothing new; ``abandon`` also closes every
+    connection, which ends the steps in flight on our side (a command already on
+    a host finishes there: its writes are atomic)."""
+
+    def __init__(self):
+        self.stopping = threading.Event()
+        self.abandoned = False
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+        self._connections: set = set()
+
+    def stop(self, reason: str):
+        with self._lock:
+            self.reason = self.reason or reason
+        self.stopping.set()
+
+    def abandon(self, reason: str):
+        self.stop(reason)
+        with self._lock:
+            self.abandoned = True
+            connections = list(self._connections)
+        for conn in connections:
+            conn.close()
+
+    def opened(self, conn):
+        with self._lock:
+            self._connections.add(conn)
+            late = self.abandoned
+        if late:
+            conn.close()
+
+    def closed(self, conn):
+        with self._lock:
+            self._connections.discard(conn)
+
+
+class Interrupted(ConvergeError):
+    """The run was stopped from outside before this step."""
 
 
 class HostRun:
     def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str,
-                 lock_wait: float, fact_timeout: float):
+                 lock_wait: float, fact_timeout: float, control: RunControl | None = None):
         self.target = target
         self.roles = roles
         self.report = report
@@ -58,15 +109,31 @@ class HostRun:
         self.lock_name = lock_name
         self.lock_wait = lock_wait
         self.fact_timeout = fact_timeout
+        self.control = control or RunControl()
         self.failed = False
+        self.held = None
+        self._background: list = []  # (step, role, label, started, thread, outcome) still running
 
     def _result(self, role, task, status, message="", diff="", started=None):
         self.report.add(TaskResult(self.target.name, role, task, status, message, diff,
                                    time.monotonic() - started if started else 0.0))
 
     def run(self):
+        try:
+            self._run()
+        except Exception as exc:  # noqa: BLE001 - one host's surprise must not end the others' runs
+            self._result("run", "host", "failed", f"internal error: {type(exc).__name__}: {str(exc)[:400]} "
+                         f"(the other hosts went on; please report this with the output of --json)")
+
+    def _interrupted(self, what: str):
+        self._result("run", "interrupted", "interrupted", f"{self.control.reason}: stopped before {what}")
+
+    def _run(self):
         name = self.target.name
         self.report.host(name)
+        if self.control.stopping.is_set():
+            self._interrupted("connecting")
+            return
         started = time.monotonic()
         try:
             conn = self.target.connect()
@@ -76,15 +143,23 @@ class HostRun:
         except ConvergeError as exc:  # a setting that cannot be used (e.g. a become password file)
             self._result("connect", "settings", "failed", str(exc), started=started)
             return
+        self.control.opened(conn)
         with conn:
             try:
                 self._locked(conn)
+            except Interrupted as exc:
+                self._interrupted(str(exc))
             except ConnectionFailed as exc:
-                self._result("connect", "ssh", "unreachable", str(exc))
+                if self.control.abandoned:  # we closed it
+                    self._interrupted("the end of the steps in flight (abandoned)")
+                else:
+                    self._result("connect", "ssh", "unreachable", str(exc))
             except BecomeRefused as exc:
                 self._result("connect", "become", "failed", str(exc), started=started)
             except ConvergeError as exc:
                 self._result("run", "host", "failed", str(exc))
+            finally:
+                self.control.closed(conn)
 
     def _locked(self, conn: Connection):
         """Lock the host and gather its facts in one script (one round trip),
@@ -99,6 +174,7 @@ class HostRun:
         # be the exec request's command line, one round trip less than stdin
         held = conn.hold(lock_script(self.lock_name, self.lock_wait, holder) + gathering.script + KEEP_HOLDING,
                          timeout=FIRST_ANSWER_S, inline=True)
+        self.held = held
         try:
             first = held.readline(FIRST_ANSWER_S)
             if first is not None and first.startswith("busy"):
@@ -127,13 +203,17 @@ class HostRun:
             for role in self.roles:
                 if not self._role(conn, role, ctx):
                     return
-            self._flush(conn, ctx)
+            if self._join(ctx):
+                self._flush(conn, ctx)
         finally:
+            self._join(ctx)  # whatever happened, a background step's outcome is reported
             for role in self.roles:
                 if role.summary:
                     self.report.extra.setdefault(self.target.name, {}).update(role.summary(ctx))
 
     def _role(self, conn, role: Role, ctx: HostContext) -> bool:
+        if not role.overlaps and not self._join(ctx):
+            return False
         if role.flush_handlers and not self._flush(conn, ctx):
             return False
         try:
@@ -146,6 +226,26 @@ class HostRun:
             self._result(role.name, "plan", "failed", str(exc))
             return False
         return True
+
+    def _join(self, ctx: HostContext) -> bool:
+        """Wait for the background steps and report each as if it had just run."""
+        pending, self._background = self._background, []
+        ok = True
+        for step, role, label, started, thread, outcome in pending:
+            thread.join()
+            error = outcome.get("error")
+            if isinstance(error, ConnectionFailed):
+                raise error
+            if error is not None:
+                self._result(role, label, "failed", str(error), started=started)
+                ok = False
+                continue
+            if self._done(step, role, label, ctx, started, outcome["result"]):
+                if ctx.changed_steps and ctx.changed_steps[-1] is step:
+                    self.notified.extend(n for n in step.notify if n not in self.notified)
+            else:
+                ok = False
+        return ok
 
     def _flush(self, conn, ctx: HostContext) -> bool:
         """Run notified handlers once each, in the order their roles declare them."""
@@ -164,6 +264,12 @@ class HostRun:
 
     def _step(self, conn, role: str, step, ctx: HostContext, handler=False) -> bool:
         label = f"handler: {step.name}" if handler else step.name
+        if self.control.stopping.is_set():
+            raise Interrupted(f"{role} | {label}")
+        if self.held is not None and not conn.holding(self.held):
+            raise ConvergeError(f"the host lock {LOCK_DIR}/{self.lock_name}.lock was let go before {role} | "
+                                f"{label} (the host heard nothing from this run for {HOST_PATIENCE_S} s): nothing "
+                                f"more was done; deploy again")
         started = time.monotonic()
         if isinstance(step, Check):
             self._result(role, label, "ok" if step.ok else "failed", step.message, started=started)
@@ -180,14 +286,18 @@ class HostRun:
                 return True
             result = conn.run(step.script(), timeout=60)
             if not result.ok:
-                self._result(role, label, "failed", f"writing {step.path} failed: "
-                             f"{(result.stdout + result.stderr).strip()[-400:]}", started=started)
+                output = (result.stdout + result.stderr).strip()
+                remedy = (f"; the disk holding {step.path.rsplit('/', 1)[0]} on {self.target.name} is full: free "
+                          f"space there and deploy again" if "No space left on device" in output else "")
+                self._result(role, label, "failed", f"writing {step.path} failed: {output[-400:]}{remedy}. "
+                             f"The file on the host is unchanged (written to a temporary file, then renamed)",
+                             started=started)
                 return False
             ctx.changed_steps.append(step)
             self._result(role, label, "changed", f"wrote {step.path}", diff, started)
             return True
         if isinstance(step, Command):
-            if self.check:
+            if self.check and not step.probe:
                 if step.changes and not step.maybe:
                     ctx.changed_steps.append(step)
                 self._result(role, label, "changed" if step.changes and not step.maybe else "skipped",
@@ -195,34 +305,55 @@ class HostRun:
                              f"{' (changes only if it finds something new)' if step.maybe else ''}", started=started)
                 return True
             on_line = (lambda line: self.report.progress(self.target.name, role, line)) if step.progress else None
+            if step.background and not self.check:
+                outcome: dict = {}
+
+                def work():
+                    try:
+                        outcome["result"] = conn.run(step.script, timeout=step.timeout, on_output=on_line)
+                    except Exception as exc:  # noqa: BLE001 - reported when joined
+                        outcome["error"] = exc
+
+                thread = threading.Thread(target=work, name=f"{self.target.name}-{label}", daemon=True)
+                thread.start()
+                self._background.append((step, role, label, started, thread, outcome))
+                self.report.progress(self.target.name, role, f"{label}: under way, beside what follows")
+                return True
             try:
                 result = conn.run(step.script, timeout=step.timeout, on_output=on_line)
             except RemoteCommandError as exc:
                 self._result(role, label, "failed", str(exc), started=started)
                 return False
-            try:
-                message = step.interpret(result) if step.interpret else None
-            except StepFailed as exc:
-                self._result(role, label, "failed", str(exc), started=started)
-                return False
-            if step.interpret is None and not result.ok:
-                tail = (result.stdout + result.stderr).strip()[-600:]
-                self._result(role, label, "failed", f"exit {result.rc}: {tail}", started=started)
-                return False
-            changed = step.changes
-            if isinstance(message, tuple):  # interpret may say whether the host really changed
-                message, changed = message
-            if changed:
-                ctx.changed_steps.append(step)
-            self._result(role, label, "changed" if changed else "ok", message or step.describe, started=started)
-            return True
+            return self._done(step, role, label, ctx, started, result)
         raise TypeError(f"unknown step {step!r}")
+
+    def _done(self, step: Command, role: str, label: str, ctx: HostContext, started: float, result) -> bool:
+        """Report a command that ran: its interpretation, failure or change."""
+        try:
+            message = step.interpret(result) if step.interpret else None
+        except StepFailed as exc:
+            self._result(role, label, "failed", str(exc), started=started)
+            return False
+        if step.interpret is None and not result.ok:
+            tail = (result.stdout + result.stderr).strip()[-600:]
+            self._result(role, label, "failed", f"exit {result.rc}: {tail}", started=started)
+            return False
+        changed = step.changes
+        if isinstance(message, tuple):  # interpret may say whether the host really changed
+            message, changed = message
+        if changed:
+            ctx.changed_steps.append(step)
+        self._result(role, label, "changed" if changed else "ok", message or step.describe, started=started)
+        return True
 
 
 def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool = False, forks: int = 10,
-        lock_name: str = "converge", lock_wait: float = 300, fact_timeout: float = 120) -> Report:
+        lock_name: str = "converge", lock_wait: float = 300, fact_timeout: float = 120,
+        control: RunControl | None = None) -> Report:
+    control = control or RunControl()
+
     def one(target):
-        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout).run()
+        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control).run()
 
     with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets) or 1))) as pool:
         list(pool.map(one, targets))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from pathlib import Path
 
 import jsonschema
 
-from .inventory import Inventory, Origin, VarSource
+from .inventory import Inventory, Origin, VarSource, shown, shown_key
 from .ssh_settings import parse_common_args
 
 FORMATS = jsonschema.FormatChecker(formats=())
@@ -67,33 +68,43 @@ def combine(schemas: list[dict]) -> dict:
 def _keypath(path) -> str:
     text = ""
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        text += f"[{part}]" if isinstance(part, int) else (f".{shown_key(part)}" if text else shown_key(part))
     return text
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """A problem as one printable line: control characters escaped, at most ``limit`` long."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
     """jsonschema's message, shortened and with the expectation spelt out."""
     v = error.validator
     inst = error.instance
+    if v in ("maxLength", "minLength", "maxItems", "minItems"):
+        return f"{shown(inst)} is too {'long' if v.startswith('max') else 'short'} ({v} {error.validator_value})"
+    if isinstance(inst, float) and not math.isfinite(inst):
+        return f"{inst!r} is not a number that can be used"
     if v == "maximum":
-        return f"{inst!r} is greater than the maximum {error.validator_value}"
+        return f"{shown(inst)} is greater than the maximum {error.validator_value}"
     if v == "minimum":
-        return f"{inst!r} is less than the minimum {error.validator_value}"
+        return f"{shown(inst)} is less than the minimum {error.validator_value}"
     if v == "exclusiveMaximum":
-        return f"{inst!r} must be less than {error.validator_value}"
+        return f"{shown(inst)} must be less than {error.validator_value}"
     if v == "exclusiveMinimum":
-        return f"{inst!r} must be greater than {error.validator_value}"
+        return f"{shown(inst)} must be greater than {error.validator_value}"
     if v == "type":
         want = error.validator_value
         want = " or ".join(want) if isinstance(want, list) else want
-        return f"{inst!r} is {type(inst).__name__}, expected {want}"
+        return f"{shown(inst)} is {type(inst).__name__}, expected {want}"
     if v == "enum":
-        return f"{inst!r} is not one of {', '.join(map(repr, error.validator_value))}"
+        return f"{shown(inst)} is not one of {', '.join(map(repr, error.validator_value))}"
     if v == "pattern":
         desc = error.schema.get("description", "")
         bad = sorted(set(re.findall(r"[;&|`$<>(){}\\\"'\s*?!#~]", str(inst))))
         why = f" (contains {' '.join(repr(c) for c in bad)})" if bad else ""
-        return f"{inst!r} is not allowed{why}; expected {desc or 'to match ' + error.validator_value}"
+        return f"{shown(inst)} is not allowed{why}; expected {desc or 'to match ' + error.validator_value}"
     if v == "format" and error.cause is not None:
         return str(error.cause)
     if v in ("anyOf", "oneOf") and error.context:
@@ -103,8 +114,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
             return _describe(jsonschema.exceptions.best_match(same_type))
     if v in ("anyOf", "oneOf"):
         options = [s.get("description") or s.get("type") or s.get("const") or s.get("enum") for s in error.validator_value]
-        return f"{inst!r} is not valid; expected one of: {'; '.join(map(str, options))}"
-    return error.message
+        return f"{shown(inst)} is not valid; expected one of: {'; '.join(map(str, options))}"
+    return one_line(error.message, 200)
 
 
 def suggest(key: str, known: list[str]) -> str | None:
@@ -131,11 +142,26 @@ def check_source(validator: jsonschema.Validator, schema: dict, src: VarSource) 
                 if key in REFUSED_KEYS:
                     problems.append(f"{src.origin_of((key,))}: {key}: not accepted: {REFUSED_KEYS[key]}")
                     continue
-                close = suggest(str(key), known)
+                close = suggest(str(key)[:64], known)
                 hint = f"did you mean {close!r}?" if close else "no role or connection setting uses it"
-                problems.append(f"{src.origin_of((key,))}: {key}: unknown key; {hint}")
+                problems.append(f"{src.origin_of((key,))}: {shown_key(key)}: unknown key; {hint}")
             continue
         problems.append(f"{src.origin_of(path)}: {_keypath(path)}: {_describe(error)}")
+    return [one_line(p) for p in problems] + non_finite(src)
+
+
+def non_finite(src: VarSource) -> list[str]:
+    """NaN and infinity pass every range check (all comparisons are false): refused here."""
+    problems = []
+    stack = [((), src.values)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{src.origin_of(path)}: {_keypath(path)}: {value!r} is not a number that can be used")
+        elif isinstance(value, dict):
+            stack.extend((path + (k,), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((path + (i,), v) for i, v in enumerate(value))
     return problems
 
 

@@ -28,6 +28,11 @@ REGISTRY_PORT = 5000
 HUB_PORT = 8088
 REGISTRY = f"{GATEWAY}:{REGISTRY_PORT}"
 HUB_URL = f"http://{GATEWAY}:{HUB_PORT}"
+# the services themselves listen on this machine's loopback; the lab reaches them through
+# the uplink (lab/uplink.py) on the addresses above; the lab's own work (pushing images)
+# goes to them directly
+REGISTRY_LOCAL = f"127.0.0.1:{REGISTRY_PORT + 1}"
+HUB_LOCAL_PORT = HUB_PORT + 1
 
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 # what every host's rootfs carries; python3-yaml for the hf CLI in the images; the real

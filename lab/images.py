@@ -99,20 +99,20 @@ def ensure_images(cold_start: float = 5.0, log=print):
             sh.run(*args, tarball, local, timeout=900)
             tarball.unlink()
         for tag in tags:
-            log(f"pushing {config.REPOSITORY}:{tag} to {config.REGISTRY}")
+            log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")
             sh.run("podman", "push", "-q", "--tls-verify=false", local,
-                   f"{config.REGISTRY}/{config.REPOSITORY}:{tag}", timeout=900)
+                   f"{config.REGISTRY_LOCAL}/{config.REPOSITORY}:{tag}", timeout=900)
         stamp.write_text(fp + "\n")
 
 
 def _in_registry(tag: str) -> bool:
     return sh.ok("skopeo", "inspect", "--tls-verify=false", "--raw",
-                 f"docker://{config.REGISTRY}/{config.REPOSITORY}:{tag}")
+                 f"docker://{config.REGISTRY_LOCAL}/{config.REPOSITORY}:{tag}")
 
 
 def registry_digest(tag: str) -> str | None:
-    proc = sh.run("skopeo", "inspect", "--tls-verify=false", f"docker://{config.REGISTRY}/{config.REPOSITORY}:{tag}",
-                  check=False)
+    proc = sh.run("skopeo", "inspect", "--tls-verify=false",
+                  f"docker://{config.REGISTRY_LOCAL}/{config.REPOSITORY}:{tag}", check=False)
     if proc.returncode != 0:
         return None
     return json.loads(proc.stdout).get("Digest")

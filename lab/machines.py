@@ -108,6 +108,15 @@ def _kill_orphans(host: config.LabHost):
     raise sh.LabError(f"{host.name}: processes {processes_in(host)} survive SIGKILL")
 
 
+def crash(host: config.LabHost):
+    """The power goes: nspawn and every process of the host killed at once (SIGKILL),
+    no shutdown. `lab.up` boots it again (its disk as the crash left it)."""
+    pid = running_pid(host)
+    if pid:
+        os.killpg(pid, signal.SIGKILL)
+    _kill_orphans(host)
+
+
 def release_disk(host: config.LabHost):
     """Before a host's disk is replaced: its processes gone, its mounts undone."""
     if running_pid(host):

@@ -50,6 +50,7 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
         machines.raise_inotify_limits(len(lab_hosts))
         services.ensure_registry()
         services.ensure_hub()
+        services.ensure_uplink()
         images.ensure_images(float(cold_start), _say)
         for host in lab_hosts:
             if fresh and machines.running_pid(host):
@@ -93,7 +94,11 @@ def status(c, json_out=None):
         table.add_row(host.name, host.arch, host.profile or "(bastion)", addresses, host.login, state, systemd)
     for name in ("registry", "hub"):
         table.add_row(name, "", "", f"{config.GATEWAY}:{config.REGISTRY_PORT if name == 'registry' else config.HUB_PORT}",
-                      "", "running" if services.running(name) else "stopped", "")
+                      "", "running" if services.running(name) else "stopped", "through the uplink")
+    knobs = json.loads(services.UPLINK_KNOBS.read_text()) if services.UPLINK_KNOBS.exists() else {}
+    table.add_row("uplink", "", "", f"{knobs.get('rate_mb_s') or 'unlimited'} MB/s"
+                  f"{', stalled' if knobs.get('stalled') else ''}", "",
+                  "running" if services.running("uplink") else "stopped", "")
     Console().print(table)
     if json_out:
         text = json.dumps({"hosts": rows}, indent=2)
@@ -109,7 +114,7 @@ def down(c, purge=False):
             network.remove_host(host)
             if purge:
                 shutil.rmtree(host.dir, ignore_errors=True)
-    for name in ("hub", "registry"):
+    for name in ("uplink", "hub", "registry"):
         services.stop(name)
     for _ in range(40):  # processes of a host whose namespace is already gone (a crash)
         stray = machines.nspawn_leftovers()
@@ -139,7 +144,7 @@ def leftovers() -> list[str]:
     stray = machines.nspawn_leftovers()
     if stray:
         found.append(f"{len(stray)} processes of lab hosts (pids {stray[:5]})")
-    found += [f"{n} (pid {services.running(n)})" for n in ("registry", "hub") if services.running(n)]
+    found += [f"{n} (pid {services.running(n)})" for n in ("registry", "hub", "uplink") if services.running(n)]
     return found
 
 

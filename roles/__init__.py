@@ -16,7 +16,8 @@ from converge import yamlsrc
 from converge.inventory import VarSource
 
 HERE = Path(__file__).parent
-ORDER = ["preflight", "image", "service", "weights", "start"]
+# weights before service: the unit names the model only once its weights are whole
+ORDER = ["preflight", "image", "weights", "service", "start"]
 
 
 def load(names=None):
@@ -35,3 +36,9 @@ def defaults() -> list[VarSource]:
         sourced = yamlsrc.load(path)
         out.append(VarSource(f"role defaults {name}", sourced.data or {}, {}, sourced=sourced))
     return out
+
+
+def problems() -> list[str]:
+    """What is wrong with the roles' own data (the catalogs), for inventory.check."""
+    from roles.preflight import catalog
+    return catalog.problems()

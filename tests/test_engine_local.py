@@ -96,3 +96,31 @@ def test_a_script_that_ends_early_is_told_apart_from_one_that_is_slow():
     else:
         raise AssertionError("a silent script must time out")
     conn.close()
+
+
+def test_the_host_lets_the_lock_go_when_the_run_goes_silent():
+    """A run whose link died sends no heartbeat: after the patience, the host frees the lock
+    (here 1 s, no heartbeat yet); a run that closes frees it at once."""
+    import time
+    from converge.runner import keep_holding
+    silent = LocalConnection()
+    assert silent.hold(lock_script("dgemma-test3", 0, "silent") + keep_holding(1), timeout=10).readline(10) == \
+        "locked"
+    time.sleep(2.5)
+    other = LocalConnection()
+    assert other.hold(lock_script("dgemma-test3", 0, "next") + KEEP_HOLDING, timeout=10).readline(10) == "locked"
+    other.close()
+    silent.close()
+
+
+def test_a_host_that_floods_output_is_cut_off_not_buffered_forever():
+    from converge.connection import MAX_LINE
+    conn = LocalConnection()
+    held = conn.hold(f"head -c {MAX_LINE + 100000} /dev/zero | tr '\\\\0' x; sleep 5\n", timeout=10)
+    try:
+        held.readline(30)
+    except RemoteCommandError as exc:
+        assert "longer than 16 MiB" in str(exc)
+    else:
+        raise AssertionError("a line without end must be refused")
+    conn.close()

@@ -76,9 +76,10 @@ def process_all(facts: dict[str, Fact], raw: dict[str, tuple[str, int]]) -> Fact
             result.values[name] = fact.process(output, rc)
         except FactError as exc:
             result.errors[name] = str(exc)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a host prints must fail that fact, not the run
             # a parser meeting output it does not know: say so, with the output, per host
-            result.errors[name] = f"could not read the output of fact {name!r} ({exc}): {output.strip()[:200]!r}"
+            result.errors[name] = (f"could not read the output of fact {name!r} ({type(exc).__name__}: "
+                                   f"{str(exc)[:200]}): {output.strip()[:200]!r}")
     return result
 
 

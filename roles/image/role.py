@@ -101,11 +101,13 @@ def plan(ctx):
         yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
                       describe=f"{runtime} pull {ref} (image_pull: always)", progress=True,
                       timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=("restart",),
-                      maybe=True)
+                      maybe=True, background=True)
         return
+    # in the background: the weights download needs nothing of it and goes on meanwhile
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)), when=reason is not None,
                   describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=True,
-                  timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",))
+                  timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",),
+                  background=True)
     if reason is None:
         ctx.desired["image_digest"] = present["digests"][0]
 

@@ -1,19 +1,61 @@
-"""The image and model catalogs (``images.yml``, ``models.yml`` beside this file)."""
+"""The image and model catalogs (``images.yml``, ``models.yml`` beside this file):
+data, not code, checked against ``catalog.schema.yml`` when read."""
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
 
+import jsonschema
 import yaml
+
+from converge import yamlsrc
+from converge.errors import InventoryError
+from converge.inventory import VarSource, yaml_problem
+from converge.validate import check_source
 
 HERE = Path(__file__).parent
 
 
 @lru_cache(maxsize=None)
+def _load(name: str) -> dict:
+    """A catalog, or InventoryError naming file:line: key for each problem."""
+    path = HERE / f"{name}.yml"
+    try:
+        sourced = yamlsrc.load(path)
+    except yaml.YAMLError as exc:
+        raise InventoryError([yaml_problem(str(path), exc)]) from None
+    except yamlsrc.InputError as exc:
+        raise InventoryError([f"{path}:{exc.line or 1}: {exc.message}"]) from None
+    except OSError as exc:
+        raise InventoryError([f"{path}: cannot read: {exc.strerror}"]) from None
+    schema = yamlsrc.load(HERE / "catalog.schema.yml").data[name]
+    data = sourced.data if isinstance(sourced.data, dict) else {}
+    problems = check_source(jsonschema.Draft202012Validator(schema), schema,
+                            VarSource(f"catalog {name}", data, {}, sourced=sourced))
+    if not isinstance(sourced.data, dict):
+        problems.insert(0, f"{path}:1: expected a mapping")
+    for error in jsonschema.Draft202012Validator(schema).iter_errors(data):
+        if error.validator == "required":  # check_source leaves missing keys to the merged host vars
+            problems.append(f"{path}:{sourced.line_of(tuple(error.absolute_path))}: {error.message}")
+    if problems:
+        raise InventoryError(problems)
+    return sourced.data
+
+
 def images() -> dict:
-    return yaml.safe_load((HERE / "images.yml").read_text())
+    return _load("images")
 
 
-@lru_cache(maxsize=None)
 def models() -> dict:
-    return yaml.safe_load((HERE / "models.yml").read_text())
+    return _load("models")
+
+
+def problems() -> list[str]:
+    """Every problem of both catalogs (for inventory.check), empty when they are sound."""
+    found = []
+    for name in ("images", "models"):
+        try:
+            _load(name)
+        except InventoryError as exc:
+            found += exc.problems
+    return found

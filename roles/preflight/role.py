@@ -27,7 +27,7 @@ def facts(hostvars):
         "systemd": Systemd(),
         "nvidia": NvidiaSmi(hostvars.get("nvidia_smi_timeout", 15)),
         "runtimes": Runtimes(),
-        "commands": Commands("flock", "base64", "sha256sum", "curl", "timeout"),
+        "commands": Commands("flock", "base64", "sha256sum", "sha1sum", "curl", "timeout", "awk", "tee"),
         "disk_cache": DiskFree(hostvars.get("model_cache", "/srv/models/hf-cache")),
         "disk_images": DiskFree(CONTAINER_STORAGE[hostvars.get("container_runtime", "podman")]),
         # whether our own service runs (its memory is then not free), and what it started with
@@ -105,9 +105,10 @@ def plan(ctx):
     yield Check("systemd", ok=bool(systemd.get("present")),
                 message=f"systemd {systemd.get('version')}, {systemd.get('state')}" if systemd.get("present") else
                 "systemd is not running on this host: the toolkit installs systemd units")
-    missing = [c for c, path in (f.get("commands") or {}).items() if path is None and c != "curl"]
+    missing = [c for c, path in (f.get("commands") or {}).items() if path is None]
     yield Check("host tools", ok=not missing,
-                message=f"missing {', '.join(missing)}: install coreutils and util-linux" if missing else "")
+                message=f"missing {', '.join(missing)}: install coreutils, util-linux, curl and an awk" if missing
+                else "")
     choice = ctx.desired["choice"]
     runtime = v.get("container_runtime", "podman")
     problem = runtime_problem(runtime, f.get("runtimes") or {})

@@ -49,7 +49,10 @@ def choose_image(arch: str, cuda: str | None, hostvars: dict) -> tuple[str, str]
         return hostvars["image"], "set by the inventory (image)"
     cat = catalog.images()
     channel = hostvars.get("image_channel", "gemma")
-    rows = cat["channels"][channel]
+    rows = cat["channels"].get(channel)
+    if not rows:
+        raise Refused(f"image_channel {channel!r} is not in the image catalog (roles/preflight/images.yml); it has "
+                      f"{', '.join(cat['channels'])}")
     have = cuda_tuple(cuda)
     if have is None:
         raise Refused(f"the driver's CUDA version is unknown (nvidia-smi printed neither 'CUDA Version' nor 'CUDA UMD Version'): "

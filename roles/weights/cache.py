@@ -3,8 +3,8 @@
 Complete means: ``refs/<revision>`` names a commit, its snapshot holds every
 file (symlinks that resolve), no ``.incomplete`` blob, and every LFS blob's
 sha256 equals its name. Hashing 18-49 GB on every run would make a no-op slow,
-so the weights role hashes once after a download and records each blob's name,
-size and mtime in ``.dgemma-verified``; the fact compares against that record.
+so the weights role hashes each blob as it arrives and records its name, size
+and mtime in ``.dgemma-verified``; the fact compares against that record.
 """
 from __future__ import annotations
 
@@ -91,24 +91,3 @@ def status(models: dict, model: str, revision: str = "main") -> tuple[bool, str]
         if SHA256.match(name) and (name, str(size), str(mtime)) not in recorded:
             return False, f"blob {name[:12]} not verified"
     return True, f"{commit[:12]}, {len(entry['blobs'])} blobs verified"
-
-
-def verify_script(cache: str, model: str) -> str:
-    """sha256 every LFS blob; on success record name, size and mtime of each."""
-    d = shlex.quote(f"{cache.rstrip('/')}/hub/{repo_dir(model)}")
-    return f"""
-set -e
-cd {d}/blobs
-bad=0
-: > ../{VERIFIED}.new
-for f in *; do
-  case "$f" in *.incomplete) echo "partial download $f"; bad=1; continue;; esac
-  if printf '%s' "$f" | grep -Eq '^[0-9a-f]{{64}}$'; then
-    sum=$(sha256sum "$f" | cut -d' ' -f1)
-    if [ "$sum" != "$f" ]; then echo "@corrupt $f $sum"; rm -f "$f"; bad=1; continue; fi
-  fi
-  stat -c '%n %s %Y' "$f" >> ../{VERIFIED}.new
-done
-if [ $bad -ne 0 ]; then rm -f ../{VERIFIED}.new; exit 3; fi
-mv -f ../{VERIFIED}.new ../{VERIFIED}
-"""

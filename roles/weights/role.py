@@ -1,56 +1,77 @@
 """weights: the model in the host's HF cache, complete and verified, fetched by
-the image's own ``hf download`` so the host needs no Python."""
+the host's curl (download.py: resumable, hashed as it streams, no image needed,
+so it runs while the image is pulled)."""
 from __future__ import annotations
-
-import shlex
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
 
-from .cache import HfCache, status, verify_script
+from roles.service.role import read_secret
 
-from roles.service.container import CONTAINER_CACHE
+from .cache import HfCache, status
+from .download import fetch_script, manifest_script, parse_fetch, parse_manifest
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 def facts(hostvars):
     return {"weights": HfCache(hostvars.get("model_cache", "/srv/models/hf-cache"))}
 
 
-def download_command(v: dict, image: str, model: str, env_file: str | None) -> list[str]:
-    """The ``hf download`` run inside the vLLM image (argument list; quoted by the caller)."""
-    runtime = v.get("container_runtime", "podman")
-    cmd = [runtime, "run", "--rm", "--network=host", "--entrypoint", "hf",
-           "-v", f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
-           "-e", "HF_HUB_DISABLE_XET=1", "-e", "HF_HUB_DISABLE_TELEMETRY=1"]
-    if v.get("hf_endpoint"):
-        cmd += ["-e", f"HF_ENDPOINT={v['hf_endpoint']}"]
-    if env_file:
-        cmd += ["--env-file", env_file]  # HF_TOKEN, from a 0600 file: never on a command line
-    cmd += [image, "download", model, "--revision", v.get("model_revision", "main")]
-    return cmd
+def _mib(n: int) -> str:
+    return f"{n / 1024 / 1024:,.0f} MiB" if n >= 1024 * 1024 else f"{n / 1024:,.0f} KiB"
 
 
 def plan(ctx):
     v = ctx.vars
     model = ctx.desired["model"]
+    revision = v.get("model_revision", "main")
     cache = v.get("model_cache", "/srv/models/hf-cache")
-    complete, why = status(ctx.facts["weights"], model, v.get("model_revision", "main"))
-    env_file = ctx.desired.get("env_file") if ctx.desired.get("hf_token") else None
-    cmd = " ".join(shlex.quote(a) for a in download_command(v, ctx.desired["image"], model, env_file))
-    script = (f"set -e\nmkdir -p {shlex.quote(cache)}\n"
-              # a verification that failed removed the bad blob: download again, once
-              f"{cmd}\n( {verify_script(cache, model)} ) || {{ {cmd}; ( {verify_script(cache, model)} ); }}\n")
+    endpoint = v.get("hf_endpoint") or DEFAULT_ENDPOINT
+    complete, why = status(ctx.facts["weights"], model, revision)
+    if complete:
+        yield Command(f"download {model}", when=False, describe=f"{model} in {cache} ({why})")
+        return
+    token = read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name)
+
+    def read_manifest(result):
+        manifest = parse_manifest(result.stdout, model, revision, endpoint)
+        ctx.desired["manifest"] = manifest
+        return f"{model}@{manifest.commit[:12]}: {len(manifest.files)} files, {_mib(manifest.total)}"
+
+    # read-only: it runs in check mode too, so that --check says what a download would fetch
+    yield Command(f"manifest of {model}", script=manifest_script(endpoint, model, revision, token),
+                  describe=f"ask {endpoint} for the files of {model}@{revision}", changes=False, probe=True,
+                  timeout=300, interpret=read_manifest)
+    manifest = ctx.desired["manifest"]
 
     def interpret(result):
-        if result.rc != 0:
-            raise StepFailed(f"downloading {model} failed (exit {result.rc}): "
-                             f"{(result.stdout + result.stderr).strip()[-600:]}. The download resumes where it "
-                             f"stopped: check {v.get('hf_endpoint') or 'huggingface.co'} and deploy again")
-        return f"{model} complete and verified in {cache}"
+        output = (result.stdout + result.stderr).strip()
+        seen = parse_fetch(result.stdout)
+        if seen["nospace"]:
+            need, free = seen["nospace"]
+            raise StepFailed(f"{cache} has {_mib(free)} free; {model} needs {_mib(need)} more: free space there or "
+                             f"set model_cache to a larger disk (nothing was fetched)")
+        if result.rc != 0 or seen["complete"] != manifest.commit:
+            if "No space left on device" in output:
+                raise StepFailed(f"downloading {model} failed: the disk under {cache} is full (No space left on "
+                                 f"device). Free space there, or set model_cache to a larger disk, and deploy again: "
+                                 f"what was downloaded is kept and the download resumes")
+            if seen["partial"]:
+                blob, now, size, _, *error = seen["partial"][-1].split(" ", 4) + [""]
+                what = (f"blob {blob[:12]} stopped at {_mib(int(now))} of {_mib(int(size))}: "
+                        f"{' '.join(error).strip() or 'the connection ended'}")
+            else:
+                what = output[-400:]
+            raise StepFailed(f"downloading {model} failed (exit {result.rc}): {what}. What came is kept: the next "
+                             f"deploy resumes it. Check {endpoint} and the host's network")
+        again = (f"; {len(seen['corrupt'])} blob(s) failed their sha256 check ({', '.join(b[:12] for b in seen['corrupt'])})"
+                 f" and were deleted and fetched again" if seen["corrupt"] else "")
+        return f"{model}@{manifest.commit[:12]} complete and verified in {cache} ({_mib(manifest.total)}){again}"
 
-    yield Command(f"download {model}", script=script, when=not complete,
-                  describe=f"hf download {model} into {cache} ({why})", progress=True,
-                  timeout=v.get("weights_timeout", 7200), interpret=interpret, notify=("restart",))
+    yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token),
+                  describe=f"fetch {model} into {cache} ({why}): {len(manifest.files)} files, {_mib(manifest.total)}",
+                  progress=True, timeout=v.get("weights_timeout", 7200), interpret=interpret, notify=("restart",))
 
 
-ROLE = Role("weights", facts, plan)
+ROLE = Role("weights", facts, plan, overlaps=True)  # beside the image pull

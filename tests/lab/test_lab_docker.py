@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lab import config, images
+from lab import images
 from tests.lab.conftest import deploy_json, invoke, ssh
 
 UNIT = "docker-vllm-diffusiongemma.service"

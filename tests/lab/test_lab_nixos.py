@@ -56,8 +56,8 @@ def test_a_nixos_host_gets_a_module_not_a_unit(nixos_rtx01, lab_copy, tmp_path):
     assert leftovers == ""  # written atomically: no temp file
 
     # imported: the module is not applied yet (nixos-rebuild is the user's, by default)
-    ssh("rtx01", f"sed -i 's|./hardware-configuration.nix|./hardware-configuration.nix "
-                 f"./dgemma-vllm-diffusiongemma.nix|' /etc/nixos/configuration.nix")
+    ssh("rtx01", "sed -i 's|./hardware-configuration.nix|./hardware-configuration.nix "
+                 "./dgemma-vllm-diffusiongemma.nix|' /etc/nixos/configuration.nix")
     proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=8", inventory=lab_copy)
     failed = [t for t in data["hosts"]["rtx01"]["tasks"] if t["status"] == "failed"]
     assert failed[0]["task"] == "applied by nixos-rebuild"

@@ -118,6 +118,16 @@ def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: st
     )
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """How far a long command has come: ``done`` of ``total`` (None: not known yet)
+    in ``unit`` ("B" for bytes, or a count such as "layers")."""
+
+    done: int
+    total: int | None = None
+    unit: str = "B"
+
+
 @dataclass
 class Command(Step):
     """A command to run when ``when`` is true. ``describe`` is what check mode shows.
@@ -129,7 +139,9 @@ class Command(Step):
     when: bool = True
     describe: str = ""
     timeout: float | None = 600
-    progress: bool = False
+    # show the output as it comes; a function reads each line for how far the command
+    # has come (a Transfer) or None; lines that start with "@" are markers, never shown
+    progress: bool | Callable[[str], "Transfer | None"] = False
     interpret: Callable | None = None
     changes: bool = True  # False for read-only commands (waits, probes)
     # True when only running it can tell whether anything changes (e.g. asking a registry
@@ -171,3 +183,5 @@ class HostContext:
     handlers_run: set = field(default_factory=set)
     changed_steps: list = field(default_factory=list)
     check: bool = False
+    # the run's artifact relay as this host sees it (converge.relay.RelayView), or None
+    relay: object = None

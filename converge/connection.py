@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import select
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -66,6 +67,10 @@ class Connection:
         """Whether a held script (the host lock) still runs; raises ConnectionFailed
         when the connection was found dead."""
         return not held.ended and held.alive()
+
+    def local_address(self) -> str | None:
+        """This machine's address on the host's side of the link (None: no direct link)."""
+        return None
 
     def close(self):
         pass
@@ -234,6 +239,18 @@ class SSHConnection(Connection):
                             channel.sendall(b"alive\n")
                     except (OSError, EOFError, paramiko.SSHException):
                         pass
+
+    def local_address(self) -> str | None:
+        # through jump hosts the link is a channel in the first hop's connection: our
+        # address toward that hop, which the host behind it may or may not reach (ask it)
+        sock = self.client.get_transport().sock
+        for _ in range(8):
+            if isinstance(sock, socket.socket):
+                return sock.getsockname()[0]
+            if not isinstance(sock, paramiko.Channel):
+                return None
+            sock = sock.get_transport().sock
+        return None
 
     def _lost(self) -> ConnectionFailed:
         return ConnectionFailed(self.dead_reason or f"{self.name}: the SSH connection was lost")

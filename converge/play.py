@@ -13,6 +13,7 @@ from . import runner
 from .connection import LocalConnection, SSHConnection
 from .errors import InventoryError
 from .fabric_ssh import JumpHosts
+from .relay import Relay
 from .ssh_settings import SSHSettings
 from .inventory import Inventory, load_inventory, parse_overrides
 from .report import Report
@@ -124,11 +125,14 @@ def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, re
     report = report or Report()
     jumps = JumpHosts()
     control = runner.RunControl()
+    relay = Relay()  # serves only if a role asks for it; gone, files and all, at the end
     try:
         with _interruptible(control, report):
             runner.run(play.targets(hosts, local, jumps), roles, report, check=check, forks=forks,
-                       lock_name=lock_name, lock_wait=lock_wait, control=control)
+                       lock_name=lock_name, lock_wait=lock_wait, control=control, relay=relay)
     finally:
+        relay.close()
         jumps.close()
+    report.relay = dict(relay.stats)
     report.interrupted = report.interrupted or control.reason
     return report

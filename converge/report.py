@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from rich.console import Console
 from rich.markup import escape
 
+from .progress import Transfers, plain_text
+
 STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "cyan",
          "unreachable": "bold red", "would change": "yellow", "interrupted": "bold yellow"}
 
@@ -51,6 +53,11 @@ class Report:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.monotonic)
     interrupted: str | None = None  # why the run was stopped from outside (Ctrl-C, SIGTERM)
+    relay: dict = field(default_factory=dict)  # what the run's artifact relay fetched and served
+    transfers: Transfers | None = None
+
+    def __post_init__(self):
+        self.transfers = Transfers(self.console)
 
     def host(self, name: str):
         with self._lock:
@@ -73,13 +80,30 @@ class Report:
                     colour = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
                     self.console.print(f"    [{colour}]{escape(line)}[/{colour}]", soft_wrap=True)
 
-    def progress(self, host: str, role: str, line: str):
-        """A line of a long command's output (image pulls, downloads)."""
-        if self.quiet or not line.strip():
+    def progress(self, host: str, role: str, line: str, reader=None):
+        """A line of a long command's output (image pulls, downloads): read by the
+        step's ``reader`` for how far it has come, else shown as it is (without
+        terminal codes; "@" lines are markers for the step, not for people)."""
+        text = plain_text(line).strip()
+        if self.quiet or not text:
             return
+        transfer = reader(text) if callable(reader) else None
+        if transfer is not None:
+            text = self.transfers.update(host, role, transfer)
+        elif text.startswith("@"):
+            return
+        if text:
+            self._dim(host, role, text)
+
+    def transfer_done(self, host: str, role: str):
+        """A long command ended: its progress bar goes, a last plain line comes."""
+        text = self.transfers.finish(host, role)
+        if text and not self.quiet:
+            self._dim(host, role, text)
+
+    def _dim(self, host: str, role: str, text: str):
         with self._lock:
-            self.console.print(f"[dim]  … {escape(host)} {escape(role)} | {escape(line.strip()[:160])}[/dim]",
-                               soft_wrap=True)
+            self.console.print(f"[dim]  … {escape(host)} {escape(role)} | {escape(text[:160])}[/dim]", soft_wrap=True)
 
     def note(self, text: str):
         if not self.quiet:
@@ -91,6 +115,7 @@ class Report:
         return bool(self.interrupted) or any(r.failed or r.unreachable or r.interrupted for r in self.recap.values())
 
     def print_recap(self, title: str = "PLAY RECAP"):
+        self.transfers.close()
         if self.quiet:
             return
         why = f", interrupted by {self.interrupted}" if self.interrupted else ""
@@ -110,7 +135,7 @@ class Report:
                            "tasks": [asdict(t) for t in self.tasks if t.host == host]}
             hosts[host].update(self.extra.get(host, {}))
         return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts,
-                "interrupted": self.interrupted}
+                "interrupted": self.interrupted, "relay": self.relay}
 
 
 def write_json(data, target: str | None):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from . import facts as factlib
 from .changes import Check, Command, File, HostContext, Role
 from .connection import HOST_PATIENCE_S, Connection
+from .relay import RelayView
 from .errors import BecomeRefused, ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
 from .report import Report, TaskResult
 
@@ -101,7 +102,7 @@ class Interrupted(ConvergeError):
 
 class HostRun:
     def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str,
-                 lock_wait: float, fact_timeout: float, control: RunControl | None = None):
+                 lock_wait: float, fact_timeout: float, control: RunControl | None = None, relay=None):
         self.target = target
         self.roles = roles
         self.report = report
@@ -112,6 +113,7 @@ class HostRun:
         self.control = control or RunControl()
         self.failed = False
         self.held = None
+        self.relay = relay
         self._background: list = []  # (step, role, label, started, thread, outcome) still running
 
     def _result(self, role, task, status, message="", diff="", started=None):
@@ -197,6 +199,9 @@ class HostRun:
             raise ConvergeError(f"gathering facts: the fact script ended early: {output.strip()[-300:]}")
         ctx = HostContext(self.target.name, self.target.vars, None, check=self.check)
         ctx.facts = gathering.parse(output)
+        address = conn.local_address() if self.relay is not None else None
+        if address and self.target.vars.get("artifact_relay", True):
+            ctx.relay = RelayView(self.relay, address)
         self._result("facts", f"gathered {len(wanted)} facts", "ok", started=started)
         self.notified = []
         try:
@@ -233,6 +238,7 @@ class HostRun:
         ok = True
         for step, role, label, started, thread, outcome in pending:
             thread.join()
+            self.report.transfer_done(self.target.name, role)
             error = outcome.get("error")
             if isinstance(error, ConnectionFailed):
                 raise error
@@ -304,7 +310,8 @@ class HostRun:
                              f"would run: {step.describe or step.script.strip()}"
                              f"{' (changes only if it finds something new)' if step.maybe else ''}", started=started)
                 return True
-            on_line = (lambda line: self.report.progress(self.target.name, role, line)) if step.progress else None
+            on_line = (lambda line: self.report.progress(self.target.name, role, line, step.progress)) \
+                if step.progress else None
             if step.background and not self.check:
                 outcome: dict = {}
 
@@ -324,6 +331,8 @@ class HostRun:
             except RemoteCommandError as exc:
                 self._result(role, label, "failed", str(exc), started=started)
                 return False
+            finally:
+                self.report.transfer_done(self.target.name, role)
             return self._done(step, role, label, ctx, started, result)
         raise TypeError(f"unknown step {step!r}")
 
@@ -349,11 +358,14 @@ class HostRun:
 
 def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool = False, forks: int = 10,
         lock_name: str = "converge", lock_wait: float = 300, fact_timeout: float = 120,
-        control: RunControl | None = None) -> Report:
+        control: RunControl | None = None, relay=None) -> Report:
+    """``relay``: the run's artifact relay (converge.relay), offered to the hosts'
+    roles when several hosts run together."""
     control = control or RunControl()
+    relay = relay if len(targets) > 1 else None
 
     def one(target):
-        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control).run()
+        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control, relay).run()
 
     with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets) or 1))) as pool:
         list(pool.map(one, targets))

@@ -7,6 +7,7 @@ keeps its PID.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -173,7 +174,9 @@ def init_pid(host: config.LabHost) -> int | None:
         try:
             with open(f"/proc/{pid}/status") as handle:
                 nspid = next((line.split()[1:] for line in handle if line.startswith("NSpid:")), [])
-            if len(nspid) > 1 and nspid[-1] == "1":
+            # one PID namespace down: a host-network container's first process is PID 1 of
+            # its own namespace too, one further down (this machine's, the host's, its own)
+            if len(nspid) == 2 and nspid[-1] == "1":
                 return pid
         except OSError:
             continue
@@ -222,3 +225,13 @@ def mounts_under(prefix: str) -> list[str]:
             if target == prefix or target.startswith(prefix.rstrip("/") + "/"):
                 found.append(target)
     return found
+
+
+def empty_caches(host: config.LabHost, model_cache: str = "/srv/models/hf-cache"):
+    """The host as before its first deploy's downloads: no vLLM container or image
+    in either runtime, no model cache (units and settings stay)."""
+    console(host, "for rt in podman docker; do command -v $rt >/dev/null || continue; "
+                  "[ $rt = docker ] && ! systemctl -q is-active docker && continue; "
+                  "systemctl stop $rt-vllm-diffusiongemma.service 2>/dev/null; $rt rm -f vllm-diffusiongemma "
+                  ">/dev/null 2>&1; $rt image prune -af >/dev/null 2>&1; done; "
+                  f"rm -rf {shlex.quote(model_cache)}", timeout=300, check=False)

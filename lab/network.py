@@ -6,7 +6,9 @@
   bastion. The machine has no address on it and no route to it. Its hosts go
   out through a NAT router (its own namespace, masquerading onto the lab
   network), as a datacenter's hosts reach the internet; people come in through
-  bastion01, the one host on both networks.
+  bastion01, the one host on both networks. From there they reach the uplink's
+  registry and hub ports, nothing else of the machine (a relay on the control
+  machine, for one, is out of their reach).
 """
 from __future__ import annotations
 
@@ -58,6 +60,13 @@ def _ensure_nat_router():
     rule = ["-s", f"{config.PRIVATE_SUBNET}.0/{config.PREFIX}", "-o", "out", "-j", "MASQUERADE"]
     if not sh.ok("ip", "netns", "exec", ns, "iptables", "-t", "nat", "-C", "POSTROUTING", *rule):
         sh.run("ip", "netns", "exec", ns, "iptables", "-t", "nat", "-A", "POSTROUTING", *rule)
+    # as a data centre's private network: out to the mirrors (the uplink), not to the
+    # control machine's other ports (the run's artifact relay among them)
+    closed = ["-s", f"{config.PRIVATE_SUBNET}.0/{config.PREFIX}", "-d", config.GATEWAY, "-p", "tcp",
+              "-m", "conntrack", "--ctstate", "NEW", "-m", "multiport", "!", "--dports",
+              f"{config.REGISTRY_PORT},{config.HUB_PORT}", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    if not sh.ok("ip", "netns", "exec", ns, "iptables", "-C", "FORWARD", *closed):
+        sh.run("ip", "netns", "exec", ns, "iptables", "-A", "FORWARD", *closed)
 
 
 def ensure_host(host: config.LabHost):

@@ -131,6 +131,27 @@ def set_uplink(**knobs):
     time.sleep(0.5)
 
 
+def set_hub(**knobs):
+    """Replace the hub's knobs (size_mib, corrupt); it reads them at every request."""
+    tmp = HUB_KNOBS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(knobs) + "\n")
+    tmp.replace(HUB_KNOBS)
+
+
+def hub_knobs() -> dict:
+    try:
+        return json.loads(HUB_KNOBS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def uplink_knobs() -> dict:
+    try:
+        return json.loads(UPLINK_KNOBS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def uplink_bytes() -> dict:
     """Bytes that crossed the uplink so far, per service: {"hub": {"down": n, ...}, ...}."""
     try:

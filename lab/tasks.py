@@ -1,8 +1,9 @@
-"""invoke lab.up | lab.status | lab.down | lab.gpu"""
+"""invoke lab.up | lab.status | lab.down | lab.gpu | lab.uplink | lab.hub"""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from . import config, images, inventory, machines, network, rootfs, services, sh
+from . import config, hubdata, images, inventory, machines, network, rootfs, services, sh
 
 
 def _say(text):
@@ -175,4 +176,57 @@ def set_gpu(host: config.LabHost, held_mib: int | None = None, hang: bool = Fals
         rootfs.write_meminfo(host.root, profile, state.get("held_mib", 0))
 
 
-ns = Collection(up, status, down, gpu)
+def _number(text, name, low, high, integer=False):
+    try:
+        value = int(text) if integer else float(text)
+    except (TypeError, ValueError):
+        raise Exit(f"--{name}: {text!r} is not a{'n integer' if integer else ' number'}", code=2) from None
+    if not low <= value <= high or value != value:
+        raise Exit(f"--{name}: {text} is outside {low}..{high}", code=2)
+    return value
+
+
+@task(help={"rate_mb_s": "throttle the hub and the registry, as seen from the lab, to this many MB/s "
+                         "(0: no limit)",
+            "stall": "accept connections and move no bytes (a hung upstream)",
+            "resume": "move bytes again after --stall"})
+def uplink(c, rate_mb_s=None, stall=False, resume=False):
+    """The lab's uplink: its speed, a stall, and the bytes that crossed it."""
+    knobs = {}
+    if rate_mb_s is not None:
+        knobs["rate_mb_s"] = _number(rate_mb_s, "rate-mb-s", 0, 100000)
+    if stall and resume:
+        raise Exit("--stall and --resume: choose one", code=2)
+    if stall or resume:
+        knobs["stalled"] = bool(stall)
+    if knobs:
+        services.set_uplink(**knobs)
+    now = services.uplink_knobs()
+    rate = now.get("rate_mb_s") or 0
+    _say(f"uplink: {f'{rate:g} MB/s' if rate else 'no limit'}{', stalled' if now.get('stalled') else ''}")
+    for name, count in sorted(services.uplink_bytes().items()):
+        _say(f"  {name}: {count.get('down', 0)} bytes down, {count.get('up', 0)} up")
+
+
+@task(help={"size_mib": "size of the synthetic checkpoint the hub serves, in MiB (default "
+                        f"{hubdata.DEFAULT_MIB})",
+            "corrupt": "FILE: the next GET of FILE sends one wrong byte (repeatable)",
+            "reset": "back to the default checkpoint, nothing corrupt"},
+      iterable=["corrupt"])
+def hub(c, size_mib=None, corrupt=None, reset=False):
+    """The lab's model hub: the checkpoint's size and corrupt answers."""
+    knobs = {} if reset else services.hub_knobs()
+    if size_mib is not None:
+        knobs["size_mib"] = _number(size_mib, "size-mib", 1, 65536, integer=True)
+    for name in corrupt or []:
+        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*", name or ""):
+            raise Exit(f"--corrupt: {name!r} is not a file name of the checkpoint", code=2)
+        knobs.setdefault("corrupt", {})[name] = knobs.get("corrupt", {}).get(name, 0) + 1
+    if knobs != services.hub_knobs():
+        services.set_hub(**knobs)
+    _say(f"hub: checkpoint of {knobs.get('size_mib') or hubdata.DEFAULT_MIB} MiB"
+         + (f"; corrupt next: {', '.join(f'{k} x{v}' for k, v in knobs['corrupt'].items())}"
+            if knobs.get("corrupt") else ""))
+
+
+ns = Collection(up, status, down, gpu, uplink, hub)

@@ -8,6 +8,10 @@ from converge.errors import StepFailed
 from converge.facts.containers import Images, find_image
 from converge.facts.host import FileState
 
+from roles.relay_probe import relay_steps
+
+from .pull_progress import pull_reader
+
 ARCH_NAMES = {"x86_64": "amd64", "aarch64": "arm64"}
 STATE_DIR = "/var/lib/dgemma"
 
@@ -36,11 +40,22 @@ def digest_command(runtime: str, ref: str) -> str:
             f"echo \"${{rd#*@}}\"; break;; esac; done")
 
 
-def pull_script(runtime: str, ref: str, record: str, pull: bool = True) -> str:
-    """Pull (unless ``pull`` is false), then record ref, digest and arch atomically."""
+def pull_script(runtime: str, ref: str, record: str, pull: bool = True, relayed: str | None = None) -> str:
+    """Pull (unless ``pull`` is false), then record ref, digest and arch atomically.
+
+    ``relayed``: the same image through the run's relay (podman): pulled from there
+    (its digest is the manifest's, wherever it came from), tagged as ``ref``, the
+    relay's name dropped; if that fails, pulled from the registry itself."""
     rt, q = shlex.quote(runtime), shlex.quote(ref)
     rec = shlex.quote(record)
-    return ("set -e\n" + (f"{rt} pull {q}\n" if pull else "") +
+    if pull and relayed:
+        r = shlex.quote(relayed)
+        # its output streams as it comes (the progress display reads it); why it failed is in it
+        fetch = (f"if {rt} pull --tls-verify=false {r} 2>&1; then {rt} tag {r} {q}; {rt} untag {r} {r}\n"
+                 f"else echo '@relay-failed (the lines above say why)'; {rt} pull {q}; fi\n")
+    else:
+        fetch = f"{rt} pull {q}\n" if pull else ""
+    return ("set -e\n" + fetch +
             f"mkdir -p {shlex.quote(STATE_DIR)}\n"
             f"d=$({digest_command(runtime, ref)})\n"
             f"a=$({rt} image inspect --format '{{{{.Architecture}}}}' {q})\n"
@@ -99,13 +114,19 @@ def plan(ctx):
             return message, ctx.desired["image_digest"] != before  # changed only if the tag moved
 
         yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
-                      describe=f"{runtime} pull {ref} (image_pull: always)", progress=True,
+                      describe=f"{runtime} pull {ref} (image_pull: always)", progress=pull_reader(),
                       timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=("restart",),
                       maybe=True, background=True)
         return
+    relayed = None
+    if reason is not None and runtime == "podman":  # docker takes mirrors for Docker Hub only: it pulls itself
+        yield from relay_steps(ctx)
+        relay = ctx.desired.get("relay")
+        relayed = relay.registry_ref(ref) if relay else None
     # in the background: the weights download needs nothing of it and goes on meanwhile
-    yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)), when=reason is not None,
-                  describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=True,
+    yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v), relayed=relayed),
+                  when=reason is not None,
+                  describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=pull_reader(),
                   timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",),
                   background=True)
     if reason is None:

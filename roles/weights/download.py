@@ -28,6 +28,7 @@ import shlex
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from converge.changes import Transfer
 from converge.errors import StepFailed
 
 from .cache import VERIFIED, repo_dir
@@ -157,7 +158,7 @@ fetch() {  # URL BLOB SIZE ALGO: the blob whole and hashed, or @failed
   ( flock -w 900 9 || { echo "@busy $2"; exit 1; }; fetch_locked "$@" ) 9>"$repo/blobs/$2.lock"
 }
 fetch_locked() {
-  url=$1 blob=$2 size=$3 algo=$4
+  url=$1 blob=$2 size=$3 algo=$4 alt=${5:-}  # alt: the hub itself, when url is the run's relay
   dest="$repo/blobs/$blob" part="$repo/blobs/$blob.incomplete"
   if [ -f "$dest" ]; then
     line=$(stat -c '%n %s %Y' "$dest" | sed 's|.*/||')
@@ -183,6 +184,9 @@ fetch_locked() {
     now=$(stat -c %s "$part" 2>/dev/null || echo 0)
     if [ "$rc" != 0 ] || [ "$now" != "$size" ]; then
       echo "@partial $blob $now $size $rc $(tr '\n' ' ' < "$part.err" 2>/dev/null | cut -c1-300)"
+      if [ -n "$alt" ] && [ "$now" -le "$have" ]; then  # the relay gave nothing: the hub itself, from here on
+        echo "@relay-failed $blob"; url=$alt alt=""; continue
+      fi
       tries=$((tries + 1))
       [ $tries -lt 3 ] && sleep 1
       continue
@@ -203,8 +207,9 @@ fetch_locked() {
 """
 
 
-def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | None) -> str:
-    """Fetch every missing file of the manifest, then lay out the snapshot and ref."""
+def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | None, relay=None) -> str:
+    """Fetch every missing file of the manifest, then lay out the snapshot and ref.
+    ``relay``: upstream URL -> the run's relay URL for it (the hub is the fallback)."""
     repo = f"{cache.rstrip('/')}/hub/{repo_dir(manifest.repo)}"
     base = endpoint.rstrip("/")
     q = shlex.quote
@@ -215,10 +220,12 @@ def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | Non
              f'verified="$repo/{VERIFIED}" record=$(mktemp "$repo/.{VERIFIED}.XXXXXX")',
              # hf's per-process partials (<id>.<8 hex>.incomplete): never resumed by anyone
              'rm -f "$repo"/blobs/*.????????.incomplete',
-             # what is on its way, every 2 s, for the progress display
-             # (sleep away from our stdout: the channel must not wait for it at the end)
-             "( while sleep 2 </dev/null >/dev/null 2>&1; do for p in \"$repo\"/blobs/*.incomplete; do [ -f \"$p\" ] && "
-             "printf '@progress %s %s\\n' \"${p##*/}\" \"$(stat -c %s \"$p\" 2>/dev/null)\"; done; done ) &",
+             # how many of the manifest's bytes are here, now and every 2 s, for the progress
+             # display (sleep away from our stdout: the channel must not wait for it at the end)
+             "set --",
+             *(f'set -- "$@" "$repo/blobs/{f.blob}" "$repo/blobs/{f.blob}.incomplete"' for f in manifest.files),
+             "here() { stat -c %s \"$@\" 2>/dev/null | awk '{n += $1} END {print \"@bytes\", n + 0}'; }",
+             "( while :; do here \"$@\"; sleep 2 </dev/null >/dev/null 2>&1 || break; done ) &",
              "ticker=$!", "trap 'kill $ticker 2>/dev/null; rm -f \"$record\"' EXIT",
              # room for what is missing, before anything is fetched
              "need=0",
@@ -231,9 +238,11 @@ def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | Non
     lines.append("failed=0")
     for f in manifest.files:
         url = f"{base}/{manifest.repo}/resolve/{manifest.commit}/{quote(f.path)}"
-        lines.append(f"fetch {q(url)} {f.blob} {f.size} {'sha256' if f.lfs else 'sha1'} || failed=1")
+        first, alt = (relay(url), url) if relay else (url, "")
+        lines.append(f"fetch {q(first)} {f.blob} {f.size} {'sha256' if f.lfs else 'sha1'} {q(alt)} || failed=1")
     lines.append('( flock 8; { cat "$verified" 2>/dev/null; cat "$record"; } | sort -u > "$record.all" && '
                  'mv -f "$record.all" "$verified" ) 8>"$verified.lock"')
+    lines.append('kill $ticker 2>/dev/null; here "$@"')  # the last word on how far it came
     lines.append('[ $failed = 0 ] || exit 3')
     snap = f"$repo/snapshots/{manifest.commit}"
     for f in manifest.files:
@@ -249,9 +258,19 @@ def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | Non
     return "\n".join(lines) + "\n"
 
 
+def progress_reader(total: int):
+    """The fetch's ``@bytes N`` lines as a Transfer of the manifest's ``total``."""
+    def read(line: str) -> Transfer | None:
+        word, _, rest = line.partition(" ")
+        if word != "@bytes" or not rest.strip().isdigit():
+            return None
+        return Transfer(min(int(rest), total), total)
+    return read
+
+
 def parse_fetch(output: str) -> dict:
     """What a fetch printed: blobs fetched again after a bad hash, partial ones, failures, room."""
-    out = {"corrupt": [], "partial": [], "failed": [], "nospace": None, "complete": None}
+    out = {"corrupt": [], "partial": [], "failed": [], "nospace": None, "complete": None, "relay_failed": []}
     for line in output.splitlines():
         word, _, rest = line.partition(" ")
         if word == "@corrupt":
@@ -265,4 +284,6 @@ def parse_fetch(output: str) -> dict:
             out["nospace"] = (need, free)
         elif word == "@complete":
             out["complete"] = rest.strip()
+        elif word == "@relay-failed":
+            out["relay_failed"].append(rest.strip())
     return out

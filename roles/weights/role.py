@@ -8,8 +8,10 @@ from converge.errors import StepFailed
 
 from roles.service.role import read_secret
 
+from roles.relay_probe import relay_steps
+
 from .cache import HfCache, status
-from .download import fetch_script, manifest_script, parse_fetch, parse_manifest
+from .download import fetch_script, manifest_script, parse_fetch, parse_manifest, progress_reader
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -44,6 +46,8 @@ def plan(ctx):
                   describe=f"ask {endpoint} for the files of {model}@{revision}", changes=False, probe=True,
                   timeout=300, interpret=read_manifest)
     manifest = ctx.desired["manifest"]
+    yield from relay_steps(ctx)
+    relay = ctx.desired.get("relay")
 
     def interpret(result):
         output = (result.stdout + result.stderr).strip()
@@ -67,11 +71,15 @@ def plan(ctx):
                              f"deploy resumes it. Check {endpoint} and the host's network")
         again = (f"; {len(seen['corrupt'])} blob(s) failed their sha256 check ({', '.join(b[:12] for b in seen['corrupt'])})"
                  f" and were deleted and fetched again" if seen["corrupt"] else "")
-        return f"{model}@{manifest.commit[:12]} complete and verified in {cache} ({_mib(manifest.total)}){again}"
+        via = (" through the run's relay" if relay and not seen["relay_failed"] else
+               "; the relay failed, fetched from the hub itself" if relay else "")
+        return f"{model}@{manifest.commit[:12]} complete and verified in {cache} ({_mib(manifest.total)}){via}{again}"
 
-    yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token),
+    yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token,
+                                                           relay=relay.url if relay else None),
                   describe=f"fetch {model} into {cache} ({why}): {len(manifest.files)} files, {_mib(manifest.total)}",
-                  progress=True, timeout=v.get("weights_timeout", 7200), interpret=interpret, notify=("restart",))
+                  progress=progress_reader(manifest.total), timeout=v.get("weights_timeout", 7200),
+                  interpret=interpret, notify=("restart",))
 
 
 ROLE = Role("weights", facts, plan, overlaps=True)  # beside the image pull

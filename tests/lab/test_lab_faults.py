@@ -383,14 +383,17 @@ def test_nvidia_smi_hangs_then_recovers(clean_links):
 
 
 def test_sshd_too_slow_to_answer(clean_links):
-    ssh("rtx01", "systemctl kill -s STOP --kill-whom=main ssh.service")
     try:
+        # through the console, both ways: sshd itself is what is stopped
+        machines.console(RTX, "systemctl kill -s STOP --kill-whom=main ssh.service", timeout=30)
         started = time.monotonic()
         proc, data = deploy_json("--hosts", "rtx01", "--set", "connect_timeout=3")
         took = time.monotonic() - started
     finally:
-        # through the console: sshd itself is what is stopped
-        machines.console(RTX, "systemctl kill -s CONT --kill-whom=main ssh.service")
+        # every sshd process on, then a fresh listener (sessions stay: KillMode=process),
+        # so that nothing after this test meets a stopped sshd
+        machines.console(RTX, "systemctl kill -s CONT ssh.service; systemctl restart ssh.service", timeout=60)
+        machines.wait_ssh(RTX, timeout=60)
     seen = failure(data)
     assert proc.returncode == 1 and seen["status"] == "unreachable", proc.stdout[-2000:]
     assert "did not answer as an SSH server within 3 s" in seen["message"]

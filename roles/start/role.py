@@ -36,7 +36,7 @@ while :; do
     fi
   fi
   if [ $elapsed -ge {int(timeout)} ]; then echo "@timeout $elapsed $state"; journal; exit 4; fi
-  sleep 1
+  sleep 0.5
 done
 """
 

@@ -138,6 +138,7 @@ class Relay:
         self._lock = threading.Lock()
         self._artifacts: dict[tuple, _Artifact] = {}
         self._registries: dict[str, str] = {}  # r<N> -> upstream base URL
+        self._upstreams: set[str] = set()  # the URLs the run's roles asked for: no others (no open proxy)
         self.stats = {"upstream_fetches": 0, "upstream_bytes": 0, "served_bytes": 0, "requests": 0}
 
     # ---- what roles ask for -------------------------------------------------------------
@@ -153,6 +154,8 @@ class Relay:
     def url(self, address: str, upstream: str) -> str:
         """The relay's URL for an upstream URL, as a host that reaches ``address`` sees it."""
         encoded = base64.urlsafe_b64encode(upstream.encode()).decode().rstrip("=")
+        with self._lock:
+            self._upstreams.add(upstream)
         return f"http://{address}:{self.port()}/{self.token}/u/{encoded}"
 
     def ping_url(self, address: str) -> str:
@@ -230,7 +233,12 @@ def _handler(relay: Relay):
             auth = hashlib.sha256((headers.get("Authorization") or "").encode()).hexdigest()
             if match:
                 encoded = match.group(2)
-                upstream = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+                try:
+                    upstream = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+                except ValueError:
+                    upstream = ""
+                if upstream not in relay._upstreams:
+                    return self._plain(404, "not a relay path\n")
                 key = ("u", upstream, auth)
             elif registry and registry.group(1) in relay._registries:
                 base = relay._registries[registry.group(1)]
@@ -262,12 +270,14 @@ def _handler(relay: Relay):
             size = artifact.size
             start, end, code = 0, size - 1, 200
             wanted = self.headers.get("Range")
-            if wanted and wanted.startswith("bytes="):
-                first, _, last = wanted[6:].split(",")[0].partition("-")
-                start = int(first or 0)
-                end = min(int(last), size - 1) if last else size - 1
-                code = 206
-                if start > end:
+            if wanted:
+                # one range from an offset, as curl -C and registry clients ask; anything else: 416
+                asked = re.fullmatch(r"bytes=([0-9]{1,19})-([0-9]{0,19})", wanted.strip())
+                if asked:
+                    start = int(asked.group(1))
+                    end = min(int(asked.group(2)), size - 1) if asked.group(2) else size - 1
+                    code = 206
+                if not asked or start > end:
                     return self._plain(416, "", {"Content-Range": f"bytes */{size}"})
             self.send_response(code)
             for k, v in artifact.headers.items():

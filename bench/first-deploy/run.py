@@ -130,8 +130,8 @@ def section(data: dict) -> str:
                      f"{served / 1e6:.0f} |")
     lines += ["", f"Goal: time to ready within {GOAL}x of the floor, bytes over the uplink equal to the distinct "
               "bytes. With one host the run has no relay (nothing to share); with more, the control machine's "
-              "relay fetches each file once and streams it to every host as it arrives (README, \"Each artifact "
-              "once\").", "", "![first deploy](first-deploy-bench.png)", "", END]
+              "relay fetches each file once and streams it to every host as it arrives (README, \"First deploy: "
+              "each artifact once\").", "", "![first deploy](first-deploy-bench.png)", "", END]
     return "\n".join(lines) + "\n"
 
 

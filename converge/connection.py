@@ -48,6 +48,17 @@ class Connection:
 
     name: str
 
+    def _send_script(self, channel, script: str):
+        """The script on the command's stdin; a link that died meanwhile is the
+        connection's failure (unreachable), not the step's."""
+        try:
+            channel.sendall(self._preamble() + script.encode())
+            channel.shutdown_write()
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if self.dead_reason:
+                raise self._lost() from exc
+            raise ConnectionFailed(f"{self.name}: the SSH connection was lost: {exc}") from exc
+
     def run(self, script: str, timeout: float | None = None, on_output=None) -> Result:
         raise NotImplementedError
 
@@ -298,8 +309,7 @@ class SSHConnection(Connection):
 
     def run(self, script: str, timeout: float | None = None, on_output=None) -> Result:
         channel = self._exec(timeout)
-        channel.sendall(self._preamble() + script.encode())
-        channel.shutdown_write()
+        self._send_script(channel, script)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout if timeout else None
         pending = b""
@@ -354,7 +364,10 @@ class SSHConnection(Connection):
             channel = self._exec(timeout, _shell(self.become, script))
         else:
             channel = self._exec(timeout)
-            channel.sendall(self._preamble() + script.encode())
+            try:
+                channel.sendall(self._preamble() + script.encode())  # stdin stays open: the heartbeat
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise ConnectionFailed(f"{self.name}: the SSH connection was lost: {exc}") from exc
         self._held.append(channel)
         err = bytearray()
 

@@ -131,6 +131,7 @@ def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, re
             runner.run(play.targets(hosts, local, jumps), roles, report, check=check, forks=forks,
                        lock_name=lock_name, lock_wait=lock_wait, control=control, relay=relay)
     finally:
+        report.transfers.close()  # no progress bar outlives the run, however it ended
         relay.close()
         jumps.close()
     report.relay = dict(relay.stats)

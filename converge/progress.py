@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
 
 from .changes import Transfer
 
@@ -49,7 +47,7 @@ class _Seen:
     first_done: int
     last: Transfer
     printed: float = 0.0
-    task: TaskID | None = None
+    task: int | None = None  # rich's TaskID
 
     def rate(self, now: float) -> float:
         """Average since the transfer began (what was already there does not count)."""
@@ -87,10 +85,13 @@ class Transfers:
         self.plain_every = plain_every if plain_every is not None else _every_from_env()
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._lock = threading.Lock()
-        self._bars: Progress | None = None
+        self._bars = None  # a rich Progress while bars are shown
 
-    def _progress(self) -> Progress:
+    def _progress(self):
         if self._bars is None:
+            # imported at the first bar: a run without transfers (a no-op) never pays for it
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
             self._bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                   TransferSpeedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
                                   console=self.console, transient=True)

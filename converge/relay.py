@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.client
 import os
 import re
 import secrets
 import shutil
 import tempfile
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -61,6 +59,7 @@ class _Artifact:
 
 def _fetch(artifact: _Artifact, url: str, headers: dict, stats: dict, lock: threading.Lock):
     """GET ``url`` (following redirects, dropping credentials across hosts) into the artifact."""
+    import http.client  # here, not at the top: most runs never fetch (a no-op starts faster)
     try:
         for _ in range(6):
             parts = urlsplit(url)
@@ -134,7 +133,7 @@ class Relay:
         self.token = secrets.token_hex(8)  # lower-case hex: also a valid registry path component
         self.workdir = workdir
         self._dir: Path | None = None
-        self._server: ThreadingHTTPServer | None = None
+        self._server = None  # a ThreadingHTTPServer once a role asks for the relay
         self._lock = threading.Lock()
         self._artifacts: dict[tuple, _Artifact] = {}
         self._registries: dict[str, str] = {}  # r<N> -> upstream base URL
@@ -145,6 +144,7 @@ class Relay:
     def port(self) -> int:
         with self._lock:
             if self._server is None:
+                from http.server import ThreadingHTTPServer  # only runs that fetch pay for the import
                 self._dir = Path(tempfile.mkdtemp(prefix="dgemma-relay-", dir=self.workdir))
                 self._server = ThreadingHTTPServer(("0.0.0.0", 0), _handler(self))
                 self._server.daemon_threads = True
@@ -198,6 +198,8 @@ class Relay:
 
 
 def _handler(relay: Relay):
+    from http.server import BaseHTTPRequestHandler
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 

@@ -141,7 +141,7 @@ def test_the_link_drops_during_the_weights_download_and_comes_back(clean_links):
                        "rtx01's veth down while a 64 MiB blob comes at 6 MB/s, up again after the failure",
                        detected, seen["message"],
                        "a partial blob; the download already under way on the host ran to its end there once the "
-                       f"link was back (hf's own retries); the lost run's lock went {held:.0f} s after the link "
+                       f"link was back (its curl's own retries); the lost run's lock went {held:.0f} s after the link "
                        f"was back; the next deploy verified every blob and converged", True)
 
 
@@ -160,6 +160,7 @@ def test_the_link_drops_as_the_unit_is_written(clean_links, lab_copy):
     time.sleep(2)
     after = ssh("rtx01", f"sha256sum < {UNIT}; grep -c 'max-num-seqs 7' {UNIT} || true").stdout.split()
     assert rc != 0 and seen["status"] in ("unreachable", "failed"), out[-2000:]
+    assert "internal error" not in seen["message"], seen["message"]  # a lost link is the host's, said as such
     written = after[0] != before  # the write reached the host before the link went, or not: whole either way
     assert (written and after[-1] == "1") or (not written and after[-1] == "0")
     held = lock_released()

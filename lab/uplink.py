@@ -55,14 +55,15 @@ class Link:
         os.replace(tmp, self.stats_path)
 
     async def take(self, size: int):
-        """Wait until ``size`` bytes may cross (the shared bucket; burst of 1/10 s)."""
+        """Wait until ``size`` bytes may cross (the shared bucket; burst of 1/10 s, or of
+        one piece where that is more: a piece larger than the bucket would wait forever)."""
         await self.resumed.wait()
         if not self.rate:
             return
         async with self.lock:
             while True:
                 now = time.monotonic()
-                self.tokens = min(self.tokens + (now - self.last) * self.rate, self.rate / 10)
+                self.tokens = min(self.tokens + (now - self.last) * self.rate, max(self.rate / 10, size))
                 self.last = now
                 if self.tokens >= size:
                     self.tokens -= size

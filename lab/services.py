@@ -123,7 +123,7 @@ def ensure_uplink():
 
 def set_uplink(**knobs):
     """Change the uplink's knobs (rate_mb_s, stalled); it reads them within 0.2 s."""
-    current = json.loads(UPLINK_KNOBS.read_text()) if UPLINK_KNOBS.exists() else {}
+    current = uplink_knobs()
     current.update(knobs)
     tmp = UPLINK_KNOBS.with_suffix(".tmp")
     tmp.write_text(json.dumps(current) + "\n")
@@ -138,26 +138,26 @@ def set_hub(**knobs):
     tmp.replace(HUB_KNOBS)
 
 
-def hub_knobs() -> dict:
+def _json_or_empty(path) -> dict:
+    """A knobs or stats file as a dict; {} while it is missing or half-written."""
     try:
-        return json.loads(HUB_KNOBS.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
+
+
+def hub_knobs() -> dict:
+    return _json_or_empty(HUB_KNOBS)
 
 
 def uplink_knobs() -> dict:
-    try:
-        return json.loads(UPLINK_KNOBS.read_text())
-    except (OSError, ValueError):
-        return {}
+    return _json_or_empty(UPLINK_KNOBS)
 
 
 def uplink_bytes() -> dict:
     """Bytes that crossed the uplink so far, per service: {"hub": {"down": n, ...}, ...}."""
-    try:
-        return json.loads(UPLINK_STATS.read_text())["services"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    return _json_or_empty(UPLINK_STATS).get("services", {})
 
 
 def stop(name):

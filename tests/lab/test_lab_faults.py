@@ -26,17 +26,13 @@ CACHE = "/srv/models/hf-cache"
 BLOBS = f"{CACHE}/hub/models--nvidia--diffusiongemma-26B-A4B-it-NVFP4/blobs"
 
 
-def hub_knobs(**knobs):
-    services.HUB_KNOBS.write_text(json.dumps(knobs) + "\n")
-
-
 @pytest.fixture
 def clean_links(lab):
     """Whatever a test breaks, the next one starts from a working lab."""
     yield
     sh.run("ip", "link", "set", RTX.veth, "up", check=False)
     services.set_uplink(rate_mb_s=0, stalled=False)
-    hub_knobs()
+    services.set_hub()
     services.ensure_registry()
     machines.console(RTX, "systemctl kill -s CONT --kill-whom=main ssh.service; true", check=False)
     invoke("lab.gpu", "--host", "rtx01", "--clear")
@@ -119,7 +115,7 @@ def converges(inventory=LAB_INVENTORY, host="rtx01", *args):
 
 
 def test_the_link_drops_during_the_weights_download_and_comes_back(clean_links):
-    hub_knobs(size_mib=64)
+    services.set_hub(size_mib=64)
     services.set_uplink(rate_mb_s=6)
     ssh("rtx01", f"rm -rf {CACHE}/hub")
     run = Run("--hosts", "rtx01")
@@ -175,7 +171,7 @@ def test_the_link_drops_as_the_unit_is_written(clean_links, lab_copy):
 
 
 def test_the_host_reboots_mid_deploy(clean_links):
-    hub_knobs(size_mib=64)
+    services.set_hub(size_mib=64)
     services.set_uplink(rate_mb_s=6)
     ssh("rtx01", f"rm -rf {CACHE}/hub")
     run = Run("--hosts", "rtx01")
@@ -308,7 +304,7 @@ def test_the_disk_under_etc_fills_during_the_unit_write(clean_links, lab_copy, t
 
 
 def test_the_hub_stops_answering_mid_download_then_returns(clean_links):
-    hub_knobs(size_mib=64)
+    services.set_hub(size_mib=64)
     services.set_uplink(rate_mb_s=6)
     ssh("rtx01", f"rm -rf {CACHE}/hub")
     run = Run("--hosts", "rtx01")
@@ -334,7 +330,7 @@ def test_the_hub_stops_answering_mid_download_then_returns(clean_links):
 
 
 def test_a_corrupt_blob_is_deleted_and_fetched_again(clean_links):
-    hub_knobs(corrupt={"model.safetensors": 1})
+    services.set_hub(corrupt={"model.safetensors": 1})
     ssh("rtx01", f"rm -rf {CACHE}/hub")
     since = time.time()
     started = time.monotonic()

@@ -58,7 +58,8 @@ def _play(inventory, overrides=None, ask_become_pass=False):
     import roles
     from converge.play import Play
     try:
-        play = Play.load(inventory, roles.schemas(), roles.defaults(), overrides)
+        play = Play.load(inventory, roles.schemas(), roles.defaults(), overrides,
+                         path_variable=roles.INVENTORY_VARIABLE)
         play.check()
         catalogs = roles.problems()
         if catalogs:
@@ -69,20 +70,42 @@ def _play(inventory, overrides=None, ask_become_pass=False):
     return play
 
 
-def _exit_for(report):
-    """The exit code a run ends with: 130 after Ctrl-C, 143 after SIGTERM (as a shell
-    reports them), 1 when a host failed, else none."""
+def _report(json_target, show_diff=False, quiet=False):
+    import os
+    from rich.console import Console
+    from converge.progress import every_from
+    from converge.report import Report
+    from roles import PROGRESS_VARIABLE
+    # with --json -, people's lines go to stderr so that stdout stays JSON
+    return Report(console=Console(stderr=json_target == "-", highlight=False), show_diff=show_diff, quiet=quiet,
+                  progress_every_s=every_from(os.environ.get(PROGRESS_VARIABLE)))
+
+
+def _run(play, roles, hosts, json_target=None, *, title=None, show_diff=False, check=False, **options):
+    """The one way a task runs roles on hosts: the engine's errors are exit 2 with
+    their message, a recap is printed under ``title`` (none: quiet, the task prints
+    its own table). Returns the report; `_finish` ends the task."""
+    from converge import play as playlib
+    from roles import LOCK_NAME
+    report = _report(json_target, show_diff, quiet=title is None)
+    try:
+        playlib.run(play, roles, hosts, report=report, check=check, lock_name=LOCK_NAME, **options)
+    except ConvergeError as exc:
+        raise Exit(str(exc), code=2)
+    if title:
+        report.print_recap(title)
+    return report
+
+
+def _finish(report, document, json_target, ok=None):
+    """Write ``--json`` and exit as every task does: 130 after Ctrl-C, 143 after
+    SIGTERM (as a shell reports them), 1 when a host failed (or ``ok`` is false)."""
+    from converge.report import write_json
+    write_json(document, json_target)
     if report.interrupted:
         raise Exit(code=143 if report.interrupted == "SIGTERM" else 130)
-    if report.failed:
+    if report.failed if ok is None else not ok:
         raise Exit(code=1)
-
-
-def _report(json_target, show_diff=False):
-    from rich.console import Console
-    from converge.report import Report
-    # with --json -, people's lines go to stderr so that stdout stays JSON
-    return Report(console=Console(stderr=json_target == "-", highlight=False), show_diff=show_diff)
 
 
 @task(help={"inventory": HELP["inventory"], "set": HELP["set"]}, iterable=["set"])
@@ -100,22 +123,13 @@ def inventory_check(c, inventory=None, set=None):
       iterable=["set"])
 def facts(c, inventory=None, hosts=None, local=False, json=None, set=None, ask_become_pass=False):
     """Gather facts and show the chosen image, model and memory, with reasons."""
-    from converge import play as playlib
-    from converge.report import write_json
     from roles.preflight import show
     from roles.preflight.role import FACTS_ROLE
     play = _play(inventory, set, ask_become_pass and not local)
-    report = _report(json)
-    report.quiet = True
-    try:
-        playlib.run(play, [FACTS_ROLE], hosts, local=local, report=report)
-    except ConvergeError as exc:
-        raise Exit(str(exc), code=2)
+    report = _run(play, [FACTS_ROLE], hosts, json, local=local)
     data = show.facts_document(report)
     show.print_tables(report, data, console=report.console)
-    write_json(data, json)
-    if report.failed:
-        raise Exit(code=1)
+    _finish(report, data, json)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
@@ -128,18 +142,12 @@ def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, jso
            ask_become_pass=False):
     """Converge hosts: image, weights, systemd unit, started and answering."""
     import roles
-    from converge import play as playlib
-    from converge.report import write_json
+    from relay.service import RelayService
     play = _play(inventory, set, ask_become_pass)
-    report = _report(json, show_diff=diff or check)
-    try:
-        playlib.run(play, roles.load(), hosts, check=check, forks=int(forks), report=report,
-                    lock_wait=float(lock_wait))
-    except ConvergeError as exc:
-        raise Exit(str(exc), code=2)
-    report.print_recap("CHECK RECAP (nothing was changed)" if check else "PLAY RECAP")
-    write_json(report.as_dict(), json)
-    _exit_for(report)
+    report = _run(play, roles.load(), hosts, json, title="CHECK RECAP (nothing was changed)" if check else "PLAY RECAP",
+                  show_diff=diff or check, check=check, forks=int(forks), lock_wait=float(lock_wait),
+                  services=(RelayService(),))
+    _finish(report, report.as_dict(), json)
 
 
 @task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
@@ -209,30 +217,26 @@ except ImportError as exc:  # pragma: no cover
                             "ask_become_pass": HELP["ask_become_pass"]}, iterable=["set"])
 def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_become_pass=False):
     """Check every host with testinfra over SSH: units, secrets, image, weights, API."""
+    from pathlib import Path
     import roles
-    from converge import play as playlib
     from converge import verify as verifylib
-    from converge.report import write_json
     from converge.verify_report import print_table, verify_document
     play = _play(inventory, set, ask_become_pass)
-    report = _report(json)
-    report.quiet = True
-    # what each host should look like: the roles' plan in check mode (changes nothing)
-    playlib.run(play, roles.load(), hosts, check=True, report=report)
-    expected = {h: x["expected"] for h, x in report.extra.items() if "expected" in x}
-    # hosts the check run could not reach or become on are failures of their own
-    unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
-                   or (t.role == "connect" and t.status == "failed")}
-    names = [h for h in play.inventory.select(hosts) if h not in unreachable]
-    settings = [play.ssh_settings(h) for h in names]
-    results, output = verifylib.run(settings, ["roles"], expected, junit=junit) if settings else ([], "")
+    with play.connections() as connections:  # the check run and the checks: one connection per host
+        # what each host should look like: the roles' plan in check mode (changes nothing)
+        report = _run(play, roles.load(), hosts, json, check=True, connections=connections)
+        expected = {h: x["expected"] for h, x in report.extra.items() if "expected" in x}
+        # hosts the check run could not reach or become on are failures of their own
+        unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
+                       or (t.role == "connect" and t.status == "failed")}
+        reached = {h: t for h, t in connections.opened().items() if h not in unreachable}
+        results, output = verifylib.run(reached, [str(Path(roles.HERE))], expected, junit=junit) \
+            if reached else ([], "")
     data = verify_document(results, unreachable, expected)
     print_table(data, report.console)
-    if not results and settings:
+    if not results and reached:
         report.console.print(output[-3000:])
-    write_json(data, json)
-    if not data["ok"]:
-        raise Exit(code=1)
+    _finish(report, data, json, ok=data["ok"])
 
 
 ns.add_task(verify)
@@ -240,17 +244,9 @@ ns.add_task(verify)
 
 def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_become_pass=False):
     """Run one day-2 role on hosts through the engine (connection, lock, report)."""
-    from converge import play as playlib
-    from converge.report import write_json
     play = _play(inventory, set, ask_become_pass)
-    report = _report(json_target)
-    try:
-        playlib.run(play, [role], hosts, report=report)
-    except ConvergeError as exc:
-        raise Exit(str(exc), code=2)
-    report.print_recap(title)
-    write_json(report.as_dict(), json_target)
-    _exit_for(report)
+    report = _run(play, [role], hosts, json_target, title=title)
+    _finish(report, report.as_dict(), json_target)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
@@ -258,19 +254,13 @@ def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_
 def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
     """One table for the fleet: unit, container, health, model, image, GPU memory, drift."""
     import roles
-    from converge import play as playlib
-    from converge.report import write_json
     from day2.status import status_role
     from day2.status_table import print_status, status_document
     play = _play(inventory, ask_become_pass=ask_become_pass)
-    report = _report(json)
-    report.quiet = True
-    playlib.run(play, roles.load() + [status_role()], hosts, check=True, report=report)
+    report = _run(play, roles.load() + [status_role()], hosts, json, check=True)
     data = status_document(report)
     print_status(data, report.console)
-    write_json(data, json)
-    if not data["ok"]:
-        raise Exit(code=1)
+    _finish(report, data, json, ok=data["ok"])
 
 
 OPS_HELP = {"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
@@ -340,18 +330,12 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False):
                             "ask_become_pass": HELP["ask_become_pass"]}, iterable=["set"])
 def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False):
     """Print the unit (or NixOS module) deploy would write, for hosts you manage yourself."""
-    from converge import play as playlib
     from roles.preflight.role import FACTS_ROLE
     from roles.service.render import FORMATS, RENDER_ROLE
     if format not in FORMATS:
         raise Exit(f"--format {format}: expected one of {', '.join(FORMATS)}", code=2)
     play = _play(inventory, set, ask_become_pass)
-    report = _report(None)
-    report.quiet = True
-    try:
-        playlib.run(play, [FACTS_ROLE, RENDER_ROLE], hosts, check=True, report=report)
-    except ConvergeError as exc:
-        raise Exit(str(exc), code=2)
+    report = _run(play, [FACTS_ROLE, RENDER_ROLE], hosts, check=True)
     failed = False
     for host in report.recap:
         rendered = report.extra.get(host, {}).get("render")
@@ -364,8 +348,7 @@ def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become
         path, text = rendered[format]
         print(f"# ---- {host}: {path}")
         print(text, end="")
-    if failed:
-        raise Exit(code=1)
+    _finish(report, None, None, ok=not failed)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],

@@ -9,7 +9,11 @@ import difflib
 import hashlib
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generic, TypeVar
+
+from .errors import StepFailed
+
+T = TypeVar("T")
 
 MASK = "********"
 
@@ -128,11 +132,58 @@ class Transfer:
     unit: str = "B"
 
 
+@dataclass(frozen=True)
+class Output(Generic[T]):
+    """A value that a step produces when it runs, for the steps after it: declared
+    by the step (``Command(produces=OUTPUT)``), read as ``ctx.results[OUTPUT]``.
+    ``type`` is what the value must be (None is always allowed: "none to be had")."""
+
+    name: str
+    type: type
+
+
+@dataclass
+class Produced:
+    """What the ``interpret`` of a step that produces a value returns."""
+
+    value: object
+    message: str = ""
+    changed: bool | None = None  # None: as the step's ``changes`` says
+
+
+class Results:
+    """The values steps produced on one host so far. Only the runner records them
+    (from `Produced`); a step that reads one its producer has not given fails
+    with a message that names both."""
+
+    def __init__(self):
+        self._values: dict[str, object] = {}
+
+    def __contains__(self, output: Output) -> bool:
+        return output.name in self._values
+
+    def __getitem__(self, output: Output[T]) -> T:
+        if output.name not in self._values:
+            raise StepFailed(f"{output.name} is not known: the step that produces it did not run before the step "
+                             f"that needs it (a role's plan out of order)")
+        return self._values[output.name]
+
+    def get(self, output: Output[T], default=None) -> T | None:
+        return self._values.get(output.name, default)
+
+    def record(self, output: Output, value, by: str):
+        if value is not None and not isinstance(value, output.type):
+            raise StepFailed(f"{by} produced {type(value).__name__} for {output.name}, which holds "
+                             f"{output.type.__name__}")
+        self._values[output.name] = value
+
+
 @dataclass
 class Command(Step):
     """A command to run when ``when`` is true. ``describe`` is what check mode shows.
 
-    ``interpret(result)`` may turn the result into a message (or raise StepFailed).
+    ``interpret(result)`` may turn the result into a message (or raise StepFailed);
+    for a step that ``produces`` a value it returns a `Produced`.
     """
 
     script: str = ""
@@ -153,6 +204,7 @@ class Command(Step):
     # it runs on its own channel while the next roles that say `overlaps` go on (an image
     # pull beside a weights download); it is waited for before any other role
     background: bool = False
+    produces: Output | None = None
 
     def needed(self) -> bool:
         return self.when
@@ -174,14 +226,16 @@ class Role:
 @dataclass
 class HostContext:
     """What a role sees: the host's name, its variables, its facts, what earlier
-    roles decided (``desired``) and which handlers have run."""
+    roles decided from them (``desired``), the values earlier steps produced
+    (``results``), the run's services as this host sees them (``services``: name ->
+    object or None) and which handlers have run."""
 
     name: str
     vars: dict
     facts: object
     desired: dict = field(default_factory=dict)
+    results: Results = field(default_factory=Results)
+    services: dict = field(default_factory=dict)
     handlers_run: set = field(default_factory=set)
     changed_steps: list = field(default_factory=list)
     check: bool = False
-    # the run's artifact relay as this host sees it (converge.relay.RelayView), or None
-    relay: object = None

@@ -47,14 +47,3 @@ def pin(path: str | None, name: str, key: paramiko.PKey) -> str:
     with open(target, "a", encoding="ascii") as handle:
         handle.write(f"{name} {key.get_name()} {key.get_base64()}\n")
     return target
-
-
-def offered_key(sock, timeout: float) -> paramiko.PKey:
-    """The key a server offers on ``sock`` (a socket, or a channel through a jump
-    host), read from its key exchange without authenticating."""
-    transport = paramiko.Transport(sock)
-    try:
-        transport.start_client(timeout=timeout)
-        return transport.get_remote_server_key()
-    finally:
-        transport.close()

@@ -276,7 +276,7 @@ def _mapping_source(label: str, sourced: yamlsrc.Sourced, prefix: tuple, values,
     return VarSource(label, values, {}, sourced=sourced, prefix=prefix)
 
 
-def load_inventory(root: str | Path) -> Inventory:
+def load_inventory(root: str | Path, path_variable: str | None = None) -> Inventory:
     """Read an inventory directory (or a ``hosts.yml`` file beside its vars dirs).
 
     Raises InventoryError listing every structural problem found, with file:line.
@@ -287,8 +287,9 @@ def load_inventory(root: str | Path) -> Inventory:
     base = hosts_file.parent
     problems: list[str] = []
     if not hosts_file.is_file():
-        raise InventoryError([f"{_display(hosts_file)}: no inventory here. Pass --inventory DIR, "
-                              f"or set DGEMMA_INVENTORY, to a folder holding hosts.yml."])
+        raise InventoryError([f"{_display(hosts_file)}: no inventory here. Pass --inventory DIR"
+                              f"{', or set ' + path_variable if path_variable else ''}, to a folder holding "
+                              f"hosts.yml."])
     doc = _load(hosts_file, problems)
     if doc is None:
         raise InventoryError(problems)

@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import runner
-from .connection import LocalConnection, SSHConnection
 from .errors import InventoryError
-from .fabric_ssh import JumpHosts
-from .relay import Relay
+from .group import Connections
 from .ssh_settings import SSHSettings
 from .inventory import Inventory, load_inventory, parse_overrides
 from .report import Report
@@ -21,8 +19,9 @@ from .report import Report
 CONNECTION_SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "connection.schema.json"
 
 
-def inventory_path(given: str | None) -> str:
-    return given or os.environ.get("DGEMMA_INVENTORY") or "inventory"
+def inventory_path(given: str | None, variable: str | None = None) -> str:
+    """The inventory folder: as given, else the caller's environment variable's, else ./inventory."""
+    return given or (os.environ.get(variable) if variable else None) or "inventory"
 
 
 @dataclass
@@ -35,9 +34,9 @@ class Play:
     become_password: str | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, path: str | None, var_schemas, defaults, overrides=None) -> "Play":
+    def load(cls, path: str | None, var_schemas, defaults, overrides=None, path_variable: str | None = None) -> "Play":
         from . import validate  # jsonschema is slow to import; runs that skip validation never pay for it
-        inventory = load_inventory(inventory_path(path))
+        inventory = load_inventory(inventory_path(path, path_variable), path_variable)
         schema = validate.combine([validate.load_schema(CONNECTION_SCHEMA), *var_schemas])
         play = cls(inventory, schema, list(defaults), parse_overrides(overrides))
         return play
@@ -61,21 +60,22 @@ class Play:
         """How to reach a host (raises ConvergeError for a setting that cannot be used)."""
         return SSHSettings.from_vars(name, self.hostvars(name), self.become_password)
 
-    def targets(self, hosts: str | None, local: bool = False, jumps: JumpHosts | None = None) -> list[runner.Target]:
-        """The hosts to run on; SSH hosts reach their jump hosts through ``jumps``
-        (one connection per jump host per run)."""
+    def connections(self, local: bool = False) -> Connections:
+        """One transport per host for a run (``local``: this machine, whatever the host)."""
+        def opener(name, jumps):
+            from .transport.local import LocalTransport
+            if local or self.hostvars(name).get("ansible_connection") == "local":
+                return LocalTransport(name).open()
+            from .transport.ssh import SSHTransport
+            # settings are read when the host's turn comes: a bad one fails that host alone
+            return SSHTransport(self.ssh_settings(name), jumps).open()
+        return Connections(opener)
+
+    def targets(self, hosts: str | None, connections: Connections, local: bool = False) -> list[runner.Target]:
         if local:
-            return [runner.Target("localhost", self._local_vars(),
-                                  lambda: LocalConnection("localhost").open())]
-        out = []
-        for name in self.inventory.select(hosts):
-            hv = self.hostvars(name)
-            if hv.get("ansible_connection") == "local":
-                out.append(runner.Target(name, hv, lambda n=name: LocalConnection(n).open()))
-            else:
-                # settings are read when the host's turn comes: a bad one fails that host alone
-                out.append(runner.Target(name, hv, lambda n=name: SSHConnection(self.ssh_settings(n), jumps).open()))
-        return out
+            return [runner.Target("localhost", self._local_vars(), lambda: connections.get("localhost"))]
+        return [runner.Target(name, self.hostvars(name), lambda n=name: connections.get(n))
+                for name in self.inventory.select(hosts)]
 
     def _local_vars(self) -> dict:
         merged = {}
@@ -121,19 +121,23 @@ def _interruptible(control: runner.RunControl, report: Report):
 
 
 def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, report: Report | None = None,
-        lock_name="dgemma", lock_wait=300) -> Report:
+        lock_name="converge", lock_wait=300, services=(), connections: Connections | None = None) -> Report:
+    """Run ``roles`` on the hosts; ``services`` (runner.RunService) last as long as
+    the run. ``connections``: the caller's, kept open after the run (verify checks
+    the hosts through them); else the run's own, closed at its end."""
     report = report or Report()
-    jumps = JumpHosts()
+    own = connections is None
+    connections = connections or play.connections(local)
     control = runner.RunControl()
-    relay = Relay()  # serves only if a role asks for it; gone, files and all, at the end
     try:
         with _interruptible(control, report):
-            runner.run(play.targets(hosts, local, jumps), roles, report, check=check, forks=forks,
-                       lock_name=lock_name, lock_wait=lock_wait, control=control, relay=relay)
+            runner.run(play.targets(hosts, connections, local), roles, report, check=check, forks=forks,
+                       lock_name=lock_name, lock_wait=lock_wait, control=control, services=services)
     finally:
         report.transfers.close()  # no progress bar outlives the run, however it ended
-        relay.close()
-        jumps.close()
-    report.relay = dict(relay.stats)
+        for service in services:
+            report.services[service.name] = service.close()
+        if own:
+            connections.close()
     report.interrupted = report.interrupted or control.reason
     return report

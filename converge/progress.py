@@ -6,7 +6,6 @@ transfer every ``PLAIN_EVERY_S`` seconds and one when it ends, without colour co
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -17,7 +16,7 @@ from rich.markup import escape
 
 from .changes import Transfer
 
-PLAIN_EVERY_S = 10.0  # DGEMMA_PROGRESS_S overrides it (a CI log may want fewer or more)
+PLAIN_EVERY_S = 10.0  # the caller may set another (a CI log may want fewer or more)
 # CSI sequences (colours, cursor moves) and the lone OSC/charset ones tools print on a tty
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]|\r")
 
@@ -67,10 +66,11 @@ class _Seen:
         return text
 
 
-def _every_from_env() -> float:
-    text = os.environ.get("DGEMMA_PROGRESS_S", "")
+def every_from(text: str | None) -> float:
+    """A period of plain progress lines as a caller's setting gives it (an
+    environment variable's text, say), or the default when it is not a sane one."""
     try:
-        value = float(text)
+        value = float(text or "")
     except ValueError:
         return PLAIN_EVERY_S
     return value if 0 < value < 86400 else PLAIN_EVERY_S
@@ -82,7 +82,7 @@ class Transfers:
     def __init__(self, console: Console, plain_every: float | None = None):
         self.console = console
         self.live = console.is_terminal
-        self.plain_every = plain_every if plain_every is not None else _every_from_env()
+        self.plain_every = plain_every if plain_every is not None else PLAIN_EVERY_S
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._lock = threading.Lock()
         self._bars = None  # a rich Progress while bars are shown

@@ -53,11 +53,12 @@ class Report:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.monotonic)
     interrupted: str | None = None  # why the run was stopped from outside (Ctrl-C, SIGTERM)
-    relay: dict = field(default_factory=dict)  # what the run's artifact relay fetched and served
+    services: dict = field(default_factory=dict)  # what each of the run's services did (name -> figures)
+    progress_every_s: float | None = None  # plain progress lines off a terminal (None: the default)
     transfers: Transfers | None = None
 
     def __post_init__(self):
-        self.transfers = Transfers(self.console)
+        self.transfers = Transfers(self.console, self.progress_every_s)
 
     def host(self, name: str):
         with self._lock:
@@ -135,7 +136,7 @@ class Report:
                            "tasks": [asdict(t) for t in self.tasks if t.host == host]}
             hosts[host].update(self.extra.get(host, {}))
         return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts,
-                "interrupted": self.interrupted, "relay": self.relay}
+                "interrupted": self.interrupted, **self.services}
 
 
 def write_json(data, target: str | None):

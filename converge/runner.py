@@ -2,23 +2,17 @@
 gathering per host; a failing host never stops the others."""
 from __future__ import annotations
 
-import os
-import shlex
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import facts as factlib
-from .changes import Check, Command, File, HostContext, Role
-from .connection import HOST_PATIENCE_S, Connection
-from .relay import RelayView
+from .changes import Check, Command, File, HostContext, Produced, Role
 from .errors import BecomeRefused, ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
+from .hostlock import HOST_PATIENCE_S, HostLock
 from .report import Report, TaskResult
-
-LOCK_DIR = "/run/lock"
-FIRST_ANSWER_S = 15  # for the held script to start and say whether it has the lock
+from .transport import Transport
 
 
 @dataclass
@@ -27,35 +21,26 @@ class Target:
 
     name: str
     vars: dict
-    connect: callable  # () -> Connection (opened)
+    connect: callable  # () -> Transport (opened; the run's Connections close it)
 
 
-def lock_script(name: str, wait: float, holder: str) -> str:
-    """Take an flock on the host and print ``locked`` (``busy HOLDER`` first
-    if another run has it). Whatever follows runs under the lock; the script
-    must end with `KEEP_HOLDING`.
-    """
-    path = shlex.quote(f"{LOCK_DIR}/{name}.lock")
-    return (
-        f"exec 2>&1; [ -d {LOCK_DIR} ] || mkdir -p {LOCK_DIR}; exec 9>>{path}\n"
-        f"if ! flock -n 9; then printf 'busy %s\\n' \"$(cat {path}.holder 2>/dev/null)\"; "
-        f"flock -w {int(wait)} 9 || {{ echo timeout; exit 75; }}; fi\n"
-        f"printf '%s\\n' {shlex.quote(holder)} > {path}.holder\n"
-        "echo locked\n"
-    )
+class RunService:
+    """Something a run offers its hosts' roles while it lasts (an artifact relay,
+    say); the engine knows none by name. ``start(hosts)`` as the run begins;
+    ``for_host(transport, hostvars)`` is what one host's roles see as
+    ``ctx.services[name]`` (None: nothing for this host); ``close()`` at the end
+    returns what it did, for the report."""
 
+    name = "service"
 
-# The lock lasts as long as this run is alive: the connection sends a line every
-# HEARTBEAT_S seconds on the held script's stdin. If the control process dies, sshd
-# closes the channel and `head` sees EOF; if the link dies (or the control machine
-# freezes), no line comes within HOST_PATIENCE_S and the host lets the lock go.
-def keep_holding(patience: int) -> str:
-    # `exit` on the same line: a shell reading its script from stdin would otherwise wait
-    # there for more script, and keep the lock
-    return f"while l=$(timeout {int(patience)} head -n 1) && [ -n \"$l\" ]; do :; done; exit\n"
+    def start(self, hosts: list[str]):
+        pass
 
+    def for_host(self, transport: Transport, hostvars: dict):
+        return None
 
-KEEP_HOLDING = keep_holding(HOST_PATIENCE_S)
+    def close(self) -> dict:
+        return {}
 
 
 class RunControl:
@@ -102,7 +87,7 @@ class Interrupted(ConvergeError):
 
 class HostRun:
     def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str,
-                 lock_wait: float, fact_timeout: float, control: RunControl | None = None, relay=None):
+                 lock_wait: float, fact_timeout: float, control: RunControl | None = None, services=()):
         self.target = target
         self.roles = roles
         self.report = report
@@ -112,8 +97,8 @@ class HostRun:
         self.fact_timeout = fact_timeout
         self.control = control or RunControl()
         self.failed = False
-        self.held = None
-        self.relay = relay
+        self.lock: HostLock | None = None
+        self.services = services
         self._background: list = []  # (step, role, label, started, thread, outcome) still running
 
     def _result(self, role, task, status, message="", diff="", started=None):
@@ -146,7 +131,7 @@ class HostRun:
             self._result("connect", "settings", "failed", str(exc), started=started)
             return
         self.control.opened(conn)
-        with conn:
+        try:
             try:
                 self._locked(conn)
             except Interrupted as exc:
@@ -160,38 +145,26 @@ class HostRun:
                 self._result("connect", "become", "failed", str(exc), started=started)
             except ConvergeError as exc:
                 self._result("run", "host", "failed", str(exc))
-            finally:
-                self.control.closed(conn)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+            self.control.closed(conn)
 
-    def _locked(self, conn: Connection):
+    def _locked(self, conn: Transport):
         """Lock the host and gather its facts in one script (one round trip),
         which then keeps the lock until the run on this host is over."""
-        holder = f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
         started = time.monotonic()
         wanted: dict = {}
         for role in self.roles:
             wanted.update(role.facts(self.target.vars))
         gathering = factlib.Gathering(wanted)
-        # inline: facts hold no secret (a secret file is only hashed), so the script may
-        # be the exec request's command line, one round trip less than stdin
-        held = conn.hold(lock_script(self.lock_name, self.lock_wait, holder) + gathering.script + KEEP_HOLDING,
-                         timeout=FIRST_ANSWER_S, inline=True)
-        self.held = held
+        self.lock = HostLock(conn, self.lock_name, self.lock_wait)
+
+        def busy(holder):
+            self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by {holder} "
+                             f"(up to {self.lock_wait:g} s)")
         try:
-            first = held.readline(FIRST_ANSWER_S)
-            if first is not None and first.startswith("busy"):
-                self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by "
-                                 f"{first[5:] or 'another run'} (up to {self.lock_wait:g} s)")
-                first = held.readline(self.lock_wait + 10)
-            if first == "timeout":
-                raise ConvergeError(f"another run is converging this host and kept its lock for more than "
-                                    f"{self.lock_wait:g} s ({LOCK_DIR}/{self.lock_name}.lock); try again when it "
-                                    f"is done, or pass a longer --lock-wait")
-            if first is None:
-                conn.refused(held)  # sudo said no (wrong password, not allowed): say that, not "no word"
-            if first != "locked":
-                raise ConvergeError(f"could not take the host lock {LOCK_DIR}/{self.lock_name}.lock: "
-                                    f"{first or 'the shell ended without a word'}")
+            held = self.lock.take(gathering.script, on_busy=busy)
             output, complete = held.read_until(gathering.done, self.fact_timeout)
         except RemoteCommandError as exc:
             raise ConvergeError(f"gathering facts: {exc}") from exc
@@ -199,9 +172,7 @@ class HostRun:
             raise ConvergeError(f"gathering facts: the fact script ended early: {output.strip()[-300:]}")
         ctx = HostContext(self.target.name, self.target.vars, None, check=self.check)
         ctx.facts = gathering.parse(output)
-        address = conn.local_address() if self.relay is not None else None
-        if address and self.target.vars.get("artifact_relay", True):
-            ctx.relay = RelayView(self.relay, address)
+        ctx.services = {service.name: service.for_host(conn, self.target.vars) for service in self.services}
         self._result("facts", f"gathered {len(wanted)} facts", "ok", started=started)
         self.notified = []
         try:
@@ -272,8 +243,8 @@ class HostRun:
         label = f"handler: {step.name}" if handler else step.name
         if self.control.stopping.is_set():
             raise Interrupted(f"{role} | {label}")
-        if self.held is not None and not conn.holding(self.held):
-            raise ConvergeError(f"the host lock {LOCK_DIR}/{self.lock_name}.lock was let go before {role} | "
+        if self.lock is not None and not self.lock.holding():
+            raise ConvergeError(f"the host lock {self.lock.path} was let go before {role} | "
                                 f"{label} (the host heard nothing from this run for {HOST_PATIENCE_S} s): nothing "
                                 f"more was done; deploy again")
         started = time.monotonic()
@@ -348,7 +319,12 @@ class HostRun:
             self._result(role, label, "failed", f"exit {result.rc}: {tail}", started=started)
             return False
         changed = step.changes
-        if isinstance(message, tuple):  # interpret may say whether the host really changed
+        if step.produces is not None:
+            if not isinstance(message, Produced):
+                raise TypeError(f"{role} | {label} produces {step.produces.name}: its interpret must return Produced")
+            ctx.results.record(step.produces, message.value, f"{role} | {label}")
+            message, changed = message.message, changed if message.changed is None else message.changed
+        elif isinstance(message, tuple):  # interpret may say whether the host really changed
             message, changed = message
         if changed:
             ctx.changed_steps.append(step)
@@ -358,14 +334,13 @@ class HostRun:
 
 def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool = False, forks: int = 10,
         lock_name: str = "converge", lock_wait: float = 300, fact_timeout: float = 120,
-        control: RunControl | None = None, relay=None) -> Report:
-    """``relay``: the run's artifact relay (converge.relay), offered to the hosts'
-    roles when several hosts run together."""
+        control: RunControl | None = None, services=()) -> Report:
     control = control or RunControl()
-    relay = relay if len(targets) > 1 else None
+    for service in services:
+        service.start([t.name for t in targets])
 
     def one(target):
-        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control, relay).run()
+        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control, services).run()
 
     with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets) or 1))) as pool:
         list(pool.map(one, targets))

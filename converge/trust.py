@@ -7,14 +7,14 @@ user saw.
 """
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import paramiko
 
-from . import fabric_ssh, hostkeys
+from . import hostkeys
 from .errors import ConnectionFailed
 from .ssh_settings import SSHSettings
+from .transport import connect
 
 
 @dataclass
@@ -28,15 +28,6 @@ class Seen:
     expected: paramiko.PKey | None = None
 
 
-def _offered(conn, timeout: float) -> paramiko.PKey:
-    if conn.gateway:
-        sock = conn.gateway.client.get_transport().open_channel(
-            "direct-tcpip", (conn.host, int(conn.port)), ("", 0), timeout=timeout)
-    else:
-        sock = socket.create_connection((conn.host, int(conn.port)), timeout=timeout)
-    return hostkeys.offered_key(sock, timeout)
-
-
 def walk(settings: SSHSettings, decide) -> list[Seen]:
     """Meet every key on the way to the host, in order. ``decide(seen)`` is asked
     for each new key and returns whether to pin it; an unpinned or changed key
@@ -46,15 +37,15 @@ def walk(settings: SSHSettings, decide) -> list[Seen]:
     chain = []
     parent = False
     for hop in settings.jumps:
-        parent = fabric_ssh.for_hop(hop, settings, parent)
+        parent = connect.for_hop(hop, settings, parent)
         chain.append((f"jump host {hop}", parent))
-    chain.append((settings.name, fabric_ssh.for_host(settings, parent)))
+    chain.append((settings.name, connect.for_host(settings, parent)))
     seen: list[Seen] = []
     try:
         for index, (label, conn) in enumerate(chain):
             where = hostkeys.known_hosts_name(conn.host, int(conn.port))
             try:
-                key = _offered(conn, settings.connect_timeout)
+                key = connect.offered_key(conn, settings.connect_timeout)
             except (OSError, paramiko.SSHException, EOFError) as exc:
                 raise ConnectionFailed(f"{settings.name}: cannot reach {label} {where}: {exc}") from exc
             known = hostkeys.load(hostkeys.files(settings.known_hosts)).lookup(where) or {}
@@ -73,7 +64,7 @@ def walk(settings: SSHSettings, decide) -> list[Seen]:
             if index < len(chain) - 1:  # through this hop to the next, with its key now known
                 conn.client.get_host_keys().clear()
                 hostkeys.load(hostkeys.files(settings.known_hosts), into=conn.client.get_host_keys())
-                fabric_ssh.open_connection(conn, settings.name, label, settings.known_hosts,
+                connect.open_connection(conn, settings.name, label, settings.known_hosts,
                                            settings.connect_timeout)
     finally:
         for _, conn in reversed(chain):

@@ -1,27 +1,27 @@
-"""Run testinfra checks against hosts over SSH, in one pytest subprocess, and
-read its JUnit XML back into a host x check table.
+"""Run testinfra checks against hosts through the run's own transports.
 
-One subprocess per run: pytest caches imports between runs in one process. The
-SSH settings come from the inventory (resolved through ssh_config as Fabric
-does), written into an ssh_config for OpenSSH with host-key checking on
-(StrictHostKeyChecking yes, the inventory's known_hosts) and the same jump
-hosts (ProxyJump). Become goes through converge.testinfra_become.
+pytest runs in this process, once per ``invoke verify``, with a testinfra backend
+whose commands are our transport's scripts: verify reaches a host on the same
+connection as the check run before it, through the same jump hosts, and becomes
+(sudo, with its password on stdin) exactly as deploy does. Each check's outcome
+is read as pytest reports it (a JUnit file is written only when asked for).
 """
 from __future__ import annotations
 
-import json
-import os
+import contextlib
+import io
 import re
-import subprocess
-import sys
-import tempfile
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fabric_ssh, ssh_config as ssh_config_files
-from .ssh_settings import SSHSettings
-from .testinfra_become import FD_VARIABLE, encode
+from testinfra.backend.base import BaseBackend, CommandResult
+
+from .transport import Transport
+
+COMMAND_TIMEOUT_S = 300
+# what the checks of one run read: set by `run` before pytest starts (one run per process)
+TRANSPORTS: dict[str, Transport] = {}
+EXPECTED: dict = {}
 
 
 @dataclass
@@ -32,102 +32,68 @@ class CheckResult:
     message: str = ""
 
 
-def _block(alias: str, conn, s: SSHSettings, keys: list[str], jump: str | None) -> str:
-    lines = [f"Host {alias}", f"  HostName {conn.host}", f"  Port {conn.port}", f"  User {conn.user}",
-             "  StrictHostKeyChecking yes", "  BatchMode yes", f"  ConnectTimeout {int(s.connect_timeout)}",
-             "  ControlMaster auto", "  ControlPath /tmp/converge-verify-%C", "  ControlPersist 30"]
-    if jump:
-        lines.append(f"  ProxyJump {jump}")
-    if keys:
-        lines += [f"  IdentityFile {k}" for k in keys] + ["  IdentitiesOnly yes"]
-    if s.known_hosts:
-        lines.append(f"  UserKnownHostsFile {s.known_hosts}")
-    return "\n".join(lines)
+class TransportBackend(BaseBackend):
+    """testinfra's commands as scripts on the host's transport (``converge://NAME``)."""
+
+    NAME = "converge"
+
+    def run(self, command: str, *args: str, **kwargs) -> CommandResult:
+        command = self.quote(command, *args)
+        result = TRANSPORTS[self.hostname].run(command + "\n", timeout=COMMAND_TIMEOUT_S)
+        return self.result(result.rc, self.encode(command), result.stdout.encode(), result.stderr.encode())
+
+    def get_encoding(self) -> str:
+        return "utf-8"  # what the transport decoded with; testinfra would ask the host's python
 
 
-def ssh_config(settings: list[SSHSettings]) -> str:
-    """An ssh_config for OpenSSH saying what our engine does for each host: the
-    address, user and port Fabric resolved, the key, known_hosts, and jump hosts
-    (one ``Host`` block per hop, so that their keys are checked too). Nothing else
-    is read (ssh -F)."""
-    blocks = []
-    hops_seen: dict[tuple, str] = {}
-    for s in settings:
-        chain = []
-        for hop in s.jumps:
-            conn = fabric_ssh.for_hop(hop, s)
-            key = (conn.host, conn.port, conn.user, s.key_file, s.known_hosts, tuple(chain))
-            if key not in hops_seen:
-                hops_seen[key] = f"converge-jump-{len(hops_seen)}"
-                hop_keys = ssh_config_files.lookup(hop.host).get("identityfile", []) + \
-                    ([s.key_file] if s.key_file else [])
-                blocks.append(_block(hops_seen[key], conn, s, [os.path.expanduser(k) for k in hop_keys],
-                                     ",".join(chain) or None))
-            chain.append(hops_seen[key])
-        conn = fabric_ssh.for_host(s)
-        keys = [s.key_file] if s.key_file else [os.path.expanduser(k) for k in conn.ssh_config.get("identityfile", [])]
-        blocks.append(_block(s.name, conn, s, keys, ",".join(chain) or None))
-    return "\n\n".join(blocks) + "\n"
+class _Outcomes:
+    """A pytest plugin that keeps each check's outcome."""
+
+    def __init__(self):
+        self.results: list[CheckResult] = []
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.results.append(outcome(report.nodeid, report.outcome, report.longrepr))
 
 
-def run(settings: list[SSHSettings], test_paths: list[str], expected: dict, junit: str | None = None,
-        cwd: str | None = None, timeout: float = 1800) -> tuple[list[CheckResult], str]:
-    """Run the checks; returns the results and pytest's output."""
-    with tempfile.TemporaryDirectory(prefix="converge-verify-") as tmp:
-        config = Path(tmp) / "ssh_config"
-        config.write_text(ssh_config(settings))
-        expected_file = Path(tmp) / "expected.json"
-        expected_file.write_text(json.dumps(expected))
-        xml = junit or str(Path(tmp) / "junit.xml")
-        hosts = ",".join(f"converge-ssh://{s.name}" for s in settings)
-        # become passwords reach the checks through a pipe, never argv or the environment
-        read_end, write_end = os.pipe()
-        env = dict(os.environ, CONVERGE_EXPECTED=str(expected_file), **{FD_VARIABLE: str(read_end)})
-        args = [sys.executable, "-m", "pytest", "-p", "converge.testinfra_become", *test_paths, f"--hosts={hosts}",
-                f"--ssh-config={config}", f"--junitxml={xml}", "-p", "no:cacheprovider", "-q", "-rN", "--tb=line",
-                "-o", "junit_family=xunit1"]
-        try:
-            proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, pass_fds=(read_end,))
-        finally:
-            os.close(read_end)
-        with os.fdopen(write_end, "wb") as pipe:
-            pipe.write(encode({s.name: s.become for s in settings if s.become}))
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        proc = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-        results = parse_junit(Path(xml).read_text()) if Path(xml).exists() else []
-        return results, proc.stdout + proc.stderr
-
-
-def parse_junit(text: str) -> list[CheckResult]:
-    results = []
-    for case in ET.fromstring(text).iter("testcase"):
-        name = case.get("name", "")
-        match = re.match(r"(?P<check>[^\[]+)\[(?:[a-z-]+://)?(?P<host>[^\]-][^\]]*?)\]$", name)
-        host = match.group("host") if match else "?"
-        check = (match.group("check") if match else name).removeprefix("test_")
-        role = case.get("classname", "").split(".")[1] if case.get("classname", "").startswith("roles.") else ""
-        check = f"{role}: {check}" if role else check
-        status, message = "passed", ""
-        for tag in ("failure", "error"):
-            node = case.find(tag)
-            if node is not None:
-                status = "failed"
-                message = _why(node.get("message") or node.text or "")
-        node = case.find("skipped")
-        if node is not None:
-            status, message = "skipped", (node.get("message") or "").removeprefix("Skipped: ")
-        results.append(CheckResult(host, check, status, message))
-    return results
+def outcome(nodeid: str, status: str, longrepr) -> CheckResult:
+    """``roles/service/tests/test_service.py::test_unit_file[converge://rtx01]`` as a row."""
+    path, _, name = nodeid.partition("::")
+    match = re.match(r"(?P<check>[^\[]+)\[(?:[a-z-]+://)?(?P<host>[^\]-][^\]]*?)\]$", name)
+    check = (match.group("check") if match else name).removeprefix("test_")
+    parts = Path(path).parts
+    if len(parts) > 2 and parts[0] == "roles":
+        check = f"{parts[1]}: {check}"
+    message = ""
+    if status == "skipped" and isinstance(longrepr, tuple):
+        message = str(longrepr[2]).removeprefix("Skipped: ")
+    elif status == "failed":
+        crash = getattr(longrepr, "reprcrash", None)
+        message = _why(crash.message if crash is not None else str(longrepr))
+    return CheckResult(match.group("host") if match else "?", check, status, message)
 
 
 def _why(text: str) -> str:
     """The assertion's own message, without pytest's expression dump."""
-    text = text.strip()
-    text = re.sub(r"^AssertionError: ", "", text)
-    first = text.split("\nassert ")[0].split("\n+  where")[0]
-    return first.strip()[:600]
+    text = re.sub(r"^AssertionError: ", "", text.strip())
+    return text.split("\nassert ")[0].split("\n+  where")[0].strip()[:600]
+
+
+def run(transports: dict[str, Transport], test_paths: list[str], expected: dict,
+        junit: str | None = None) -> tuple[list[CheckResult], str]:
+    """Run the checks on every host of ``transports``; returns the results and pytest's output."""
+    import pytest
+    import testinfra.backend
+    testinfra.backend.BACKENDS[TransportBackend.NAME] = f"{__name__}.TransportBackend"
+    TRANSPORTS.clear()
+    TRANSPORTS.update(transports)
+    EXPECTED.clear()
+    EXPECTED.update(expected)
+    outcomes = _Outcomes()
+    args = [*test_paths, "--hosts=" + ",".join(f"converge://{name}" for name in transports), "-p",
+            "no:cacheprovider", "-q", "-rN", "--tb=line", "-o", "junit_family=xunit1"]
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        pytest.main(args + ([f"--junitxml={junit}"] if junit else []), plugins=[outcomes])
+    return outcomes.results, output.getvalue()

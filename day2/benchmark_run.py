@@ -71,8 +71,9 @@ def _gpu_name(play, host: str) -> str | None:
     """The GPU's name, read by the engine's facts (one round trip)."""
     from converge import play as playlib
     from converge.report import Report
+    from roles import LOCK_NAME
     from roles.preflight.role import FACTS_ROLE
     report = Report(quiet=True)
-    playlib.run(play, [FACTS_ROLE], host, report=report)
+    playlib.run(play, [FACTS_ROLE], host, report=report, lock_name=LOCK_NAME)
     gpus = ((report.extra.get(host) or {}).get("facts") or {}).get("gpus") or []
     return gpus[0]["name"] if gpus else None

@@ -1,12 +1,13 @@
 """`invoke logs`: the vLLM unit's journal from each host, prefixed by host.
-The engine streams it (converge.stream); this module only says what to run."""
+The engine streams it over each host's transport (converge.group); this module
+only says what to run."""
 from __future__ import annotations
 
 import shlex
 import sys
 import threading
 
-from converge.stream import stream
+from converge.group import stream
 
 from roles.service.role import unit_name
 
@@ -27,6 +28,8 @@ def stream_logs(play, hosts: list[str], lines: int, follow: bool, out=sys.stdout
             out.write(f"{host:<{width}} | {line}\n")
             out.flush()
 
-    failed = stream(play, hosts, journal_command(lines, follow), emit,
-                    lambda host, message: emit(host, f"journalctl failed: {message}"))
+    command = journal_command(lines, follow)
+    with play.connections() as connections:
+        failed = stream(connections, {h: command(play.hostvars(h)) for h in hosts}, emit,
+                        lambda host, message: emit(host, f"journalctl failed: {message}"))
     return bool(failed)

@@ -16,6 +16,10 @@ from converge import yamlsrc
 from converge.inventory import VarSource
 
 HERE = Path(__file__).parent
+# the product's names, which the engine takes from its caller
+LOCK_NAME = "dgemma"  # /run/lock/dgemma.lock on every host
+INVENTORY_VARIABLE = "DGEMMA_INVENTORY"  # the inventory folder when --inventory is not given
+PROGRESS_VARIABLE = "DGEMMA_PROGRESS_S"  # seconds between plain progress lines off a terminal
 # weights before service: the unit names the model only once its weights are whole
 ORDER = ["preflight", "image", "weights", "service", "start"]
 

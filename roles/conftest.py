@@ -1,9 +1,10 @@
 """Shared fixtures of the roles' testinfra checks (run by `invoke verify`)."""
 import json
-import os
 import shlex
 
 import pytest
+
+from converge.verify import EXPECTED
 
 
 @pytest.fixture
@@ -14,10 +15,9 @@ def name(host):
 @pytest.fixture
 def expected(name):
     """What the roles render for this host (verify computes it before the run)."""
-    path = os.environ.get("CONVERGE_EXPECTED")
-    if not path:
+    if not EXPECTED:
         pytest.skip("run through `invoke verify`")
-    data = json.load(open(path)).get(name)
+    data = EXPECTED.get(name)
     if not data:
         pytest.fail(f"{name}: nothing was deployed here or its facts could not be read; run: invoke deploy --hosts {name}")
     return data

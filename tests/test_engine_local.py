@@ -3,11 +3,11 @@ atomic writes with the previous version kept, secret-safe diffs, host lock."""
 import os
 
 from converge.changes import File, mask_env
-from converge.connection import LocalConnection
+from converge.transport.local import LocalTransport as LocalConnection
 from converge.errors import RemoteCommandError
 from converge.facts import Gathering, gather, split, script
 from converge.facts.host import Arch, FileState, MemInfo
-from converge.runner import KEEP_HOLDING, lock_script
+from converge.hostlock import KEEP_HOLDING, lock_script
 
 
 def test_facts_gather_in_one_script_even_when_a_fact_exits():
@@ -102,7 +102,7 @@ def test_the_host_lets_the_lock_go_when_the_run_goes_silent():
     """A run whose link died sends no heartbeat: after the patience, the host frees the lock
     (here 1 s, no heartbeat yet); a run that closes frees it at once."""
     import time
-    from converge.runner import keep_holding
+    from converge.hostlock import keep_holding
     silent = LocalConnection()
     assert silent.hold(lock_script("dgemma-test3", 0, "silent") + keep_holding(1), timeout=10).readline(10) == \
         "locked"
@@ -114,7 +114,7 @@ def test_the_host_lets_the_lock_go_when_the_run_goes_silent():
 
 
 def test_a_host_that_floods_output_is_cut_off_not_buffered_forever():
-    from converge.connection import MAX_LINE
+    from converge.transport import MAX_LINE
     conn = LocalConnection()
     held = conn.hold(f"head -c {MAX_LINE + 100000} /dev/zero | tr '\\\\0' x; sleep 5\n", timeout=10)
     try:

@@ -1,4 +1,4 @@
-"""The run's artifact relay (converge/relay.py) against a local upstream: one fetch
+"""The run's artifact relay (relay/server.py) against a local upstream: one fetch
 upstream however many hosts ask at once, bytes served while they arrive, ranges,
 nothing but the run's own URLs, nothing left behind."""
 import base64
@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from converge.relay import Relay
+from relay.server import Relay
 
 DATA = bytes(range(256)) * 8192  # 2 MiB
 

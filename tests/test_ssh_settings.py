@@ -141,29 +141,11 @@ def test_fabric_reads_the_included_host_and_its_proxyjump(tmp_path, monkeypatch)
     monkeypatch.setenv("HOME", str(home))
     ssh_config.shared_config.cache_clear()
     try:
-        from converge import fabric_ssh
+        from converge.transport import connect
         settings = SSHSettings.from_vars("h100", {})
         assert settings.jumps == (Hop("bastion", "jump", 22),)
-        conn = fabric_ssh.for_host(settings)
+        conn = connect.for_host(settings)
         assert (conn.host, conn.port, conn.user) == ("10.1.1.3", 2222, "svc")
         assert conn.client._policy.__class__.__name__ == "RejectPolicy"  # never Fabric's AutoAddPolicy
     finally:
         ssh_config.shared_config.cache_clear()
-
-
-def test_verify_ssh_config_carries_jump_hosts_and_strict_keys(tmp_path):
-    from converge.verify import ssh_config as render
-    settings = [SSHSettings.from_vars("h100-01", {"ansible_host": "10.213.1.13", "ansible_user": "root",
-                                                  "ansible_ssh_private_key_file": "/k/id",
-                                                  "known_hosts_file": "/k/known",
-                                                  "ansible_ssh_common_args": "-o ProxyJump=jump@10.213.0.10"}),
-                SSHSettings.from_vars("rtx01", {"ansible_host": "10.213.0.12", "ansible_user": "root",
-                                                "ansible_ssh_private_key_file": "/k/id",
-                                                "known_hosts_file": "/k/known"})]
-    text = render(settings)
-    jump_block, h100_block, rtx_block = text.strip().split("\n\n")
-    assert "Host converge-jump-0\n  HostName 10.213.0.10" in jump_block and "User jump" in jump_block
-    assert "ProxyJump converge-jump-0" in h100_block and "HostName 10.213.1.13" in h100_block
-    assert "ProxyJump" not in rtx_block
-    for block in (jump_block, h100_block, rtx_block):
-        assert "StrictHostKeyChecking yes" in block and "UserKnownHostsFile /k/known" in block

@@ -83,8 +83,9 @@ def main(argv):
     forks = int(argv[argv.index("--forks") + 1]) if "--forks" in argv else 32
     play = playlib.Play(load_inventory(inventory), {}, [], {})
     if "--connect-only" in argv:  # the handshake alone, for counting round trips
-        for target in play.targets(None):
-            target.connect().close()
+        with play.connections() as connections:
+            for target in play.targets(None, connections):
+                target.connect()
         return 0
     report = Report(quiet=True)
     playlib.run(play, [ROLE], None, forks=forks, report=report, lock_name="fleetbench")

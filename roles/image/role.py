@@ -8,7 +8,7 @@ from converge.errors import StepFailed
 from converge.facts.containers import Images, find_image
 from converge.facts.host import FileState
 
-from roles.relay_probe import relay_steps
+from relay.probe import relay_steps, usable_relay
 
 from .pull_progress import pull_reader
 
@@ -84,9 +84,9 @@ def plan(ctx):
         reason = f"present with {', '.join(present['digests']) or 'no digest'}, pinned {pinned}"
     elif not present["digests"] or recorded[:2] != [ref, present["digests"][0]]:
         reason = "present; digest not recorded"
-    ctx.desired["image_present"] = present
 
-    def interpret(result):
+    def pulled(result) -> str:
+        """The digest the pull recorded (raises StepFailed when it is not the image wanted)."""
         if result.rc != 0:
             raise StepFailed(f"{runtime} pull {ref} failed (exit {result.rc}): "
                              f"{(result.stdout + result.stderr).strip()[-500:]}. Check the registry "
@@ -98,8 +98,10 @@ def plan(ctx):
                              f"image under this tag, or set image: to the right one")
         if pinned and digest != pinned:
             raise StepFailed(f"{ref} now has digest {digest}, not the pinned {pinned}: update image_digest")
-        ctx.desired["image_digest"] = digest
-        return f"{ref} {digest}"
+        return digest
+
+    def interpret(result):
+        return f"{ref} {pulled(result)}"
 
     if reason == "present; digest not recorded":
         # no pull: the image is right, only the record is missing
@@ -110,8 +112,8 @@ def plan(ctx):
         before = recorded[1] if len(recorded) > 1 else None
 
         def newer(result):
-            message = interpret(result)
-            return message, ctx.desired["image_digest"] != before  # changed only if the tag moved
+            digest = pulled(result)
+            return f"{ref} {digest}", digest != before  # changed only if the tag moved
 
         yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
                       describe=f"{runtime} pull {ref} (image_pull: always)", progress=pull_reader(),
@@ -121,7 +123,7 @@ def plan(ctx):
     relayed = None
     if reason is not None and runtime == "podman":  # docker takes mirrors for Docker Hub only: it pulls itself
         yield from relay_steps(ctx)
-        relay = ctx.desired.get("relay")
+        relay = usable_relay(ctx)
         relayed = relay.registry_ref(ref) if relay else None
     # in the background: the weights download needs nothing of it and goes on meanwhile
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v), relayed=relayed),
@@ -129,8 +131,6 @@ def plan(ctx):
                   describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=pull_reader(),
                   timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",),
                   background=True)
-    if reason is None:
-        ctx.desired["image_digest"] = present["digests"][0]
 
 
 ROLE = Role("image", facts, plan)

@@ -91,7 +91,6 @@ def plan(ctx):
     v = ctx.vars
     api_key = read_secret(v.get("api_key_file"), "api_key_file", ctx.name)
     hf_token = read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name)
-    ctx.desired.update(env_file=env_path(v), hf_token=bool(hf_token), unit=unit_name(v), api_key=api_key)
     args = (v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"], bool(hf_token))
     nixos = is_nixos(ctx)
     # what declares the service: our unit file, or on NixOS our module

@@ -3,15 +3,16 @@ the host's curl (download.py: resumable, hashed as it streams, no image needed,
 so it runs while the image is pulled)."""
 from __future__ import annotations
 
-from converge.changes import Command, Role
+from converge.changes import Command, Output, Produced, Role
 from converge.errors import StepFailed
 
+from relay.probe import relay_steps, usable_relay
 from roles.service.role import read_secret
 
-from roles.relay_probe import relay_steps
-
 from .cache import HfCache, status
-from .download import fetch_script, manifest_script, parse_fetch, parse_manifest, progress_reader
+from .download import Manifest, fetch_script, manifest_script, parse_fetch, parse_manifest, progress_reader
+
+MANIFEST = Output("the model's file list", Manifest)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -38,16 +39,16 @@ def plan(ctx):
 
     def read_manifest(result):
         manifest = parse_manifest(result.stdout, model, revision, endpoint)
-        ctx.desired["manifest"] = manifest
-        return f"{model}@{manifest.commit[:12]}: {len(manifest.files)} files, {_mib(manifest.total)}"
+        return Produced(manifest, f"{model}@{manifest.commit[:12]}: {len(manifest.files)} files, "
+                                  f"{_mib(manifest.total)}")
 
     # read-only: it runs in check mode too, so that --check says what a download would fetch
     yield Command(f"manifest of {model}", script=manifest_script(endpoint, model, revision, token),
                   describe=f"ask {endpoint} for the files of {model}@{revision}", changes=False, probe=True,
-                  timeout=300, interpret=read_manifest)
-    manifest = ctx.desired["manifest"]
+                  timeout=300, interpret=read_manifest, produces=MANIFEST)
+    manifest = ctx.results[MANIFEST]
     yield from relay_steps(ctx)
-    relay = ctx.desired.get("relay")
+    relay = usable_relay(ctx)
 
     def interpret(result):
         output = (result.stdout + result.stderr).strip()

@@ -41,7 +41,7 @@ def test_lab_status_lists_each_host(lab, tmp_path):
 
 def test_image_presence_read_from_the_store_index_agrees_with_podman(lab):
     import roles
-    from converge.connection import SSHConnection
+    from converge.transport.ssh import SSHTransport
     from converge.facts import Gathering, gather
     from converge.facts.containers import ImagePresent
     from converge.play import Play
@@ -53,7 +53,7 @@ def test_image_presence_read_from_the_store_index_agrees_with_podman(lab):
             "short": "vllm/vllm-openai:gemma-x86_64-cu130", "missing": "10.213.0.1:5000/nothing/here:1"}
     facts = {name: ImagePresent("podman", ref) for name, ref in refs.items()}
     settings = Play.load(str(LAB_INVENTORY), roles.schemas(), roles.defaults()).ssh_settings("h100-01")
-    with SSHConnection(settings).open() as conn:  # through bastion01
+    with SSHTransport(settings).open() as conn:  # through bastion01
         found = gather(conn, facts)
         raw = conn.run(Gathering({"tagged": facts["tagged"]}).script).stdout
     assert "@index 0" in raw  # read from the index, podman not started
@@ -87,14 +87,16 @@ def test_scale_hosts_come_and_go_with_their_disks(lab):
 def test_held_scripts_inline_or_too_long_for_a_command_line_both_run(lab):
     import socket
 
-    from converge.connection import INLINE_MAX, SSHSettings, connect
-    from converge.runner import KEEP_HOLDING
+    from converge.hostlock import KEEP_HOLDING
+    from converge.ssh_settings import SSHSettings
+    from converge.transport import INLINE_MAX
+    from converge.transport.ssh import SSHTransport
     from tests.lab.conftest import ADDRESS, KEY, KNOWN
 
     settings = SSHSettings("rtx01", ADDRESS["rtx01"], key_file=str(KEY), known_hosts=str(KNOWN))
     long_line = "x" * (INLINE_MAX + 10)
-    with connect(settings) as conn:
-        sock = conn.client.get_transport().sock
+    with SSHTransport(settings).open() as conn:
+        sock = conn.fabric.client.get_transport().sock
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # no delayed-ACK wait per command
         short = conn.hold("echo 'it''s inline'\n" + KEEP_HOLDING, timeout=10, inline=True)
         assert short.readline(10) == "its inline"

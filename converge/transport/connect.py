@@ -22,9 +22,9 @@ import threading
 import fabric
 import paramiko
 
-from . import hostkeys, ssh_config
-from .errors import ConnectionFailed, HostKeyError
-from .ssh_settings import Hop, SSHSettings
+from .. import hostkeys, ssh_config
+from ..errors import ConnectionFailed, HostKeyError
+from ..ssh_settings import Hop, SSHSettings
 
 
 def connection(host: str, user: str | None, port: int | None, key_file: str | None, known_hosts: str | None,
@@ -153,3 +153,19 @@ def for_host(settings: SSHSettings, gateway=False) -> fabric.Connection:
 def for_hop(hop: Hop, settings: SSHSettings, gateway=False) -> fabric.Connection:
     return connection(hop.host, hop.user, hop.port, settings.key_file, settings.known_hosts,
                       settings.connect_timeout, gateway)
+
+
+def offered_key(conn: fabric.Connection, timeout: float) -> paramiko.PKey:
+    """The key the server of ``conn`` (not open) offers, read from its key exchange
+    without authenticating: directly, or through its (open) jump host."""
+    if conn.gateway:
+        sock = conn.gateway.client.get_transport().open_channel(
+            "direct-tcpip", (conn.host, int(conn.port)), ("", 0), timeout=timeout)
+    else:
+        sock = socket.create_connection((conn.host, int(conn.port)), timeout=timeout)
+    transport = paramiko.Transport(sock)
+    try:
+        transport.start_client(timeout=timeout)
+        return transport.get_remote_server_key()
+    finally:
+        transport.close()

@@ -1,0 +1,126 @@
+"""The host lock: one run converges a host at a time.
+
+The lock is an ``flock`` taken by a script held open for the whole run on the
+host (the facts are gathered in the same script: one round trip). It lasts as
+long as the run is alive: a heartbeat writes a line to the script's stdin every
+HEARTBEAT_S seconds. If the control process dies, sshd closes the channel and
+``head`` sees EOF; if the link dies (or the control machine freezes), no line
+comes within HOST_PATIENCE_S and the host lets the lock go.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import threading
+import time
+
+from .errors import ConnectionFailed, ConvergeError
+from .transport import Held, Transport
+
+LOCK_DIR = "/run/lock"
+FIRST_ANSWER_S = 15  # for the held script to start and say whether it has the lock
+HEARTBEAT_S = 15
+HOST_PATIENCE_S = 45
+
+
+def lock_script(name: str, wait: float, holder: str) -> str:
+    """Take an flock on the host and print ``locked`` (``busy HOLDER`` first if
+    another run has it). Whatever follows runs under the lock; the script must
+    end with `KEEP_HOLDING`."""
+    path = shlex.quote(f"{LOCK_DIR}/{name}.lock")
+    return (
+        f"exec 2>&1; [ -d {LOCK_DIR} ] || mkdir -p {LOCK_DIR}; exec 9>>{path}\n"
+        f"if ! flock -n 9; then printf 'busy %s\\n' \"$(cat {path}.holder 2>/dev/null)\"; "
+        f"flock -w {int(wait)} 9 || {{ echo timeout; exit 75; }}; fi\n"
+        f"printf '%s\\n' {shlex.quote(holder)} > {path}.holder\n"
+        "echo locked\n"
+    )
+
+
+def keep_holding(patience: int) -> str:
+    # `exit` on the same line: a shell reading its script from stdin would otherwise wait
+    # there for more script, and keep the lock
+    return f"while l=$(timeout {int(patience)} head -n 1) && [ -n \"$l\" ]; do :; done; exit\n"
+
+
+KEEP_HOLDING = keep_holding(HOST_PATIENCE_S)
+
+
+class _Heartbeat:
+    """One thread for every lock this process holds."""
+
+    def __init__(self):
+        self._held: set[Held] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, held: Held):
+        with self._lock:
+            self._held.add(held)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="host-lock-heartbeat", daemon=True)
+                self._thread.start()
+
+    def discard(self, held: Held):
+        with self._lock:
+            self._held.discard(held)
+
+    def _beat(self):
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with self._lock:
+                held = list(self._held)
+            for one in held:
+                try:
+                    one.proc.write(b"alive\n")
+                except (ConnectionFailed, OSError, ValueError):
+                    pass  # the link's own watchdog says what happened
+
+
+HEARTBEAT = _Heartbeat()
+
+
+class HostLock:
+    """``take`` the lock with ``then`` (a script that runs under it, the facts)
+    and read on from the returned `Held`; ``holding`` says whether the host still
+    has it for us; ``release`` lets it go (closing the transport does too)."""
+
+    def __init__(self, transport: Transport, name: str, wait: float):
+        self.transport = transport
+        self.name = name
+        self.wait = wait
+        self.path = f"{LOCK_DIR}/{name}.lock"
+        self.held: Held | None = None
+
+    def take(self, then: str, on_busy=lambda holder: None) -> Held:
+        holder = f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        # inline: the lock and the facts hold no secret (a secret file is only hashed), so
+        # the script may be the exec request's command line, one round trip less than stdin
+        self.held = self.transport.hold(lock_script(self.name, self.wait, holder) + then + KEEP_HOLDING,
+                                        timeout=FIRST_ANSWER_S, inline=True)
+        first = self.held.readline(FIRST_ANSWER_S)
+        if first is not None and first.startswith("busy"):
+            on_busy(first[5:] or "another run")
+            first = self.held.readline(self.wait + 10)
+        if first == "timeout":
+            raise ConvergeError(f"another run is converging this host and kept its lock for more than "
+                                f"{self.wait:g} s ({self.path}); try again when it is done, or pass a longer "
+                                f"--lock-wait")
+        if first is None:
+            self.transport.refused(self.held)  # sudo said no (wrong password, not allowed): say that
+        if first != "locked":
+            raise ConvergeError(f"could not take the host lock {self.path}: "
+                                f"{first or 'the shell ended without a word'}")
+        HEARTBEAT.add(self.held)
+        return self.held
+
+    def holding(self) -> bool:
+        """Raises ConnectionFailed when the link was found dead."""
+        return self.held is not None and self.held.running()
+
+    def release(self):
+        if self.held is not None:
+            HEARTBEAT.discard(self.held)
+            self.held.close()
+            self.held = None

@@ -1,0 +1,36 @@
+"""Whether this host can fetch through the run's artifact relay: one `curl` to
+it, once per host, before the first fetch. A host that cannot reach it (behind a
+bastion, a firewall) fetches from upstream itself, and says so."""
+from __future__ import annotations
+
+import shlex
+
+from converge.changes import Command, Output, Produced
+
+from .server import RelayView
+
+RELAY = Output("the run's artifact relay", RelayView)
+
+
+def relay_steps(ctx):
+    """The probe, once per host, when the run offers a relay; it produces RELAY:
+    the relay as this host reaches it, or None. Read it with ``usable_relay``."""
+    offered = ctx.services.get("relay")
+    if offered is None or RELAY in ctx.results:
+        return
+
+    def interpret(result):
+        if result.rc == 0 and result.stdout.strip() == "relay":
+            return Produced(offered, f"fetching through the run's relay on the control machine "
+                                     f"({offered.address}): each artifact crosses the uplink once for all hosts "
+                                     f"of the run")
+        return Produced(None, f"the run's relay on the control machine ({offered.address}) is not reachable from "
+                              f"this host: fetching from upstream itself")
+
+    yield Command("artifact relay", script=f"curl -fsS --max-time 3 {shlex.quote(offered.ping_url())} 2>&1\n",
+                  changes=False, probe=True, timeout=30, interpret=interpret, produces=RELAY,
+                  describe="ask whether the run's relay answers")
+
+
+def usable_relay(ctx) -> RelayView | None:
+    return ctx.results.get(RELAY)

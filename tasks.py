@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from invoke import Collection, Exit, Task, task
+from invoke.exceptions import ParseError
 
 from converge.errors import ConvergeError, InventoryError
 
@@ -24,13 +25,35 @@ HELP = {
 }
 
 
+class Whole(int):
+    """A whole-number option: a bad value is a parse error with the option's words
+    (invoke's own int() raised a traceback)."""
+
+    option = "option"
+
+    def __new__(cls, text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ParseError(f"--{cls.option} {text}: expected a whole number (0 or more)")
+        return super().__new__(cls, value)
+
+
+Whole.__name__ = "int"  # as --help shows it
+
+
 class HostTask(Task):
-    """A task that reaches hosts: ``--ask-become-pass`` is ``-K``, as in Ansible."""
+    """A task that reaches hosts: ``--ask-become-pass`` is ``-K``, as in Ansible;
+    whole-number options are checked (Whole)."""
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
         if name == "ask_become_pass":
             opts["names"] = ["ask-become-pass", "K"]
+        if opts.get("kind") is int:
+            opts["kind"] = type("Whole", (Whole,), {"option": name.replace("_", "-"), "__name__": "int"})
         return opts
 
 
@@ -70,8 +93,26 @@ def _play(inventory, overrides=None, ask_become_pass=False):
     return play
 
 
+def _writable(target, option="--json"):
+    """Refuse a --json/--junit file that cannot be written before any host is touched."""
+    import os
+    if target and target != "-":
+        folder = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(target):
+            raise Exit(f"{option} {target}: cannot write there (no such folder, not writable, or a folder): "
+                       f"give a file in a folder you can write", code=2)
+
+
+def _select(play, hosts):
+    try:
+        return play.inventory.select(hosts)
+    except InventoryError as exc:
+        raise Exit("\n".join(exc.problems), code=2)
+
+
 def _report(json_target, show_diff=False, quiet=False):
     import os
+    _writable(json_target)
     from rich.console import Console
     from converge.progress import every_from
     from converge.report import Report
@@ -170,7 +211,7 @@ def trust(c, inventory=None, hosts=None, yes=False):
             return False
         return input("  trust this key? [y/N] ").strip().lower() in ("y", "yes")
 
-    for name in play.inventory.select(hosts):
+    for name in _select(play, hosts):
         try:
             # trust needs no become password: only the way in
             settings = SSHSettings.from_vars(name, {**play.hostvars(name), "ansible_become": False})
@@ -221,6 +262,7 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
     import roles
     from converge import verify as verifylib
     from converge.verify_report import print_table, verify_document
+    _writable(junit, "--junit")
     play = _play(inventory, set, ask_become_pass)
     with play.connections() as connections:  # the check run and the checks: one connection per host
         # what each host should look like: the roles' plan in check mode (changes nothing)
@@ -305,7 +347,7 @@ def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=
     """The vLLM unit's journal on each host, prefixed by host."""
     from day2.logs import stream_logs
     play = _play(inventory, ask_become_pass=ask_become_pass)
-    failed = stream_logs(play, play.inventory.select(hosts), int(lines), follow)
+    failed = stream_logs(play, _select(play, hosts), int(lines), follow)
     if failed:
         raise Exit(code=1)
 
@@ -316,7 +358,7 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False):
     """OpenAI base URLs of the serving hosts, and the lines Open WebUI takes."""
     from day2.endpoints import endpoints as rows_for, open_webui_lines
     play = _play(inventory)
-    rows = rows_for({h: play.hostvars(h) for h in play.inventory.select(hosts)}, show_keys)
+    rows = rows_for({h: play.hostvars(h) for h in _select(play, hosts)}, show_keys)
     for row in rows:
         print(f"{row['host']:<12} {row['base_url']:<36} key {row['key']}")
         if row["problem"]:
@@ -361,8 +403,10 @@ def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", rep
           ask_become_pass=False):
     """Benchmark each serving host the seeds' way: full canvas, short answers, concurrency 4."""
     from day2.benchmark_run import bench_hosts
+    _writable(json)
+    _writable(csv, "--csv")
     play = _play(inventory, ask_become_pass=ask_become_pass)
-    if not bench_hosts(play, play.inventory.select(hosts), json, csv, int(repeats), int(concurrency)):
+    if not bench_hosts(play, _select(play, hosts), json, csv, int(repeats), int(concurrency)):
         raise Exit(code=1)
 
 

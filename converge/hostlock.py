@@ -47,40 +47,6 @@ def keep_holding(patience: int) -> str:
 KEEP_HOLDING = keep_holding(HOST_PATIENCE_S)
 
 
-class _Heartbeat:
-    """One thread for every lock this process holds."""
-
-    def __init__(self):
-        self._held: set[Held] = set()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def add(self, held: Held):
-        with self._lock:
-            self._held.add(held)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._beat, name="host-lock-heartbeat", daemon=True)
-                self._thread.start()
-
-    def discard(self, held: Held):
-        with self._lock:
-            self._held.discard(held)
-
-    def _beat(self):
-        while True:
-            time.sleep(HEARTBEAT_S)
-            with self._lock:
-                held = list(self._held)
-            for one in held:
-                try:
-                    one.proc.write(b"alive\n")
-                except (ConnectionFailed, OSError, ValueError):
-                    pass  # the link's own watchdog says what happened
-
-
-HEARTBEAT = _Heartbeat()
-
-
 class HostLock:
     """``take`` the lock with ``then`` (a script that runs under it, the facts)
     and read on from the returned `Held`; ``holding`` says whether the host still
@@ -92,6 +58,7 @@ class HostLock:
         self.wait = wait
         self.path = f"{LOCK_DIR}/{name}.lock"
         self.held: Held | None = None
+        self._released = threading.Event()
 
     def take(self, then: str, on_busy=lambda holder: None) -> Held:
         holder = f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
@@ -112,15 +79,23 @@ class HostLock:
         if first != "locked":
             raise ConvergeError(f"could not take the host lock {self.path}: "
                                 f"{first or 'the shell ended without a word'}")
-        HEARTBEAT.add(self.held)
+        threading.Thread(target=self._beat, args=(self.held,), name=f"heartbeat-{self.transport.name}",
+                         daemon=True).start()
         return self.held
+
+    def _beat(self, held: Held):
+        while not self._released.wait(HEARTBEAT_S):
+            try:
+                held.proc.write(b"alive\n")
+            except (ConnectionFailed, OSError, ValueError):
+                return  # the link's own watchdog says what happened
 
     def holding(self) -> bool:
         """Raises ConnectionFailed when the link was found dead."""
         return self.held is not None and self.held.running()
 
     def release(self):
+        self._released.set()
         if self.held is not None:
-            HEARTBEAT.discard(self.held)
             self.held.close()
             self.held = None

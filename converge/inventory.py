@@ -231,7 +231,7 @@ def _display_cached(path: str, cwd: str) -> str:
     """A path as messages show it: relative to where we run, if inside it (one resolve per file)."""
     try:
         return str(Path(path).resolve().relative_to(Path(cwd).resolve()))
-    except ValueError:
+    except (ValueError, RuntimeError, OSError):  # outside cwd, or a symbolic link loop (said elsewhere)
         return path
 
 
@@ -255,14 +255,19 @@ def _load(path: Path, problems: list[str]) -> yamlsrc.Sourced | None:
     return None
 
 
-def _var_files(directory: Path, name: str) -> list[Path]:
-    """``group_vars/NAME.yml`` (or .yaml, or no suffix) and ``group_vars/NAME/*.yml``."""
+def _var_files(directory: Path, name: str, problems: list[str]) -> list[Path]:
+    """``group_vars/NAME.yml`` (or .yaml, or no suffix) and ``group_vars/NAME/*.yml``.
+    A symbolic link that leads nowhere (missing, or a loop) is a problem, not a file
+    quietly left out."""
     files = [directory / f"{name}{suffix}" for suffix in (".yml", ".yaml", "")]
-    found = [f for f in files if f.is_file()]
     folder = directory / name
     if folder.is_dir():
-        found.extend(sorted(p for p in folder.iterdir() if p.suffix in (".yml", ".yaml") and p.is_file()))
-    return found
+        files.extend(sorted(p for p in folder.iterdir() if p.suffix in (".yml", ".yaml")))
+    for f in files:
+        if f.is_symlink() and not f.exists():
+            problems.append(f"{_display(f)}:1: a symbolic link that leads nowhere (to {os.readlink(f)!r}: missing, "
+                            f"or a loop): point it at a vars file or remove it")
+    return [f for f in files if f.is_file()]
 
 
 def _mapping_source(label: str, sourced: yamlsrc.Sourced, prefix: tuple, values, problems) -> VarSource | None:
@@ -366,14 +371,14 @@ def load_inventory(root: str | Path, path_variable: str | None = None) -> Invent
             f"({' -> '.join(loop)}): Ansible refuses such a loop too; remove one of these children links"])
 
     for gname, group in groups.items():
-        for f in _var_files(base / "group_vars", gname):
+        for f in _var_files(base / "group_vars", gname, problems):
             sourced = _load(f, problems)
             if sourced is not None:
                 src = _mapping_source(f"group_vars {gname}", sourced, (), sourced.data, problems)
                 if src is not None:
                     group.files.append(src)
     for hname in host_order:
-        for f in _var_files(base / "host_vars", hname):
+        for f in _var_files(base / "host_vars", hname, problems):
             sourced = _load(f, problems)
             if sourced is not None:
                 src = _mapping_source(f"host_vars {hname}", sourced, (), sourced.data, problems)
@@ -384,7 +389,7 @@ def load_inventory(root: str | Path, path_variable: str | None = None) -> Invent
         folder = base / kind
         if folder.is_dir():
             for f in sorted(folder.iterdir()):
-                stem = f.stem if f.is_file() else f.name
+                stem = f.stem if f.suffix in (".yml", ".yaml") and not f.is_dir() else f.name
                 if f.name.startswith(".") or stem in known:
                     continue
                 close = difflib.get_close_matches(stem, list(known), n=1)

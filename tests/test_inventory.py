@@ -94,3 +94,19 @@ def test_ansible_reads_the_same_inventory():
         mine = ours.inventory.host(host).vars  # no role defaults: Ansible has none here
         assert {k: v for k, v in theirs.items() if not k.startswith("ansible_") or k in mine} == \
                {k: v for k, v in mine.items()}, host
+
+
+def test_symbolic_link_loops_in_vars_folders_are_named_not_a_traceback(inv):
+    """A vars file that is a link loop (or leads nowhere) is a file:line problem with the remedy."""
+    (inv / "group_vars" / "loop1.yml").symlink_to("loop2.yml")
+    (inv / "group_vars" / "loop2.yml").symlink_to("loop1.yml")
+    (inv / "host_vars" / "rtx01.yaml").symlink_to("rtx01.yaml")
+    with pytest.raises(InventoryError) as caught:
+        play(inv)
+    text = "\n".join(caught.value.problems)
+    assert "host_vars/rtx01.yaml:1: a symbolic link that leads nowhere (to 'rtx01.yaml': missing, or a loop)" in text
+    assert "group_vars/loop1.yml:1: no group named 'loop1'" in text
+    proc = subprocess.run([sys.executable, "-m", "invoke", "inventory.check", "--inventory", str(inv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
+    assert "leads nowhere" in proc.stdout + proc.stderr

@@ -27,29 +27,37 @@ from ..errors import ConnectionFailed, HostKeyError
 from ..ssh_settings import Hop, SSHSettings
 
 
-def connection(host: str, user: str | None, port: int | None, key_file: str | None, known_hosts: str | None,
-               timeout: float, gateway) -> fabric.Connection:
+def connection(host: str, user: str | None, port: int | None, settings: SSHSettings, gateway) -> fabric.Connection:
     """A Fabric connection (not yet open) that checks host keys against known_hosts."""
-    kwargs = {"banner_timeout": timeout, "auth_timeout": timeout,
-              # an explicit key is the key: no agent, no ~/.ssh guessing
-              "allow_agent": key_file is None, "look_for_keys": key_file is None}
-    if key_file:
-        kwargs["key_filename"] = [key_file]
+    key, timeout = settings.key_file, settings.connect_timeout
+    # an explicit key is the key: no agent, no ~/.ssh guessing
+    kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": key is None,
+              "look_for_keys": key is None, **({"key_filename": [key]} if key else {})}
     conn = fabric.Connection(host, user=user, port=port, config=ssh_config.shared_config(), gateway=gateway,
                              connect_timeout=int(max(timeout, 1)), connect_kwargs=kwargs)
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    hostkeys.load(hostkeys.files(known_hosts), into=conn.client.get_host_keys())
+    hostkeys.load(hostkeys.files(settings.known_hosts), into=conn.client.get_host_keys())
     return conn
+
+
+def for_host(settings: SSHSettings, gateway=False) -> fabric.Connection:
+    """The host's own Fabric connection (not open): Fabric resolves HostName,
+    User and Port from ssh_config."""
+    return connection(settings.host, settings.user, settings.port, settings, gateway)
+
+
+def for_hop(hop: Hop, settings: SSHSettings, gateway=False) -> fabric.Connection:
+    return connection(hop.host, hop.user, hop.port, settings, gateway)
 
 
 def open_connection(conn: fabric.Connection, name: str, what: str, known_hosts: str | None, timeout: float,
                     via: str | None = None):
-    """Open ``conn`` (``what`` names it in messages: the host, or "the jump host X"),
+    """Open ``conn`` (``what`` names it in messages: "", the host, or "the jump host X"),
     turning paramiko's exceptions into ConnectionFailed / HostKeyError for ``name``."""
     where = hostkeys.known_hosts_name(conn.host, conn.port)
     known_file = known_hosts or hostkeys.USER_KNOWN_HOSTS
     through = f" through {via}" if via else ""
-    label = f"{what} {where}".strip()
+    label, whom = f"{what} {where}".strip(), f"{what + ' ' if what else ''}{conn.user}@{where}"
     try:
         conn.open()
     except paramiko.BadHostKeyException as exc:
@@ -59,26 +67,24 @@ def open_connection(conn: fabric.Connection, name: str, what: str, known_hosts: 
             f"old key (ssh-keygen -R {shlex.quote(where)} -f {known_file}) and run: invoke trust --hosts {name}. "
             f"Otherwise someone may be intercepting the connection.") from exc
     except paramiko.AuthenticationException as exc:
-        raise ConnectionFailed(f"{name}: {(what + ' ') if what else ''}{conn.user}@{where} refused our key ({exc}): check ansible_user and "
+        raise ConnectionFailed(f"{name}: {whom} refused our key ({exc}): check ansible_user and "
                                f"ansible_ssh_private_key_file") from exc
     except paramiko.ChannelException as exc:
         raise ConnectionFailed(f"{name}: {via} could not reach {where}: {exc.text or exc}") from exc
     except paramiko.SSHException as exc:
         if "not found in known_hosts" in str(exc):
-            raise HostKeyError(
-                f"{name}: {label} is not in known_hosts ({known_file}). Check its fingerprint and pin it "
-                f"with: invoke trust --hosts {name}") from exc
+            raise HostKeyError(f"{name}: {label} is not in known_hosts ({known_file}). Check its fingerprint and "
+                               f"pin it with: invoke trust --hosts {name}") from exc
         transport = conn.client.get_transport()
-        no_banner = transport is None or not getattr(transport, "remote_version", "")
         # paramiko words a missing banner several ways ("Error reading SSH protocol banner",
         # "No existing session"): what is known is that the server never said which SSH it is
-        if no_banner or "banner" in str(exc).lower() or "timeout" in str(exc).lower():
+        if transport is None or not getattr(transport, "remote_version", "") or \
+                any(word in str(exc).lower() for word in ("banner", "timeout")):
             raise ConnectionFailed(f"{name}: {label} did not answer as an SSH server within {timeout:g} s"
                                    f"{through} ({exc})") from exc
-        raise ConnectionFailed(f"{name}: SSH to {(what + ' ') if what else ''}{conn.user}@{where}{through} failed: {exc}") from exc
+        raise ConnectionFailed(f"{name}: SSH to {whom}{through} failed: {exc}") from exc
     except (socket.timeout, TimeoutError) as exc:
-        raise ConnectionFailed(f"{name}: no answer from {label}{through} within {timeout:g} s: "
-                               f"is it up?") from exc
+        raise ConnectionFailed(f"{name}: no answer from {label}{through} within {timeout:g} s: is it up?") from exc
     except OSError as exc:
         raise ConnectionFailed(f"{name}: cannot reach {label}{through}: {exc.strerror or exc}") from exc
     except EOFError as exc:
@@ -106,28 +112,22 @@ class JumpHosts:
         (each hop reached through the one before), or False (no jump)."""
         parent, parent_label = False, None
         for hop in settings.jumps:
-            parent, parent_label = self._hop(hop, settings, parent, parent_label), str(hop)
+            key = (hop.host, hop.user, hop.port, settings.key_file, settings.known_hosts, id(parent))
+            with self._lock:
+                if key not in self._hops:
+                    # a hop without an IdentityFile of its own in ssh_config uses the host's key
+                    self._hops[key] = (for_hop(hop, settings, parent), threading.Lock(), str(hop), parent_label)
+            parent, parent_label = self._hops[key][0], str(hop)
         return parent
 
-    def _hop(self, hop: Hop, settings: SSHSettings, parent, parent_label):
-        key = (hop.host, hop.user, hop.port, settings.key_file, settings.known_hosts, id(parent))
-        with self._lock:
-            if key not in self._hops:
-                # a hop without an IdentityFile of its own in ssh_config uses the host's key
-                # (Fabric adds ssh_config's IdentityFile for the hop before it)
-                conn = for_hop(hop, settings, parent)
-                self._hops[key] = (conn, threading.Lock(), str(hop), parent_label)
-            return self._hops[key][0]
-
     def open_for(self, settings: SSHSettings, gateway):
-        """Open every hop in front of a host (each once per run)."""
+        """Open every hop in front of a host (each once per run), the outermost first."""
         chain = []
         while gateway:
             chain.append(gateway)
             gateway = gateway.gateway
         for hop in reversed(chain):
-            entry = next(e for e in self._hops.values() if e[0] is hop)
-            conn, lock, label, via = entry
+            conn, lock, label, via = next(e for e in self._hops.values() if e[0] is hop)
             with lock:
                 if not conn.is_connected:
                     open_connection(conn, settings.name, f"the jump host {label}", settings.known_hosts,
@@ -141,18 +141,6 @@ class JumpHosts:
             self._hops.clear()
         for conn, *_ in reversed(hops):  # the innermost first
             conn.close()
-
-
-def for_host(settings: SSHSettings, gateway=False) -> fabric.Connection:
-    """The host's own Fabric connection (not open): Fabric resolves HostName,
-    User and Port from ssh_config, which verify's ssh_config and trust need too."""
-    return connection(settings.host, settings.user, settings.port, settings.key_file, settings.known_hosts,
-                      settings.connect_timeout, gateway)
-
-
-def for_hop(hop: Hop, settings: SSHSettings, gateway=False) -> fabric.Connection:
-    return connection(hop.host, hop.user, hop.port, settings.key_file, settings.known_hosts,
-                      settings.connect_timeout, gateway)
 
 
 def offered_key(conn: fabric.Connection, timeout: float) -> paramiko.PKey:

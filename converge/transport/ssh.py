@@ -1,17 +1,16 @@
 """A host over SSH: a Fabric connection (transport.connect: strict host keys,
 shared jump hosts) carrying our speed path, which Fabric's ``run`` does not have.
 
-- Pipelined exec: the exec request is sent without waiting for its reply (as
-  OpenSSH's own client does) and the script follows at once, so one script is
-  one round trip. paramiko's ``exec_command`` waits for the reply; sending the
-  same message ourselves needs its private ``_event_pending`` and
-  ``_send_user_message``, used here and nowhere else (with the waiting request
-  as the fallback for a paramiko without them).
+- Pipelined exec: the exec request goes without waiting for its reply (as
+  OpenSSH's own client does) and the script follows at once: one script, one
+  round trip. paramiko's ``exec_command`` waits for the reply; sending its
+  message ourselves needs paramiko's private ``Channel._event_pending`` and
+  ``Transport._send_user_message`` (here and nowhere else; paramiko 3 to 5).
 - A keepalive watchdog, as OpenSSH's ServerAliveInterval/CountMax: paramiko's own
-  keepalive asks for no reply, so a dead link (cable, host gone) was noticed only
-  by a command's timeout, or TCP's, in minutes to hours. Every ALIVE_S seconds
-  the server is asked for a reply; with none for ALIVE_S * ALIVE_COUNT seconds,
-  the connection is closed and says why.
+  keepalive asks for no reply, so a dead link was noticed only by a command's
+  timeout, or TCP's, in minutes to hours. Every ALIVE_S seconds the server is
+  asked for a reply (the same private send); with none for ALIVE_S * ALIVE_COUNT
+  seconds, the connection is closed and says why.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import paramiko
 from .. import hostkeys
 from ..errors import ConnectionFailed, RemoteCommandError
 from ..ssh_settings import SSHSettings
-from . import Process, Transport, keep_tail
+from . import Transport, keep_tail
 from .connect import JumpHosts, for_host, open_connection
 
 ALIVE_S = 5.0
@@ -33,7 +32,7 @@ ALIVE_COUNT = 3
 _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError, AttributeError)
 
 
-class _Channel(Process):
+class _Channel:
     def __init__(self, transport: "SSHTransport", channel: paramiko.Channel):
         self.name = transport.name
         self._t = transport
@@ -42,13 +41,8 @@ class _Channel(Process):
 
     def read(self, seconds):
         ch, deadline = self._ch, time.monotonic() + seconds
-        while True:
-            if ch.recv_ready():
-                return ch.recv(65536)
-            if ch.recv_stderr_ready():  # sudo's words land here, apart from the script's lines
-                self._err += ch.recv_stderr(65536)
-                keep_tail(self._err)
-                continue
+        while not ch.recv_ready():
+            self.stderr()  # sudo's words land there, apart from the script's lines
             if ch.eof_received or ch.closed:
                 return b""
             remaining = deadline - time.monotonic()
@@ -56,10 +50,12 @@ class _Channel(Process):
                 return None
             # the channel's pipe wakes us for standard output and EOF; standard error is polled
             select.select([ch], [], [], min(remaining, 0.5))
+        return ch.recv(65536)
 
     def stderr(self):
         while self._ch.recv_stderr_ready():
             self._err += self._ch.recv_stderr(65536)
+            keep_tail(self._err)
         return bytes(self._err)
 
     def write(self, data):
@@ -71,16 +67,15 @@ class _Channel(Process):
     def status(self, seconds):
         ch = self._ch
         # a closed channel without a status will not get one: no need to wait for it
-        if not (ch.status_event.is_set() or (not ch.closed and ch.status_event.wait(seconds))):
-            ch.close()
-            if self._t.dead_reason or ch.transport is None or not ch.transport.is_active():
-                raise self._t.lost()
+        got = ch.status_event.is_set() or (not ch.closed and ch.status_event.wait(seconds))
+        rc = ch.recv_exit_status() if got else None
+        ch.close()
+        # paramiko closes a dead connection's channels with status -1: not the command's
+        if self._t.dead_reason or ((rc is None or rc == -1) and not ch.transport.is_active()):
+            raise self._t.lost()
+        if rc is None:
             raise RemoteCommandError(f"{self.name}: the host ended a command without an exit status "
                                      f"(did sshd refuse to run '{self._t._shell()}'?)", rc=255)
-        rc = ch.recv_exit_status()
-        ch.close()
-        if self._t.dead_reason or (rc == -1 and not ch.transport.is_active()):
-            raise self._t.lost()  # paramiko closes a dead connection's channels with status -1: not the command's
         return rc
 
     def alive(self):
@@ -124,45 +119,33 @@ class SSHTransport(Transport):
 
     def _watch(self):
         transport = self.fabric.client.get_transport()
-        while not self._closing.wait(ALIVE_S):
-            if transport is None or not transport.is_active():
-                return
-            if not _answers(transport, ALIVE_S * ALIVE_COUNT):
-                if not self._closing.is_set():
-                    self.dead_reason = (f"{self.name}: no answer from "
-                                        f"{hostkeys.known_hosts_name(self.fabric.host, self.fabric.port)} for "
-                                        f"{ALIVE_S * ALIVE_COUNT:g} s: the link or the host went down")
-                    transport.close()
-                return
+        while not self._closing.wait(ALIVE_S) and transport.is_active():
+            answered = threading.Event()
+            transport.completion_event = answered  # set by paramiko at the reply (OpenSSH's "failure" too)
+            try:
+                _send(transport, paramiko.common.cMSG_GLOBAL_REQUEST, "keepalive@openssh.com", True)
+            except _LINK_ERRORS:
+                pass
+            if not answered.wait(ALIVE_S * ALIVE_COUNT) and not self._closing.is_set():
+                where = hostkeys.known_hosts_name(self.fabric.host, self.fabric.port)
+                self.dead_reason = (f"{self.name}: no answer from {where} for {ALIVE_S * ALIVE_COUNT:g} s: the "
+                                    f"link or the host went down")
+                transport.close()
 
     def _start(self, command, stdin, keep_open, timeout):
         try:
             channel = self.fabric.client.get_transport().open_session(timeout=timeout)
-            mark_pending = getattr(channel, "_event_pending", None)
-            send = getattr(channel.transport, "_send_user_message", None)
-            if mark_pending is None or send is None:
-                channel.exec_command(command)
-            else:  # paramiko's exec_command without its wait (same message, same bookkeeping)
-                message = paramiko.Message()
-                message.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
-                message.add_int(channel.remote_chanid)
-                message.add_string("exec")
-                message.add_boolean(True)
-                message.add_string(command)
-                mark_pending()
-                send(message)
+            channel._event_pending()  # paramiko's exec_command, without its wait for the reply
+            _send(channel.transport, paramiko.common.cMSG_CHANNEL_REQUEST, channel.remote_chanid, "exec", True,
+                  command)
+            proc = _Channel(self, channel)
+            proc.write(stdin)
+            if keep_open:
+                self._held.append(channel)
+            else:
+                channel.shutdown_write()
         except _LINK_ERRORS as exc:
             raise self.lost(exc) from exc
-        proc = _Channel(self, channel)
-        if stdin:
-            proc.write(stdin)
-        if keep_open:
-            self._held.append(channel)
-        else:
-            try:
-                channel.shutdown_write()
-            except _LINK_ERRORS as exc:
-                raise self.lost(exc) from exc
         return proc
 
     def local_address(self) -> str | None:
@@ -182,22 +165,10 @@ class SSHTransport(Transport):
             self.jumps.close()
 
 
-def _answers(transport, timeout: float) -> bool:
-    """Whether the server answers a ``keepalive@openssh.com`` request (with a
-    reply asked for: OpenSSH answers "failure", which is an answer) in time."""
-    answered = threading.Event()
-    send = getattr(transport, "_send_user_message", None)
-    if send is None:  # a paramiko without it: the waiting request, in a thread of its own
-        threading.Thread(target=lambda: (transport.global_request("keepalive@openssh.com", wait=True),
-                                         answered.set()), daemon=True).start()
-        return answered.wait(timeout)
+def _send(transport: paramiko.Transport, kind: bytes, *fields):
+    """An SSH message sent without waiting for its reply."""
     message = paramiko.Message()
-    message.add_byte(paramiko.common.cMSG_GLOBAL_REQUEST)
-    message.add_string("keepalive@openssh.com")
-    message.add_boolean(True)
-    transport.completion_event = answered  # set by paramiko when the reply (success or failure) comes
-    try:
-        send(message)
-    except _LINK_ERRORS:
-        return False
-    return answered.wait(timeout)
+    message.add_byte(kind)
+    for value in fields:
+        {bool: message.add_boolean, int: message.add_int, str: message.add_string}[type(value)](value)
+    transport._send_user_message(message)

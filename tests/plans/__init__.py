@@ -1,0 +1,106 @@
+"""Role plans as data, as pyinfra tests its operations: facts in, steps out.
+
+A case (``cases/<role>/<name>.json``) names a fact file captured from a real host
+(``facts/<host>.json``, by ``capture.py``) with the changes it makes to it, the
+host's variables, the secrets it needs (written to 0600 files), and what the
+read-only probes printed (``outputs``, by step name). The API key of the cases is
+``sk-plan-test-key``: a case whose host holds it says so by giving the captured
+environment file that key's sha256 (the lab's own key is not in the repository). The roles run in their
+order up to the role under test, as the runner would run them in check mode;
+the steps of that role are compared with the case's ``steps``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import roles
+from converge.changes import Check, Command, File, HostContext, Produced, mask_env
+from converge.facts import Facts
+from converge.transport import Result
+
+HERE = Path(__file__).parent
+
+
+def _sets(obj):
+    if set(obj) != {"__set__"}:
+        return obj
+    return {tuple(x) if isinstance(x, list) else x for x in obj["__set__"]}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(), object_hook=_sets)
+
+
+def facts_for(case: dict) -> Facts:
+    base = load(HERE / "facts" / f"{case['facts']}.json")
+    values, errors = dict(base["facts"]), dict(base["fact_errors"])
+    for name, value in case.get("facts_changes", {}).items():
+        if isinstance(value, dict) and isinstance(values.get(name), dict) and not value.get("__replace__"):
+            values[name] = {**values[name], **value}
+        else:
+            values[name] = value.get("value") if isinstance(value, dict) and value.get("__replace__") else value
+    for name, message in case.get("fact_errors", {}).items():
+        values.pop(name, None)
+        errors[name] = message
+    return Facts(values, errors)
+
+
+def hostvars(case: dict, secrets_dir: str) -> dict:
+    merged = {}
+    for source in roles.defaults():
+        merged.update(source.values)
+    merged.update(case.get("vars", {}))
+    for var, text in case.get("secrets", {}).items():
+        path = os.path.join(secrets_dir, var)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+            handle.write(text)
+        merged[var] = path
+    return merged
+
+
+def describe(step) -> dict:
+    """A step as the case files write it."""
+    if isinstance(step, Check):
+        return {"check": step.name, "ok": step.ok, "message": step.message}
+    out = {"file" if isinstance(step, File) else "command": step.name, "needed": step.needed()}
+    if step.notify:
+        out["notify"] = list(step.notify)
+    if isinstance(step, File):
+        out.update(path=step.path, mode=step.mode, owner=f"{step.owner}:{step.group}")
+        if step.needed():
+            out["content"] = (mask_env(step.content) if step.secret else step.content).splitlines()
+    elif isinstance(step, Command):
+        out.update({k: True for k in ("background", "probe", "maybe") if getattr(step, k)})
+        if not step.changes:
+            out["read_only"] = True
+        if step.produces:
+            out["produces"] = step.produces.name
+        if step.needed():
+            out["script"] = step.script.splitlines()
+    return out
+
+
+def plan(case: dict) -> list[dict]:
+    """The steps of the case's role, after the roles before it (check mode)."""
+    order = roles.ORDER[:roles.ORDER.index(case["role"]) + 1]
+    with tempfile.TemporaryDirectory() as secrets_dir:
+        ctx = HostContext(case.get("host", "host"), hostvars(case, secrets_dir), facts_for(case), check=True)
+        ctx.handlers_run = set(case.get("handlers_run", []))
+        steps = []
+        for role in roles.load(order):
+            for step in role.plan(ctx):
+                if role.name == case["role"]:
+                    steps.append(describe(step))
+                if isinstance(step, Check) and not step.ok:  # the runner stops the host here
+                    return steps if role.name == case["role"] else [{"stopped": f"{role.name} | {step.name}: "
+                                                                                 f"{step.message}"}]
+                if isinstance(step, Command) and step.needed() and step.interpret and \
+                        (step.probe or not ctx.check) and step.name in case.get("outputs", {}):
+                    got = case["outputs"][step.name]
+                    said = step.interpret(Result(got.get("rc", 0), got.get("stdout", ""), got.get("stderr", "")))
+                    if isinstance(said, Produced):
+                        ctx.results.record(step.produces, said.value, step.name)
+        return steps

@@ -1,0 +1,28 @@
+"""Bad command-line input: a clear message and exit 1 or 2, never a traceback, and
+nothing reached (the inventory points at hosts that do not exist)."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+CASES = [
+    (["deploy", "--forks", "abc"], "--forks abc: expected a whole number"),
+    (["deploy", "--lock-wait", "-3"], "--lock-wait -3: expected a whole number"),
+    (["logs", "--lines", "x"], "--lines x: expected a whole number"),
+    (["logs", "--hosts", "nope"], "unknown host or group 'nope' in --hosts"),
+    (["bench", "--hosts", "nope"], "unknown host or group 'nope' in --hosts"),
+    (["endpoints", "--hosts", "nope"], "unknown host or group 'nope' in --hosts"),
+    (["facts", "--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: cannot write there"),
+    (["verify", "--junit", "/nonexistent/j.xml"], "--junit /nonexistent/j.xml: cannot write there"),
+]
+
+
+@pytest.mark.parametrize("args,said", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_option_is_a_message_not_a_traceback(args, said):
+    proc = subprocess.run([sys.executable, "-m", "invoke", *args, "--inventory", str(ROOT / "inventory")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode in (1, 2) and "Traceback" not in out, out[-2000:]
+    assert said in out

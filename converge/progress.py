@@ -11,10 +11,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from rich.console import Console
-from rich.markup import escape
-
 from .changes import Transfer
+
+
+def escape(text: str) -> str:
+    """rich's markup escape, imported when first needed (quiet runs never need rich)."""
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
+
 
 PLAIN_EVERY_S = 10.0  # the caller may set another (a CI log may want fewer or more)
 # CSI sequences (colours, cursor moves) and the lone OSC/charset ones tools print on a tty
@@ -79,9 +83,9 @@ def every_from(text: str | None) -> float:
 class Transfers:
     """Per (host, step) transfers, shown as the console allows."""
 
-    def __init__(self, console: Console, plain_every: float | None = None):
-        self.console = console
-        self.live = console.is_terminal
+    def __init__(self, console, plain_every: float | None = None):
+        self.console = console  # a rich Console, or None (quiet: nothing is shown)
+        self.live = console is not None and console.is_terminal
         self.plain_every = plain_every if plain_every is not None else PLAIN_EVERY_S
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._lock = threading.Lock()

@@ -10,10 +10,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from rich.console import Console
-from rich.markup import escape
-
-from .progress import Transfers, plain_text
+from .progress import Transfers, escape, plain_text
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "cyan",
          "unreachable": "bold red", "would change": "yellow", "interrupted": "bold yellow"}
@@ -44,7 +41,8 @@ class HostRecap:
 class Report:
     """Collects results from every host thread and prints them as they come."""
 
-    console: Console = field(default_factory=lambda: Console(stderr=False, highlight=False))
+    # a rich Console; a quiet report made without one never imports rich (a no-op run starts faster)
+    console: object = None
     show_diff: bool = False
     quiet: bool = False
     tasks: list = field(default_factory=list)
@@ -58,6 +56,9 @@ class Report:
     transfers: Transfers | None = None
 
     def __post_init__(self):
+        if self.console is None and not self.quiet:
+            from rich.console import Console
+            self.console = Console(stderr=False, highlight=False)
         self.transfers = Transfers(self.console, self.progress_every_s)
 
     def host(self, name: str):

@@ -38,6 +38,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
+
+def _fleet_bench():
+    """The fleet bench's module: its venvs, and the toolkit's environment it goes on under."""
+    spec = importlib.util.spec_from_file_location("fleet_run", ROOT / "bench/fleet/run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fleet = _fleet_bench()  # run under a python3 without the toolkit, this goes on under .venv
+
 from lab import config, crossings, hubdata, machines, services  # noqa: E402
 
 REPO = "google/diffusiongemma-26B-A4B-it"  # the H100 profile's variant (BF16)
@@ -150,9 +161,6 @@ def write_docs(data: dict, docs: Path):
 
 def chart(data: dict, docs: Path):
     """The chart, drawn by the fleet bench's venv (matplotlib lives there, not in the toolkit)."""
-    spec = importlib.util.spec_from_file_location("fleet_run", ROOT / "bench/fleet/run.py")
-    fleet = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fleet)
     python = fleet.venv("pyinfra") / "bin/python"
     subprocess.run([str(python), str(HERE / "chart.py"), str(docs / "first-deploy-bench.json"),
                     str(docs / "first-deploy-bench.png")], check=True)

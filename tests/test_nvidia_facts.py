@@ -22,7 +22,7 @@ def test_h100_busy_query_and_apps_real_capture():
     (gpu,) = parse_gpu_query((H100 / "busy-query.csv").read_text())
     assert gpu["memory_free_mib"] == 49833
     assert parse_compute_apps((H100 / "busy-compute-apps.csv").read_text()) == [
-        {"pid": 457, "name": "python3", "used_memory_mib": 31238}]
+        {"pid": 457, "name": "python3", "used_memory_mib": 31238, "gpu_uuid": None}]  # not asked in that capture
 
 
 def test_cuda_version_from_version_and_from_table_header():

@@ -14,9 +14,11 @@ import re
 from . import Fact, FactError
 
 GPU_FIELDS = ["index", "name", "uuid", "memory.total", "memory.used", "memory.free",
-              "driver_version", "compute_cap", "pci.bus_id"]
+              "driver_version", "compute_cap", "pci.bus_id", "mig.mode.current"]
 QUERY = f"--query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits"
-APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits"
+# gpu_uuid: which GPU each process is on (a process with a CUDA context holds memory on every
+# GPU it touched, and pid, name and memory alone cannot tell its rows apart)
+APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv,noheader,nounits"
 UNAVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
 
 
@@ -41,9 +43,10 @@ def parse_gpu_query(text: str) -> list[dict]:
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(GPU_FIELDS):
+        # the last field (MIG mode) may be missing: a capture taken before it was asked
+        if len(cells) not in (len(GPU_FIELDS), len(GPU_FIELDS) - 1):
             raise FactError(f"nvidia-smi printed an unexpected line: {line.strip()!r}")
-        row = dict(zip(GPU_FIELDS, cells))
+        row = dict(zip(GPU_FIELDS, cells + [""]))
         cc = row["compute_cap"]
         gpus.append({
             "index": int(row["index"]),
@@ -55,6 +58,7 @@ def parse_gpu_query(text: str) -> list[dict]:
             "driver_version": row["driver_version"],
             "compute_capability": None if cc in UNAVAILABLE else cc,
             "pci_bus_id": row["pci.bus_id"],
+            "mig_mode": None if row["mig.mode.current"] in UNAVAILABLE else row["mig.mode.current"],
         })
     return gpus
 
@@ -79,11 +83,13 @@ def parse_version(text: str) -> dict:
 
 
 def parse_compute_apps(text: str) -> list[dict]:
+    """Rows of ``--query-compute-apps`` (pid, name, memory, then the GPU's uuid when asked)."""
     apps = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 3 and cells[0].isdigit():
-            apps.append({"pid": int(cells[0]), "name": cells[1], "used_memory_mib": _number(cells[2])})
+        if len(cells) >= 3 and cells[0].isdigit():
+            apps.append({"pid": int(cells[0]), "name": cells[1], "used_memory_mib": _number(cells[2]),
+                         "gpu_uuid": cells[3] if len(cells) > 3 and cells[3].startswith("GPU-") else None})
     return apps
 
 

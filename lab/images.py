@@ -56,6 +56,7 @@ def _extras(arch: str, cold_start: float) -> Path:
     share = extras / "usr/local/share/vllm-standin"
     share.mkdir(parents=True)
     shutil.copy2(config.HERE / "stubs" / "vllm-serve-options.txt", share / "serve-options.txt")
+    shutil.copy2(config.HERE / "stubs" / "vllm-routes.txt", share / "routes.txt")
     (share / "arch").write_text(arch + "\n")
     (share / "cold-start").write_text(f"{cold_start}\n")
     return extras
@@ -63,7 +64,7 @@ def _extras(arch: str, cold_start: float) -> Path:
 
 def _fingerprint(arch: str, cold_start: float) -> str:
     digest = hashlib.sha256(f"{IMAGE_VERSION} {arch} {cold_start} {rootfs.BASE_VERSION}".encode())
-    for name in ("vllm", "vllm-serve-options.txt"):
+    for name in ("vllm", "vllm-serve-options.txt", "vllm-routes.txt"):
         digest.update((config.HERE / "stubs" / name).read_bytes())
     return digest.hexdigest()[:16]
 

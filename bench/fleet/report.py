@@ -46,6 +46,27 @@ def main(path, docs):
                      f"{noop['max']:.2f}) | {floor:.2f} | {ratio:.2f} | {faster} | {rss} |")
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
+    paired = [s for s in data["scenarios"] if s.get("interleaved")]
+    if paired:
+        lines += ["", "## Round by round", "",
+                  "Cells measured with the runs interleaved (floor, then each tool, round after round: the "
+                  "machine's drift falls on every side alike) also give each round's ratio; their median is "
+                  "steadier than a ratio of medians on a noisy machine. `ours@REV` is our engine as it was at "
+                  "REV (`--against REV`), on the same work and hosts.", "",
+                  "| hosts | RTT | tool | no-op / floor, median of rounds | no-op / ours, median of rounds |",
+                  "|---|---|---|---|---|"]
+        for s in paired:
+            floors = s["floor"]["runs"]
+            ours = s["tools"].get("ours", {}).get("noop", {}).get("runs")
+            for tool, t in s["tools"].items():
+                if "noop" not in t:
+                    continue
+                runs = t["noop"]["runs"]
+                by_floor = sorted(a / b for a, b in zip(runs, floors))
+                vs_ours = "" if tool == "ours" or not ours else \
+                    f"{sorted(a / b for a, b in zip(runs, ours))[len(runs) // 2]:.3f}"
+                lines.append(f"| {s['hosts']} | {s['rtt_ms']:g} ms | {tool} | {by_floor[len(runs) // 2]:.3f} | "
+                             f"{vs_ours} |")
     behind = [s for s in data["scenarios"] if "bastion" in s]
     if behind:
         lines += ["", "## Hosts behind a bastion", "",

@@ -182,10 +182,24 @@ def commands(tool, folder: Path):
     if tool in ("ours", "ours-podman"):
         return [sys.executable, HERE / "ours.py", folder / "hosts.yml", "--forks", "32"] + \
             (["--ask-podman"] if tool == "ours-podman" else [])
+    if tool.startswith("ours@"):  # the engine of another revision, on the same work (--against)
+        return [sys.executable, tree_of(tool[5:]) / "bench/fleet/ours.py", folder / "hosts.yml", "--forks", "32"]
     if tool == "ansible":
         return [WORK / "venv-ansible/bin/ansible-playbook", "-i", folder / "hosts.yml", HERE / "playbook.yml"]
     return [WORK / "venv-pyinfra/bin/pyinfra", "-y", "--parallel", "32", folder / "inventory.py",
             HERE / "pyinfra_deploy.py"]
+
+
+def tree_of(rev: str) -> Path:
+    """The files of ``rev`` (git archive), once, for ``ours@REV``."""
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    tree = WORK / f"tree-{commit}"
+    if not (tree / "bench/fleet/ours.py").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
 
 
 def floor_through_bastion(entries, folder: Path) -> float:
@@ -229,6 +243,8 @@ def main():
     parser.add_argument("--rtts", default="0,20")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tools", default="ours,ours-podman,pyinfra,ansible")
+    parser.add_argument("--against", metavar="REV",
+                        help="also measure our engine as it was at REV (ours@REV), interleaved with today's")
     parser.add_argument("--merge", action="store_true",
                         help="keep the scenarios of docs/fleet-bench.json that this run does not measure")
     parser.add_argument("--only-round-trips", action="store_true",
@@ -238,7 +254,7 @@ def main():
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rtts = [float(r) for r in args.rtts.split(",")]
-    tools = args.tools.split(",")
+    tools = args.tools.split(",") + ([f"ours@{args.against}"] if args.against else [])
     WORK.mkdir(parents=True, exist_ok=True)
     out = ROOT / "docs" / "fleet-bench.json"
     if args.only_round_trips:
@@ -265,27 +281,39 @@ def main():
 
 
 def measure(hosts, rtt, tools, runs, slow_max_hosts) -> dict:
-    """One cell: the floor, then each tool's first converge and ``runs`` no-op runs."""
+    """One cell: each tool's first converge, then ``runs`` rounds of the floor and each
+    tool's no-op, interleaved (floor, tool, tool..., floor, ...): the machine drifts (hosts
+    just booted settle, neighbours come and go) and interleaving lays the drift on every
+    side alike, where measuring one side after the other laid it on one. The tools do the
+    same work, so after the last first converge every tool's run is a no-op."""
     size = len(hosts)
     folder = WORK / f"n{size}-rtt{int(rtt)}"
     entries = write_inventories(hosts, rtt, folder)
-    scenario = {"hosts": size, "rtt_ms": rtt, "tools": {}}
+    scenario = {"hosts": size, "rtt_ms": rtt, "tools": {}, "interleaved": True}
     with proxied(hosts, rtt, folder / "proxy.json") if rtt else contextlib.nullcontext():
-        scenario["floor"] = summary([floor(entries, folder / "known_hosts") for _ in range(runs)])
+        floor(entries, folder / "known_hosts")  # a warm-up, not counted
+        active = []
         for tool in tools:
             if tool in SLOW_TOOLS and size > slow_max_hosts:
                 scenario["tools"][tool] = {"skipped": f"not run above {slow_max_hosts} hosts"}
                 continue
             reset(hosts)
             first, rss_first, _ = timed(commands(tool, folder), cwd=HERE)
-            noop, rss = [], []
-            for _ in range(runs):
+            scenario["tools"][tool] = {"first": round(first, 3), "rss": [rss_first], "noop": []}
+            active.append(tool)
+        floors = []
+        for _ in range(runs):
+            floors.append(floor(entries, folder / "known_hosts"))
+            for tool in active:
                 wall, peak, _ = timed(commands(tool, folder), cwd=HERE)
-                noop.append(wall)
-                rss.append(peak)
-            scenario["tools"][tool] = {"first": round(first, 3), "noop": summary(noop),
-                                       "peak_rss_mb": round(max(rss + [rss_first]) / 1024, 1)}
-            print(f"n={size} rtt={rtt:g} {tool}: first {first:.2f} s, no-op median "
+                scenario["tools"][tool]["noop"].append(wall)
+                scenario["tools"][tool]["rss"].append(peak)
+        scenario["floor"] = summary(floors)
+        for tool in active:
+            entry = scenario["tools"][tool]
+            noop, rss = entry.pop("noop"), entry.pop("rss")
+            entry.update(noop=summary(noop), peak_rss_mb=round(max(rss) / 1024, 1))
+            print(f"n={size} rtt={rtt:g} {tool}: first {entry['first']:.2f} s, no-op median "
                   f"{statistics.median(noop):.2f} s (floor {scenario['floor']['median']:.2f} s)", flush=True)
     if "ours" in tools:
         scenario["bastion"] = measure_bastion(hosts, rtt, runs, folder.with_name(folder.name + "-bastion"))
@@ -297,15 +325,17 @@ def measure_bastion(hosts, rtt, runs, folder: Path) -> dict:
     floor, `ssh -J bastion host true` to every host in parallel."""
     entries = write_inventories(hosts, rtt, folder, bastion=True)
     with proxied(hosts, rtt, folder / "proxy.json") if rtt else contextlib.nullcontext():
-        floor_s = summary([floor_through_bastion(entries, folder) for _ in range(runs)])
+        floor_through_bastion(entries, folder)  # a warm-up, not counted
         reset(hosts)
         cmd = commands("ours", folder)
         first, rss_first, _ = timed(cmd, cwd=HERE)
-        noop, rss = [], []
-        for _ in range(runs):
+        floors, noop, rss = [], [], []
+        for _ in range(runs):  # interleaved, as in measure()
+            floors.append(floor_through_bastion(entries, folder))
             wall, peak, _ = timed(cmd, cwd=HERE)
             noop.append(wall)
             rss.append(peak)
+        floor_s = summary(floors)
     print(f"n={len(hosts)} rtt={rtt:g} ours behind the bastion: no-op median {statistics.median(noop):.2f} s "
           f"(floor through the bastion {floor_s['median']:.2f} s)", flush=True)
     return {"floor": floor_s, "ours": {"first": round(first, 3), "noop": summary(noop),

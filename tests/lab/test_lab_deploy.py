@@ -58,6 +58,19 @@ def test_deploy_from_scratch_then_the_api_answers(fresh_lab):
     assert api_key() not in proc.stdout + proc.stderr + json.dumps(data)
 
 
+def test_the_image_answers_vllms_open_routes_as_vllm_0_33_does(fresh_lab):
+    """The routes vLLM registers by default outside its guarded prefixes answer anyone who
+    reaches the port, with no key (the stand-in in the deployed image behaves as vLLM here)."""
+    chat = {"model": "nvidia/diffusiongemma-26B-A4B-it-NVFP4", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8}
+    status, body = get("rtx01", "/invocations", body=chat)
+    assert status == 200 and json.loads(body)["object"] == "chat.completion"
+    assert get("rtx01", "/tokenize", body={"prompt": "a b"})[0] == 200
+    assert get("rtx01", "/scale_elastic_ep", body={"new_data_parallel_size": 2})[0] == 500
+    assert get("rtx01", "/metrics")[0] == 200
+    assert get("rtx01", "/v1/completions", body={**chat, "prompt": "hi"})[0] == 401  # guarded
+
+
 def test_second_deploy_changes_nothing(fresh_lab):
     proc, data = deploy_json("--hosts", "spark01,rtx01")
     assert proc.returncode == 0

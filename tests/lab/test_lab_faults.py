@@ -79,8 +79,10 @@ def wait_for(check, timeout=120, every=0.3):
 
 
 def downloading():
-    """a partial blob on rtx01"""
-    out = ssh("rtx01", f"ls {BLOBS} 2>/dev/null | grep -c incomplete; true", check=False).stdout.strip()
+    """a partial blob of the checkpoint on rtx01, with data in it (the small files before it
+    are partial for a moment only: a fault then could fall between two files)"""
+    out = ssh("rtx01", f"find {BLOBS} -name '*.incomplete' -size +256k 2>/dev/null | grep -c .; true",
+              check=False).stdout.strip()
     return out not in ("", "0")
 
 

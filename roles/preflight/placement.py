@@ -17,15 +17,12 @@ started with (its memory is that replica's, not free).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from . import catalog
 from .memory import GpuMemory, budget_mib, gpu_memory, largest_safe_utilization, passes_vllm_check, vllm_refusal
 from .select import Refused
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
-UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 @dataclass
@@ -108,6 +105,7 @@ def _usable(gpu: dict, mem: GpuMemory, hostvars: dict, running: dict, apps: list
 
 
 def _variants(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
+    """The catalog's variants for this compute capability, in preference order (select.py's)."""
     from .select import _candidates
     return _candidates(cc, hostvars)
 

@@ -112,3 +112,15 @@ def test_invoke_facts_local_on_a_610_driver_picks_cu130(tmp_path):
     host = json.loads(proc.stdout)["hosts"]["localhost"]
     assert host["facts"]["cuda_version"] == "13.3" and host["facts"]["driver_version"] == "610.43.02", proc.stderr
     assert host["choice"]["image"].endswith("vllm/vllm-openai:gemma-x86_64-cu130")
+
+
+def test_the_fact_script_on_a_real_h100_reads_mig_mode_and_each_apps_gpu():
+    """Captured on the lent H100 with the queries the fact asks now (CAPTURES-2026-11-23.md)."""
+    facts = parse_nvidia_smi_sections((H100 / "facts-script-output.txt").read_text())
+    (gpu,) = facts["gpus"]
+    assert gpu["mig_mode"] == "Disabled" and gpu["memory_free_mib"] == 81079
+    assert facts["cuda_version"] == "13.0" and facts["compute_apps"] == []
+    (busy,) = parse_gpu_query((H100 / "busy20g-query-mig.csv").read_text())
+    (app,) = parse_compute_apps((H100 / "busy20g-compute-apps-uuid.csv").read_text())
+    assert app == {"pid": 459, "name": "python3", "used_memory_mib": 20998, "gpu_uuid": busy["uuid"]}
+    assert busy["memory_used_mib"] == 21007 and busy["mig_mode"] == "Disabled"

@@ -13,6 +13,7 @@ import sys
 
 from invoke import Collection, Exit, Task, task
 from invoke.exceptions import ParseError
+from invoke.parser import Argument
 
 from converge.errors import ConvergeError, InventoryError
 
@@ -25,36 +26,37 @@ HELP = {
 }
 
 
-class Whole(int):
-    """A whole-number option: a bad value is a parse error with the option's words
-    (invoke's own int() raised a traceback)."""
+class CheckedArgument(Argument):
+    """A whole-number option whose value is not one is a parse error that names the
+    option (invoke's own int() raised a traceback); the kind stays int, so --help
+    still shows INT."""
 
-    option = "option"
-
-    def __new__(cls, text):
+    def set_value(self, value, cast=True):
         try:
-            value = int(text)
+            super().set_value(value, cast)
+            whole = not cast or self.value >= 0
         except ValueError:
-            value = -1
-        if value < 0:
-            raise ParseError(f"--{cls.option} {text}: expected a whole number (0 or more)")
-        return super().__new__(cls, value)
-
-
-Whole.__name__ = "int"  # as --help shows it
+            whole = False
+        if not whole:
+            raise ParseError(f"--{self.name.replace('_', '-')} {value}: expected a whole number (0 or more)")
 
 
 class HostTask(Task):
     """A task that reaches hosts: ``--ask-become-pass`` is ``-K``, as in Ansible;
-    whole-number options are checked (Whole)."""
+    whole-number options are checked (CheckedArgument)."""
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
         if name == "ask_become_pass":
             opts["names"] = ["ask-become-pass", "K"]
-        if opts.get("kind") is int:
-            opts["kind"] = type("Whole", (Whole,), {"option": name.replace("_", "-"), "__name__": "int"})
         return opts
+
+    def get_arguments(self, ignore_unknown_help=None):
+        args = super().get_arguments(ignore_unknown_help)
+        for arg in args:
+            if arg.kind is int:
+                arg.__class__ = CheckedArgument
+        return args
 
 
 def _become_password(ask: bool) -> str | None:

@@ -26,3 +26,9 @@ def test_bad_option_is_a_message_not_a_traceback(args, said):
     out = proc.stdout + proc.stderr
     assert proc.returncode in (1, 2) and "Traceback" not in out, out[-2000:]
     assert said in out
+
+
+def test_whole_number_options_still_take_a_value_in_help():
+    proc = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert "--forks=INT" in proc.stdout and "--lock-wait=INT" in proc.stdout

@@ -11,9 +11,10 @@ setup() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip git
   fi
   # the tests evaluate the NixOS modules with Debian's Nix (nix-instantiate)
-  if [ "${1:-}" = test ] && ! command -v nix-instantiate >/dev/null; then
+  # and run the front door's configuration in Debian's HAProxy (the lab's image has the same one)
+  if [ "${1:-}" = test ] && { ! command -v nix-instantiate >/dev/null || ! command -v haproxy >/dev/null; }; then
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nix-bin
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin haproxy
   fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv

@@ -130,7 +130,11 @@ def _run(play, roles, hosts, json_target=None, *, title=None, show_diff=False, c
     its own table). Returns the report; `_finish` ends the task."""
     from converge import play as playlib
     from roles import LOCK_NAME
+    from roles.fleet import FleetService
     report = _report(json_target, show_diff, quiet=title is None)
+    # every host's roles see the whole fleet (a gateway lists every front door), whichever hosts run
+    fleet = FleetService({h: play.hostvars(h) for h in play.inventory.host_names})
+    options["services"] = (fleet, *options.get("services", ()))
     try:
         playlib.run(play, roles, hosts, report=report, check=check, lock_name=LOCK_NAME, **options)
     except ConvergeError as exc:
@@ -269,7 +273,8 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
     with play.connections() as connections:  # the check run and the checks: one connection per host
         # what each host should look like: the roles' plan in check mode (changes nothing)
         report = _run(play, roles.load(), hosts, json, check=True, connections=connections)
-        expected = {h: x["expected"] for h, x in report.extra.items() if "expected" in x}
+        expected = {h: {**x["expected"], "frontdoor": x.get("frontdoor")}
+                    for h, x in report.extra.items() if "expected" in x}
         # hosts the check run could not reach or become on are failures of their own
         unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
                        or (t.role == "connect" and t.status == "failed")}
@@ -354,19 +359,104 @@ def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=
         raise Exit(code=1)
 
 
-@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
-            "show_keys": "print the API keys instead of ********"})
-def endpoints(c, inventory=None, hosts=None, show_keys=False):
-    """OpenAI base URLs of the serving hosts, and the lines Open WebUI takes."""
-    from day2.endpoints import endpoints as rows_for, open_webui_lines
+@task(help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"],
+            "show_keys": "print the api_key_file key instead of ********"})
+def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
+    """Where the fleet answers (https), the CA file to trust, and the lines Open WebUI takes."""
+    from converge.report import write_json
+    from day2.endpoints import api_key, endpoints as endpoints_of, open_webui_lines
+    _writable(json)
     play = _play(inventory)
-    rows = rows_for({h: play.hostvars(h) for h in _select(play, hosts)}, show_keys)
-    for row in rows:
-        print(f"{row['host']:<12} {row['base_url']:<36} key {row['key']}")
-        if row["problem"]:
-            print(f"  {row['problem']}", file=sys.stderr)
+    selected = {h: play.hostvars(h) for h in _select(play, hosts)}
+    doc = endpoints_of(selected)
+    if json:
+        write_json(doc, json)
+        return
+    key, problem = api_key(selected, show_keys)
+    if doc["gateway"]:
+        print(f"{'gateway':<12} {doc['gateway']}")
+    for row in doc["hosts"]:
+        print(f"{row['host']:<12} {row['url']}")
+    print(f"{'CA file':<12} {doc['ca_file']}")
+    if problem:
+        print(f"  {problem}", file=sys.stderr)
     print()
-    print(open_webui_lines(rows), end="")
+    print(open_webui_lines(doc, key), end="")
+
+
+def _keys_reload(c, inventory, hosts, ask_become_pass):
+    """Every front door takes the new key list (a reload; vLLM keeps running)."""
+    from roles.frontdoor.role import KEYS_ROLE
+    play = _play(inventory, ask_become_pass=ask_become_pass)
+    report = _run(play, [KEYS_ROLE], hosts, None, title="KEYS RECAP")
+    return report
+
+
+def _key_store(inventory):
+    from credentials import directory
+    from credentials.keys import KeyStore
+    play = _play(inventory)
+    return KeyStore(directory(play.hostvars(play.inventory.host_names[0]) if play.inventory.host_names else None))
+
+
+KEYS_HELP = {"inventory": HELP["inventory"], "hosts": "front doors to reload (default: all)",
+             "ask_become_pass": HELP["ask_become_pass"]}
+
+
+@task(klass=HostTask, help={**KEYS_HELP, "name": "whose key (letters, digits, . _ @ -)"})
+def keys_add(c, name, inventory=None, hosts=None, ask_become_pass=False):
+    """Make a key for NAME, reload the front doors, and print the key once (last line of stdout)."""
+    from credentials import CredentialError
+    if name.startswith("-"):
+        raise Exit(f"{name}: expected a key's name; usage: invoke keys.add NAME (help: invoke --help keys.add)",
+                   code=2)
+    try:
+        secret = _key_store(inventory).add(name)
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    report = _keys_reload(c, inventory, hosts, ask_become_pass)
+    if report.failed:
+        print("the key is stored; the front doors above that failed still refuse it until they take it "
+              "(invoke deploy, or invoke keys add again after revoking)", file=sys.stderr)
+    # alone on the last line of stdout: the one time it is shown; only its sha256 is kept
+    print(secret, flush=True)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(klass=HostTask, help={**KEYS_HELP, "name": "whose key"})
+def keys_revoke(c, name, inventory=None, hosts=None, ask_become_pass=False):
+    """Forget NAME's key and reload the front doors: it is refused (401) when this returns."""
+    from credentials import CredentialError
+    try:
+        _key_store(inventory).revoke(name)
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    report = _keys_reload(c, inventory, hosts, ask_become_pass)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": HELP["inventory"]})
+def keys_list(c, inventory=None):
+    """The keys' names, when they were made, and the start of their sha256 (never a key)."""
+    from credentials import CredentialError
+    try:
+        store = _key_store(inventory)
+        data = store.load()
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    if not data:
+        print(f"no keys in {store.path}: invoke keys add NAME")
+    for name, entry in sorted(data.items()):
+        print(f"{name:<24} added {entry.get('added', '?'):<26} sha256 {entry['sha256'][:12]}…")
+
+
+keys_ns = Collection("keys")
+keys_ns.add_task(keys_add, name="add")
+keys_ns.add_task(keys_revoke, name="revoke")
+keys_ns.add_task(keys_list, name="list")
+ns.add_collection(keys_ns)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"], "set": HELP["set"],

@@ -220,6 +220,8 @@ class Role:
     handlers: Callable | None = None  # (HostContext) -> dict[name, Command]
     summary: Callable | None = None  # (HostContext) -> dict for the report (--json, tables)
     flush_handlers: bool = False  # run the handlers notified so far before this role (Ansible's flush_handlers)
+    # which hosts it is for, by their variables (``group_names`` among them); None: every host
+    hosts: Callable | None = None
     overlaps: bool = False  # may run while earlier roles' background steps still run
 
 

@@ -54,7 +54,9 @@ class Play:
             raise InventoryError(problems)
 
     def hostvars(self, name: str) -> dict:
-        return self.inventory.host(name, self.defaults, self.overrides).vars
+        """The host's variables, with Ansible's ``group_names`` (its groups but ``all``)."""
+        host = self.inventory.host(name, self.defaults, self.overrides)
+        return {**host.vars, "group_names": [g for g in host.groups if g != "all"]}
 
     def ssh_settings(self, name: str) -> SSHSettings:
         """How to reach a host (raises ConvergeError for a setting that cannot be used)."""
@@ -136,7 +138,9 @@ def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, re
     finally:
         report.transfers.close()  # no progress bar outlives the run, however it ended
         for service in services:
-            report.services[service.name] = service.close()
+            figures = service.close()
+            if figures is not None:  # None: it has nothing to report
+                report.services[service.name] = figures
         if own:
             connections.close()
     report.interrupted = report.interrupted or control.reason

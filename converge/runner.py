@@ -29,7 +29,7 @@ class RunService:
     say); the engine knows none by name. ``start(hosts)`` as the run begins;
     ``for_host(transport, hostvars)`` is what one host's roles see as
     ``ctx.services[name]`` (None: nothing for this host); ``close()`` at the end
-    returns what it did, for the report."""
+    returns what it did, for the report (None: nothing to report)."""
 
     name = "service"
 
@@ -89,7 +89,7 @@ class HostRun:
     def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str,
                  lock_wait: float, fact_timeout: float, control: RunControl | None = None, services=()):
         self.target = target
-        self.roles = roles
+        self.roles = [role for role in roles if role.hosts is None or role.hosts(target.vars)]
         self.report = report
         self.check = check
         self.lock_name = lock_name

@@ -3,6 +3,7 @@ run the benchmark with progress, print the table beside the published figures.""
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.request
 
 from rich.console import Console
@@ -10,7 +11,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import benchmark as bench
-from .endpoints import endpoints
+from .endpoints import YOUR_KEY, api_key, endpoints
 
 HOW_TO_READ = ("tok/s of a diffusion LM depends on output length: the cost is per 256-token canvas. "
                "Compare full-canvas figures with full-canvas figures; short answers pay a whole canvas for a few "
@@ -22,7 +23,7 @@ def _served_model(base_url: str, key: str | None) -> str | None:
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(req, timeout=15) as resp:
+        with urllib.request.urlopen(req, timeout=15, context=bench.TLS.get("context")) as resp:
             return json.loads(resp.read())["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError):
         return None
@@ -31,12 +32,17 @@ def _served_model(base_url: str, key: str | None) -> str | None:
 def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concurrency: int) -> bool:
     console = Console()
     hostvars = {h: play.hostvars(h) for h in hosts}
-    rows = endpoints(hostvars, show_keys=True)
+    doc = endpoints(hostvars)
+    bench.TLS["context"] = ssl.create_default_context(cafile=doc["ca_file"])
+    key, problem = api_key(hostvars, show=True)
+    if problem or key == YOUR_KEY:
+        console.print(f"[red]{problem or 'bench needs a key: set api_key_file in the inventory (a 0600 file)'}[/red]")
+        return False
+    rows = [{"host": h["host"], "base_url": h["url"]} for h in doc["hosts"]]
     results, ok = [], True
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
         for row in rows:
-            key = None if row["key"] in ("EMPTY",) else row["key"]
             model = _served_model(row["base_url"], key)
             if model is None:
                 console.print(f"[red]{row['host']}: {row['base_url']}/models does not answer; "
@@ -53,7 +59,7 @@ def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concu
             ok = ok and not any(f.errors for f in result.figures)
     bench.write(results, json_path, csv_path)
     table = Table("host", "scenario", "tok/s", "p50 s", "p95 s", "mean tokens", "errors", "published",
-                  title="BENCH (direct API, non-streaming, temperature 0, thinking off, warm-up excluded)",
+                  title="BENCH (through each front door, non-streaming, temperature 0, thinking off, warm-up excluded)",
                   title_justify="left")
     for r in results:
         for f in r.figures:

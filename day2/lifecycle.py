@@ -9,6 +9,7 @@ from converge.errors import StepFailed
 from converge.facts.host import UnitState
 from converge.facts.nvidia import NvidiaSmi
 
+from roles.fleet import is_serving
 from roles.service.role import unit_name
 from roles.start.role import is_running, parse_wait, wait_script
 
@@ -39,7 +40,7 @@ def start_role(timeout: int | None = None) -> Role:
         step = _ready(ctx, timeout or int(ctx.vars.get("ready_timeout", 600)))
         step.when = not is_running(unit)
         yield step
-    return Role("start", _unit_facts, plan)
+    return Role("start", _unit_facts, plan, hosts=is_serving)
 
 
 def stop_role(resume: bool = False) -> Role:
@@ -52,7 +53,7 @@ def stop_role(resume: bool = False) -> Role:
             for other in ctx.vars.get("conflicts") or []:
                 yield Command(f"resume {other}", script=f"systemctl start {shlex.quote(other)}\n",
                               describe=f"systemctl start {other} (displaced by {name})")
-    return Role("stop", _unit_facts, plan)
+    return Role("stop", _unit_facts, plan, hosts=is_serving)
 
 
 def restart_role(timeout: int | None = None) -> Role:
@@ -60,7 +61,7 @@ def restart_role(timeout: int | None = None) -> Role:
         name = unit_name(ctx.vars)
         yield Command("stop", script=f"systemctl stop {shlex.quote(name)}\n", describe=f"systemctl stop {name}")
         yield _ready(ctx, timeout or int(ctx.vars.get("ready_timeout", 600)))
-    return Role("restart", _unit_facts, plan)
+    return Role("restart", _unit_facts, plan, hosts=is_serving)
 
 
 def recover_role() -> Role:
@@ -102,4 +103,4 @@ def recover_role() -> Role:
                       describe=rm.replace("'", ""))
         if v.get("state", "started") == "started":
             yield _ready(ctx, int(v.get("ready_timeout", 600)))
-    return Role("recover", facts, plan)
+    return Role("recover", facts, plan, hosts=is_serving)

@@ -16,9 +16,7 @@ class ServiceProbe(Fact):
     def __init__(self, v):
         rt = shlex.quote(v.get("container_runtime", "podman"))
         name = shlex.quote(v.get("service_name", "vllm-diffusiongemma"))
-        host = v.get("api_host", "0.0.0.0")
-        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        url = shlex.quote(f"http://{host}:{v.get('api_port', 8000)}/health")
+        url = shlex.quote(f"http://127.0.0.1:{v.get('replica_base_port', 8100)}/health")  # vLLM, on loopback
         self.command = (f"printf 'container=%s\\n' \"$({rt} inspect --format '{{{{.State.Status}}}}' {name} "
                         f"2>/dev/null || echo absent)\"; "
                         f"printf 'health=%s\\n' \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {url} "

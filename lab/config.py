@@ -40,12 +40,17 @@ DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "python3", "python3-yaml",
             "curl", "ca-certificates", "podman", "crun", "conmon", "fuse-overlayfs", "util-linux", "procps",
             "netavark", "aardvark-dns", "containernetworking-plugins", "golang-github-containers-common",
-            "sudo", "docker.io", "iptables"]
+            "sudo", "docker.io", "iptables",
+            # Debian's HAProxy, for the lab's image of the front door (library/haproxy)
+            "haproxy"]
 IMAGE_TAGS = {
     "x86_64": ["gemma-x86_64-cu130", "gemma-cu129", "v0.33.0-x86_64", "v0.33.0-x86_64-cu129"],
     "aarch64": ["gemma-aarch64-cu130", "gemma-aarch64-cu129", "v0.33.0-aarch64", "v0.33.0-aarch64-cu129"],
 }
 REPOSITORY = "vllm/vllm-openai"
+# the front door's image: one tag, both arches (a manifest list, as Docker Hub's)
+FRONTDOOR_REPOSITORY = "library/haproxy"
+FRONTDOOR_TAG = "2.6"
 
 
 @dataclass(frozen=True)

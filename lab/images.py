@@ -69,36 +69,90 @@ def _fingerprint(arch: str, cold_start: float) -> str:
     return digest.hexdigest()[:16]
 
 
+# what the official haproxy image's docker-entrypoint.sh does: `haproxy ...` runs in
+# master-worker mode (-W, reloads on SIGUSR2) in the foreground (-db)
+HAPROXY_ENTRYPOINT = """#!/bin/sh
+set -e
+if [ "${1#-}" != "$1" ]; then
+    set -- haproxy "$@"
+fi
+if [ "$1" = 'haproxy' ]; then
+    shift
+    set -- haproxy -W -db "$@"
+fi
+exec "$@"
+"""
+
+
+def _import(arch: str, local: str, extras: Path | None, changes: list[str], log):
+    """A rootfs image: the arch's base, less what an image does not carry, plus ``extras``."""
+    tarball = config.CACHE / f"image-{arch}.tar"
+    staging = config.CACHE / f"image-{arch}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    # hard links: instant, and removing or replacing a link leaves the base untouched
+    sh.run("cp", "-al", rootfs.ensure_base(arch, log), staging, timeout=600)
+    for pattern in EXCLUDES:
+        for path in staging.glob(pattern[2:]):
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if extras is not None:
+        sh.run("cp", "-a", "--remove-destination", f"{extras}/.", staging, timeout=300)
+    sh.run("tar", "-C", staging, "-cf", tarball, ".", timeout=900)
+    shutil.rmtree(staging)
+    args = ["podman", "import", "--arch", config.DEB_ARCH[arch]]
+    for change in changes:
+        args += ["--change", change]
+    sh.run(*args, tarball, local, timeout=900)
+    tarball.unlink()
+
+
+def ensure_frontdoor_image(log=print):
+    """library/haproxy:2.6 in the lab registry: Debian's HAProxy, run as the official
+    image runs it, one image per arch under one tag (a manifest list)."""
+    digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {HAPROXY_ENTRYPOINT}".encode()).hexdigest()[:16]
+    stamp = config.CACHE / "image-frontdoor.pushed"
+    target = f"{config.REGISTRY_LOCAL}/{config.FRONTDOOR_REPOSITORY}:{config.FRONTDOOR_TAG}"
+    if stamp.exists() and stamp.read_text().strip() == digest and sh.ok(
+            "skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{target}"):
+        return
+    listed = f"localhost/dglab-haproxy:list-{digest}"
+    sh.run("podman", "manifest", "rm", listed, check=False)
+    sh.run("podman", "manifest", "create", listed)
+    for arch in config.IMAGE_TAGS:
+        local = f"localhost/dglab-haproxy:{arch}-{digest}"
+        if not sh.ok("podman", "image", "exists", local):
+            log(f"building the {arch} front door image (Debian's haproxy)")
+            extras = config.CACHE / f"frontdoor-extras-{arch}"
+            shutil.rmtree(extras, ignore_errors=True)
+            (extras / "usr/local/bin").mkdir(parents=True)
+            entry = extras / "usr/local/bin/docker-entrypoint.sh"
+            entry.write_text(HAPROXY_ENTRYPOINT)
+            entry.chmod(0o755)
+            (extras / "usr/local/etc/haproxy").mkdir(parents=True)
+            _import(arch, local, extras, ['ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]',
+                                          'CMD ["haproxy", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]',
+                                          "STOPSIGNAL SIGUSR1", "USER haproxy"], log)
+        sh.run("podman", "manifest", "add", listed, f"containers-storage:{local}")
+    log(f"pushing {config.FRONTDOOR_REPOSITORY}:{config.FRONTDOOR_TAG} to the lab registry")
+    sh.run("podman", "manifest", "push", "-q", "--all", "--tls-verify=false", listed, f"docker://{target}",
+           timeout=900)
+    stamp.write_text(digest + "\n")
+
+
 def ensure_images(cold_start: float = 5.0, log=print):
     """Build (when its inputs changed) and push each arch's image under every tag."""
+    ensure_frontdoor_image(log)
     for arch, tags in config.IMAGE_TAGS.items():
         stamp = config.CACHE / f"image-{arch}.pushed"
         fp = _fingerprint(arch, cold_start)
         if stamp.exists() and stamp.read_text().strip() == fp and _in_registry(tags[0]):
             continue
-        base = rootfs.ensure_base(arch, log)
         local = f"localhost/dglab-vllm:{arch}-{fp}"
         if not sh.ok("podman", "image", "exists", local):
             log(f"building the {arch} vLLM stand-in image")
-            tarball = config.CACHE / f"image-{arch}.tar"
-            staging = config.CACHE / f"image-{arch}.staging"
-            shutil.rmtree(staging, ignore_errors=True)
-            # hard links: instant, and removing or replacing a link leaves the base untouched
-            sh.run("cp", "-al", base, staging, timeout=600)
-            for pattern in EXCLUDES:
-                for path in staging.glob(pattern[2:]):
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            sh.run("cp", "-a", "--remove-destination", f"{_extras(arch, cold_start)}/.", staging, timeout=300)
-            sh.run("tar", "-C", staging, "-cf", tarball, ".", timeout=900)
-            shutil.rmtree(staging)
-            changes = ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]',
-                       f"ENV VLLM_STANDIN_COLD_START={cold_start}",
-                       "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"]
-            args = ["podman", "import", "--arch", config.DEB_ARCH[arch]]
-            for change in changes:
-                args += ["--change", change]
-            sh.run(*args, tarball, local, timeout=900)
-            tarball.unlink()
+            _import(arch, local, _extras(arch, cold_start), ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]',
+                                                            f"ENV VLLM_STANDIN_COLD_START={cold_start}",
+                                                            "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"],
+                    log)
         for tag in tags:
             log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")
             sh.run("podman", "push", "-q", "--tls-verify=false", local,

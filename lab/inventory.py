@@ -62,6 +62,8 @@ def write(hosts: list[config.LabHost]) -> str:
         "registry": config.REGISTRY,
         "hf_endpoint": config.HUB_URL,
         "api_key_file": str(key_file),
+        # the fleet CA and the users' key hashes of the lab (not the user's own)
+        "credentials_dir": str(config.STATE / "credentials"),
         "ready_timeout": 300,
         # the lab rebuilds its images when the stand-ins change: hosts follow the registry
         "image_pull": "always",

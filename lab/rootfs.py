@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import config, sh
 
-BASE_VERSION = "5"  # bump when what goes into a base rootfs changes
+BASE_VERSION = "6"  # bump when what goes into a base rootfs changes
 
 HOST_PACKAGES = ["debootstrap", "systemd-container", "qemu-user-static", "binfmt-support", "podman", "crun",
                  "conmon", "uidmap", "fuse-overlayfs", "docker-registry", "skopeo", "openssh-client",
@@ -168,8 +168,9 @@ def _customise_base(root: Path, arch: str):
     if not link.is_symlink():
         link.symlink_to("/etc/systemd/system/nvidia-stub-meminfo.service")
     # units that cannot work in a container and only make the state "degraded"
+    # haproxy.service: the package is there for the front door's image, not to run on the hosts
     for unit in ("systemd-networkd-wait-online.service", "apt-daily.timer", "apt-daily-upgrade.timer",
-                 "e2scrub_all.timer", "fstrim.timer"):
+                 "e2scrub_all.timer", "fstrim.timer", "haproxy.service"):
         mask = root / "etc/systemd/system" / unit
         if not mask.exists():
             mask.symlink_to("/dev/null")

@@ -32,8 +32,7 @@ def fix(name):
 def api(host, expected):
     """curl on the host itself; the API key is read there from the 0600 file and fed to
     curl on stdin, so it is on no command line and in no log."""
-    base = f"http://{'127.0.0.1' if expected['api_host'] in ('0.0.0.0', '::') else expected['api_host']}:" \
-           f"{expected['api_port']}"
+    base = f"http://127.0.0.1:{expected['vllm_port']}"  # vLLM itself, on loopback
     env = shlex.quote(expected["env_path"])
 
     def call(path, body=None, key=True):

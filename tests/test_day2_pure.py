@@ -1,24 +1,32 @@
 """Day-2 pieces that need no host: endpoints lines, benchmark arithmetic."""
 from day2 import benchmark as bench
-from day2.endpoints import HIDDEN, endpoints, open_webui_lines
+from day2.endpoints import HIDDEN, YOUR_KEY, api_key, endpoints, open_webui_lines
 
 
-def test_endpoints_hide_keys_unless_asked(tmp_path):
+def test_endpoints_are_the_front_doors_with_the_ca_to_trust(tmp_path):
     key = tmp_path / "k"
     key.write_text("s3cret\n")
     key.chmod(0o644)
-    rows = endpoints({"rtx01": {"ansible_host": "10.0.0.2", "api_key_file": str(key)}})
-    assert rows[0]["key"] == "EMPTY" and "is mode 0644" in rows[0]["problem"]  # others could read it: refused
+    hostvars = {"rtx01": {"ansible_host": "10.0.0.2", "api_key_file": str(key), "credentials_dir": str(tmp_path)}}
+    assert api_key(hostvars, show=True)[0] == YOUR_KEY and "is mode 0644" in api_key(hostvars, True)[1]
     key.chmod(0o600)
-    hostvars = {"rtx01": {"ansible_host": "10.0.0.2", "api_port": 8000, "api_key_file": str(key)},
+    hostvars = {"rtx01": {"ansible_host": "10.0.0.2", "api_port": 8000, "api_key_file": str(key),
+                          "credentials_dir": str(tmp_path)},
                 "h100-01": {"ansible_host": "10.0.0.3", "api_port": 8001, "state": "stopped"},
                 "spark01": {"ansible_host": "10.0.0.1", "api_host": "10.0.0.9"}}
-    rows = endpoints(hostvars)
-    assert [r["base_url"] for r in rows] == ["http://10.0.0.2:8000/v1", "http://10.0.0.9:8000/v1"]
-    assert rows[0]["key"] == HIDDEN and rows[1]["key"] == "EMPTY"
-    lines = open_webui_lines(endpoints(hostvars, show_keys=True))
-    assert lines == ('OPENAI_API_BASE_URLS="http://10.0.0.2:8000/v1;http://10.0.0.9:8000/v1"\n'
-                     'OPENAI_API_KEYS="s3cret;EMPTY"\n')
+    doc = endpoints(hostvars)
+    assert doc == {"gateway": None, "ca_file": str(tmp_path / "ca" / "ca.crt"),
+                   "hosts": [{"host": "rtx01", "url": "https://10.0.0.2:8000/v1"},
+                             {"host": "spark01", "url": "https://10.0.0.9:8000/v1"}]}
+    assert api_key(hostvars, show=False) == (HIDDEN, None) and api_key(hostvars, show=True) == ("s3cret", None)
+    lines = open_webui_lines(doc, "s3cret")
+    assert lines.startswith('OPENAI_API_BASE_URLS="https://10.0.0.2:8000/v1;https://10.0.0.9:8000/v1"\n'
+                            'OPENAI_API_KEYS="s3cret;s3cret"\n')
+    assert f"SSL_CERT_FILE={tmp_path}/ca/ca.crt" in lines
+    with_gateway = endpoints(hostvars, {"gateway01": {"ansible_host": "10.0.0.20", "credentials_dir": str(tmp_path)}})
+    assert open_webui_lines(with_gateway, "k").startswith('OPENAI_API_BASE_URLS="https://10.0.0.20:8000/v1"\n'
+                                                        'OPENAI_API_KEYS="k"\n')
+    assert api_key({"a": {}}, show=True) == (YOUR_KEY, None)
 
 
 def test_bench_figures_follow_the_seeds_method():

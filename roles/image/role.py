@@ -10,6 +10,8 @@ from converge.facts.host import FileState
 
 from relay.probe import relay_steps, usable_relay
 
+from roles.fleet import is_serving
+
 from .pull_progress import pull_reader
 
 ARCH_NAMES = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -133,4 +135,4 @@ def plan(ctx):
                   background=True)
 
 
-ROLE = Role("image", facts, plan)
+ROLE = Role("image", facts, plan, hosts=is_serving)

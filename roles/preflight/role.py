@@ -10,6 +10,7 @@ from converge.facts.containers import Runtimes
 from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd, UnitState
 from converge.facts.nvidia import NvidiaSmi
 
+from roles.fleet import is_serving
 from roles.service.nixos import module_path
 from roles.service.role import unit_name, unit_path
 
@@ -153,6 +154,6 @@ def summary(ctx) -> dict:
     return out
 
 
-ROLE = Role("preflight", facts, plan, summary=summary)
+ROLE = Role("preflight", facts, plan, summary=summary, hosts=is_serving)
 # `invoke facts`: the same facts and choice, without the deploy-only checks
-FACTS_ROLE = Role("preflight", facts, plan_choice, summary=summary)
+FACTS_ROLE = Role("preflight", facts, plan_choice, summary=summary, hosts=is_serving)

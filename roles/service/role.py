@@ -12,6 +12,8 @@ from converge.changes import Check, Command, File, Role
 from converge.facts.host import FileState, OsRelease, TextFiles, UnitState
 from converge.secrets import read_secret_file
 
+from roles.fleet import is_serving
+
 from .container import RUNTIME_PATHS, container_spec, run_command
 from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
 from .serve import command_line
@@ -70,10 +72,12 @@ def render_unit(v: dict, image: str, model: str, utilization: float, has_token: 
 
 
 def render_module(v: dict, image: str, model: str, utilization: float, has_token: bool) -> str:
-    """The same service as a NixOS module (oci-containers), for hosts whose units are declared."""
+    """The same service as a NixOS module (oci-containers), for hosts whose units are declared,
+    with the front door's container beside it."""
+    from roles.frontdoor.render import nixos_container
     spec = container_spec(v, image, model, utilization, has_token)
     return _templates().get_template("module.nix.j2").render(
-        spec=spec, model=model, unit=unit_name(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
+        spec=spec, frontdoor=nixos_container(v), model=model, unit=unit_name(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
         autostart=bool(v.get("autostart", False)), burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900), path=module_path(v))
@@ -152,4 +156,4 @@ def handlers(ctx):
     }
 
 
-ROLE = Role("service", facts, plan, handlers)
+ROLE = Role("service", facts, plan, handlers, hosts=is_serving)

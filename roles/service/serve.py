@@ -21,7 +21,8 @@ def known_options() -> frozenset:
 def serve_args(v: dict, model: str, utilization: float) -> list[str]:
     dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
     args = [model,
-            "--host", v.get("api_host", "0.0.0.0"), "--port", str(v.get("api_port", 8000)),
+            # loopback only: the front door (roles/frontdoor) is the way in from the network
+            "--host", "127.0.0.1", "--port", str(v.get("replica_base_port", 8100)),
             "--gpu-memory-utilization", f"{utilization:g}",
             "--max-num-seqs", str(v.get("max_num_seqs", 4)),
             "--max-num-batched-tokens", str(v.get("max_num_batched_tokens", 8192)),

@@ -8,13 +8,12 @@ import shlex
 from converge.changes import Command, Role
 from converge.errors import StepFailed
 
+from roles.fleet import is_serving
 from roles.service.role import env_path, unit_name
 
 
 def wait_script(v: dict, unit: str, timeout: int) -> str:
-    host = v.get("api_host", "0.0.0.0")
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base = f"http://{host}:{v.get('api_port', 8000)}"
+    base = f"http://127.0.0.1:{v.get('replica_base_port', 8100)}"  # vLLM on loopback
     u = shlex.quote(unit)
     env = shlex.quote(env_path(v))
     return f"""
@@ -95,11 +94,11 @@ def summary(ctx) -> dict:
         "declared_by": d["declared_by"], "env_path": env_path(v),
         "autostart": bool(v.get("autostart", False)), "conflicts": list(v.get("conflicts") or []),
         "state": v.get("state", "started"), "api_host": v.get("api_host", "0.0.0.0"),
-        "api_port": v.get("api_port", 8000), "model": d["model"], "image": d["image"],
+        "api_port": v.get("api_port", 8000), "vllm_port": v.get("replica_base_port", 8100), "model": d["model"], "image": d["image"],
         "image_record": record_path(v), "arch": ctx.facts.get("arch"),
         "runtime": v.get("container_runtime", "podman"),
         "model_cache": v.get("model_cache", "/srv/models/hf-cache"),
         "model_revision": v.get("model_revision", "main")}}
 
 
-ROLE = Role("start", lambda v: {}, plan, flush_handlers=True, summary=summary)
+ROLE = Role("start", lambda v: {}, plan, flush_handlers=True, summary=summary, hosts=is_serving)

@@ -7,6 +7,7 @@ from converge.changes import Command, Output, Produced, Role
 from converge.errors import StepFailed
 
 from relay.probe import relay_steps, usable_relay
+from roles.fleet import is_serving
 from roles.service.role import read_secret
 
 from .cache import HfCache, status
@@ -83,4 +84,4 @@ def plan(ctx):
                   interpret=interpret, notify=("restart",))
 
 
-ROLE = Role("weights", facts, plan, overlaps=True)  # beside the image pull
+ROLE = Role("weights", facts, plan, overlaps=True, hosts=is_serving)  # beside the image pull

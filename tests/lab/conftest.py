@@ -44,20 +44,43 @@ def ssh_args(host) -> list[str]:
     return args + [f"{lab_host.login}@{lab_host.address}"]
 
 
+CA_FILE = config.STATE / "credentials" / "ca" / "ca.crt"
+
+
+def front_door(host, path, key=None, body=None, timeout=30, address=None):
+    """A request to a host's front door as a user sends it: https, the certificate checked
+    against the lab's fleet CA. Returns (status, body bytes, headers)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"https://{address or ADDRESS[host]}:8000{path}",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    context = ssl.create_default_context(cafile=str(CA_FILE))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
+            return resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers
+
+
 def become_password(host) -> str:
     from lab.rootfs import become_password_file
     return become_password_file(config.host(host)).read_text().strip()
 
 
-def ssh(host, command, timeout=120, check=True):
-    """Run ``command`` as root on a lab host over SSH: a login that is not root goes
-    through sudo, its password on sudo's stdin."""
+def ssh(host, command, timeout=120, check=True, input=""):
+    """Run ``command`` as root on a lab host over SSH, ``input`` on its stdin: a login that
+    is not root goes through sudo, its password on sudo's stdin first."""
     lab_host = config.host(host)
     if lab_host.login == "root":
-        proc = subprocess.run([*ssh_args(host), command], text=True, capture_output=True, timeout=timeout)
+        proc = subprocess.run([*ssh_args(host), command], text=True, capture_output=True, timeout=timeout,
+                              input=input)
     else:
         proc = subprocess.run([*ssh_args(host), "sudo -S -p '' sh -c " + shlex.quote(command)], text=True,
-                              capture_output=True, timeout=timeout, input=become_password(host) + "\n")
+                              capture_output=True, timeout=timeout, input=become_password(host) + "\n" + input)
     if check and proc.returncode != 0:
         raise AssertionError(f"ssh {host} {command!r}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -63,7 +63,7 @@ def test_logs_are_prefixed_by_host(deployed):
 def test_endpoints_for_open_webui(deployed):
     key = (config.STATE / "secrets" / "api-key").read_text().strip()
     proc = invoke("endpoints", check=True)
-    assert 'OPENAI_API_BASE_URLS="http://10.213.0.11:8000/v1;http://10.213.0.12:8000/v1;http://10.213.1.13:8000/v1"' \
+    assert 'OPENAI_API_BASE_URLS="https://10.213.0.11:8000/v1;https://10.213.0.12:8000/v1;https://10.213.1.13:8000/v1"' \
         in proc.stdout
     assert key not in proc.stdout and "********" in proc.stdout
     assert key in invoke("endpoints", "--show-keys", check=True).stdout

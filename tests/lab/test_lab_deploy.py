@@ -2,6 +2,7 @@
 stay on their host, host keys, the memory precheck, locks, a killed run."""
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from lab import config
-from tests.lab.conftest import ADDRESS, ROOT, deploy_json, invoke, ssh
+from tests.lab.conftest import ADDRESS, ROOT, deploy_json, front_door, invoke, ssh
 
 UNIT = "/etc/systemd/system/podman-vllm-diffusiongemma.service"
 
@@ -23,15 +24,8 @@ def api_key():
 
 
 def get(host, path, key=None, body=None):
-    req = urllib.request.Request(f"http://{ADDRESS[host]}:8000{path}", data=json.dumps(body).encode() if body else None,
-                                 headers={"Authorization": f"Bearer {key}"} if key else {})
-    if body:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    status, data, _ = front_door(host, path, key, body)
+    return status, data
 
 
 def recap(data):
@@ -58,17 +52,32 @@ def test_deploy_from_scratch_then_the_api_answers(fresh_lab):
     assert api_key() not in proc.stdout + proc.stderr + json.dumps(data)
 
 
-def test_the_image_answers_vllms_open_routes_as_vllm_0_33_does(fresh_lab):
-    """The routes vLLM registers by default outside its guarded prefixes answer anyone who
-    reaches the port, with no key (the stand-in in the deployed image behaves as vLLM here)."""
+def test_vllms_open_routes_are_closed_at_the_front_door_and_answer_on_loopback(fresh_lab):
+    """vLLM 0.33.0 registers routes outside its guarded prefixes that answer anyone with no
+    key (/invocations runs a chat completion). At the host's address only the front door
+    answers: those routes get 404, key or not. On loopback, the stand-in answers them as
+    vLLM does, so this test would fail if the front door were gone."""
     chat = {"model": "nvidia/diffusiongemma-26B-A4B-it-NVFP4", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 8}
-    status, body = get("rtx01", "/invocations", body=chat)
-    assert status == 200 and json.loads(body)["object"] == "chat.completion"
-    assert get("rtx01", "/tokenize", body={"prompt": "a b"})[0] == 200
-    assert get("rtx01", "/scale_elastic_ep", body={"new_data_parallel_size": 2})[0] == 500
-    assert get("rtx01", "/metrics")[0] == 200
-    assert get("rtx01", "/v1/completions", body={**chat, "prompt": "hi"})[0] == 401  # guarded
+    probes = [("/invocations", chat), ("/scale_elastic_ep", {"new_data_parallel_size": 2}),
+              ("/tokenize", {"prompt": "a b"}), ("/metrics", None)]
+    for host in ("spark01", "rtx01"):
+        for path, body in probes:
+            assert get(host, path, body=body)[0] == 404, (host, path)
+            assert get(host, path, api_key(), body=body)[0] == 404, (host, path)
+        # vLLM itself listens on loopback only: nothing at the host's address on its port
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{ADDRESS[host]}:8100/health", timeout=5)
+    loopback = ssh("rtx01", "curl -s -o /dev/null -w '%{http_code} ' -H 'Content-Type: application/json' "
+                            f"--data-binary {shlex.quote(json.dumps(chat))} http://127.0.0.1:8100/invocations; "
+                            "curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:8100/metrics; "
+                            "curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' "
+                            "--data-binary '{\"prompt\": \"a b\"}' http://127.0.0.1:8100/tokenize").stdout
+    assert loopback.split() == ["200", "200", "200"], loopback
+    # h100-01 is on the private network: people reach its front door through the bastion
+    through = ssh("bastion01", "curl -sk -o /dev/null -w '%{http_code}' -X POST https://10.213.1.13:8000/invocations; "
+                               "echo; curl -sk -o /dev/null -w '%{http_code}' https://10.213.1.13:8000/health").stdout
+    assert through.split() == ["404", "200"], through
 
 
 def test_second_deploy_changes_nothing(fresh_lab):

@@ -21,10 +21,12 @@ def running(host, expected):
     return expected
 
 
-def test_port_listens(host, running, fix):
-    addr = running["api_host"]
-    assert host.socket(f"tcp://{addr}:{running['api_port']}").is_listening, \
-        f"nothing listens on {addr}:{running['api_port']}: the service is {host.service(running['unit']).is_running and 'running' or 'not running'}; {fix}"
+def test_vllm_listens_on_loopback_only(host, running, fix):
+    port = running["vllm_port"]
+    assert host.socket(f"tcp://127.0.0.1:{port}").is_listening, \
+        f"nothing listens on 127.0.0.1:{port}: the service is {host.service(running['unit']).is_running and 'running' or 'not running'}; {fix}"
+    assert not host.socket(f"tcp://0.0.0.0:{port}").is_listening, \
+        f"vLLM listens on every interface at port {port}: only the front door may face the network; {fix}"
 
 
 def test_health(api, running, fix):

@@ -1,0 +1,142 @@
+"""The fleet CA, made on the control machine on first need, and the front
+doors' certificates it signs. The CA's key is 0600 here and never copied to a
+host; a host gets its own key and a certificate for its inventory name and
+addresses, renewed when it has less than RENEW_DAYS left or its names changed."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from . import CredentialError, locked, write_private
+
+CA_DAYS = 3650
+CERT_DAYS = 365
+RENEW_DAYS = 30
+
+
+@dataclass(frozen=True)
+class Issued:
+    cert_pem: str
+    key_pem: str  # a secret: goes to the host only, in a 0600 file
+    not_after: datetime.datetime
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _load_key(path: Path):
+    info = path.stat()
+    if info.st_mode & 0o077:
+        raise CredentialError(f"{path} is mode {stat.S_IMODE(info.st_mode):04o}; it holds a private key: "
+                              f"chmod 600 {path}")
+    try:
+        return serialization.load_pem_private_key(path.read_bytes(), None)
+    except ValueError as exc:
+        raise CredentialError(f"{path} is not a PEM private key ({exc}); move it away to make a new one") from exc
+
+
+def ca_paths(folder: Path) -> tuple[Path, Path]:
+    return folder / "ca" / "ca.crt", folder / "ca" / "ca.key"
+
+
+def ensure_ca(folder: Path, name: str = "dgemma-fleet CA") -> tuple[x509.Certificate, object]:
+    """The fleet CA (certificate, key), made once."""
+    with locked(folder):
+        return _ensure_ca(folder, name)
+
+
+def _ensure_ca(folder: Path, name: str) -> tuple[x509.Certificate, object]:
+    cert_path, key_path = ca_paths(folder)
+    if cert_path.exists() and key_path.exists():
+        try:
+            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        except ValueError as exc:
+            raise CredentialError(f"{cert_path} is not a PEM certificate ({exc})") from exc
+        return cert, _load_key(key_path)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = _now()
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    write_private(key_path, _key_pem(key))
+    write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    return cert, key
+
+
+def _names(cert: x509.Certificate) -> set[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(n) for n in san.get_values_for_type(x509.DNSName)} | \
+           {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+
+
+def _alt_name(name: str):
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def host_certificate(folder: Path, host: str, names: list[str]) -> Issued:
+    """The certificate of ``host``'s front door for ``names`` (inventory name,
+    addresses), kept in the credentials folder and renewed before it expires."""
+    with locked(folder):
+        return _host_certificate(folder, host, names)
+
+
+def _host_certificate(folder: Path, host: str, names: list[str]) -> Issued:
+    ca_cert, ca_key = _ensure_ca(folder, "dgemma-fleet CA")
+    cert_path, key_path = folder / "hosts" / f"{host}.crt", folder / "hosts" / f"{host}.key"
+    wanted = set(names)
+    if cert_path.exists() and key_path.exists():
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        left = cert.not_valid_after_utc - _now()
+        if (_names(cert) == wanted and left > datetime.timedelta(days=RENEW_DAYS)
+                and cert.issuer == ca_cert.subject):
+            key = _load_key(key_path)
+            return Issued(cert_path.read_text(), _key_pem(key).decode(), cert.not_valid_after_utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([_alt_name(n) for n in names]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    write_private(key_path, _key_pem(key))
+    write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    return Issued(cert_path.read_text(), _key_pem(key).decode(), cert.not_valid_after_utc)
+
+
+def ca_pem(folder: Path) -> str:
+    cert, _ = ensure_ca(folder)
+    return cert.public_bytes(serialization.Encoding.PEM).decode()

@@ -1,0 +1,94 @@
+"""Users' API keys: made here, shown once, kept only as sha256.
+
+The store is ``keys.json`` (0600) in the credentials folder: ``{NAME: {"sha256":
+HEX, "added": ISO8601}}``. Front doors and the gateway get the hashes only; the
+front door hashes each request's bearer token and looks it up.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import re
+import secrets
+import stat
+from pathlib import Path
+
+from . import CredentialError, locked, write_private
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+PREFIX = "dgk-"  # makes a leaked key easy to recognise (and to grep for)
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class KeyStore:
+    def __init__(self, folder: Path):
+        self.path = folder / "keys.json"
+
+    def load(self) -> dict[str, dict]:
+        if not self.path.exists():
+            return {}
+        info = self.path.stat()
+        if info.st_mode & 0o077:
+            raise CredentialError(f"{self.path} is mode {stat.S_IMODE(info.st_mode):04o}: chmod 600 {self.path}")
+        try:
+            data = json.loads(self.path.read_text())
+        except ValueError as exc:
+            raise CredentialError(f"{self.path}: not JSON ({exc}); restore it from a backup or remove it and add "
+                                  f"the keys again") from exc
+        if not isinstance(data, dict) or not all(isinstance(v, dict) and re.fullmatch(r"[0-9a-f]{64}",
+                                                                                       str(v.get("sha256")))
+                                                  for v in data.values()):
+            raise CredentialError(f"{self.path}: each entry must be {{\"sha256\": 64 hex digits}}")
+        return data
+
+    def _save(self, data: dict):
+        write_private(self.path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+    def add(self, name: str) -> str:
+        """A new key for ``name``; the secret is returned once and kept nowhere."""
+        if not NAME.match(name):
+            raise CredentialError(f"key name {name!r}: use letters, digits and . _ @ - (at most 64)")
+        with locked(self.path.parent):
+            return self._add(name)
+
+    def _add(self, name: str) -> str:
+        data = self.load()
+        if name in data:
+            raise CredentialError(f"a key named {name} exists: revoke it first (invoke keys revoke {name})")
+        secret = PREFIX + secrets.token_urlsafe(32)
+        data[name] = {"sha256": digest(secret),
+                      "added": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        self._save(data)
+        return secret
+
+    def revoke(self, name: str):
+        with locked(self.path.parent):
+            self._revoke(name)
+
+    def _revoke(self, name: str):
+        data = self.load()
+        if name not in data:
+            have = ", ".join(sorted(data)) or "none"
+            raise CredentialError(f"no key named {name} (keys: {have}); see: invoke keys list")
+        del data[name]
+        self._save(data)
+
+    def hashes(self) -> dict[str, str]:
+        return {name: entry["sha256"] for name, entry in sorted(self.load().items())}
+
+
+def service_key(folder: Path, name: str) -> str:
+    """A key the fleet's own parts use (the gateway, to reach the front doors): made
+    once, kept in a 0600 file here, handed only to the host that uses it."""
+    path = folder / f"{name}.key"
+    with locked(folder):
+        if not path.exists():
+            write_private(path, (PREFIX + secrets.token_urlsafe(32) + "\n").encode())
+        info = path.stat()
+        if info.st_mode & 0o077:
+            raise CredentialError(f"{path} is mode {stat.S_IMODE(info.st_mode):04o}: chmod 600 {path}")
+        return path.read_text().strip()

@@ -1,0 +1,58 @@
+"""The fleet as one host's roles need to see it: which hosts serve (their front
+doors) and which are gateways. Offered to every host of a run as
+``ctx.services["fleet"]``, from the whole inventory (a gateway lists every serving
+host, whichever hosts the run touches)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from converge.runner import RunService
+
+GATEWAY_GROUP = "gateway"
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    host: str
+    address: str  # where the gateway reaches it (its ansible_host)
+    port: int
+
+
+@dataclass(frozen=True)
+class Fleet:
+    serving: tuple  # FrontDoor, in inventory order
+    gateways: tuple  # FrontDoor
+
+    @property
+    def has_gateway(self) -> bool:
+        return bool(self.gateways)
+
+
+def is_gateway(hostvars: dict) -> bool:
+    return GATEWAY_GROUP in (hostvars.get("group_names") or ())
+
+
+def fleet_of(hostvars_by_name: dict[str, dict]) -> Fleet:
+    serving, gateways = [], []
+    for name, v in hostvars_by_name.items():
+        door = FrontDoor(name, v.get("ansible_host", name), int(v.get("api_port", 8000)))
+        (gateways if is_gateway(v) else serving).append(door)
+    return Fleet(tuple(serving), tuple(gateways))
+
+
+class FleetService(RunService):
+    name = "fleet"
+
+    def __init__(self, hostvars_by_name: dict[str, dict]):
+        self.fleet = fleet_of(hostvars_by_name)
+
+    def for_host(self, transport, hostvars):
+        return self.fleet
+
+    def close(self):
+        return None
+
+
+def is_serving(hostvars: dict) -> bool:
+    """Every host but the gateways serves the model."""
+    return not is_gateway(hostvars)

@@ -1,0 +1,177 @@
+"""The steps of one HAProxy instance on a host, shared by the front door and the
+gateway: its files (configuration, key hashes, certificate, CA), its image, its
+unit, then start, restart or reload and wait until it answers with the new
+configuration.
+
+A change of keys, certificate or servers is a reload (SIGUSR2 to HAProxy's master:
+connections in flight finish); the unit or its environment changing is a
+restart. Either way the step waits for the generation header of /health, so a
+revoked key is refused when the step returns."""
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass
+
+from converge.changes import Check, Command, File
+from converge.errors import StepFailed
+from converge.facts.containers import Images, find_image
+from converge.facts.host import FileState, OsRelease, UnitState
+
+from . import tls
+from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit
+
+
+@dataclass(frozen=True)
+class Wanted:
+    bundle: tls.Bundle
+    keys: str
+    config: str
+    generation: str
+
+
+def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
+    return {f"{prefix}_config": FileState(f"{proxy.dir}/haproxy.cfg"),
+            f"{prefix}_keys": FileState(f"{proxy.dir}/keys.sha256"),
+            f"{prefix}_tls": FileState(f"{proxy.dir}/tls.pem", secret=True),
+            f"{prefix}_ca": FileState(f"{proxy.dir}/ca.crt"),
+            f"{prefix}_unit_file": FileState(proxy.unit_path(v)),
+            f"{prefix}_unit": UnitState(proxy.unit_name(v)),
+            "os": OsRelease(),
+            "images": Images(v.get("container_runtime", "podman"))}
+
+
+def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None) -> Wanted:
+    """The certificate, the key list, the configuration, and the generation that
+    names them (any change to one of them is a new generation)."""
+    bundle = tls.bundle(ctx.name, ctx.vars)
+    keys = render_keys(accepted)
+    unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend)
+    generation = hashlib.sha256((unnamed + keys + bundle.cert_pem).encode()).hexdigest()[:16]
+    return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, proxy=proxy, backend=backend),
+                  generation)
+
+
+def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int) -> str:
+    """Run ``action``, then wait until https /health on this host answers with ``generation``."""
+    v = ctx.vars
+    port = int(v.get("api_port", 8000))
+    host = v.get("api_host", "0.0.0.0")
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    u = shlex.quote(proxy.unit_name(v))
+    url = shlex.quote(f"https://{ctx.name}:{port}/health")
+    resolve = shlex.quote(f"{ctx.name}:{port}:{connect}")
+    return f"""
+journal() {{ journalctl -u {u} -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
+{action}
+start=$(date +%s)
+while :; do
+  elapsed=$(( $(date +%s) - start ))
+  state=$(systemctl is-active {u})
+  if [ "$state" = failed ]; then echo "@failed $state after $elapsed s"; journal; exit 3; fi
+  # the certificate is checked against the fleet CA under the host's inventory name
+  got=$(curl -sS -D - -o /dev/null --max-time 3 --cacert {shlex.quote(proxy.dir + '/ca.crt')} --resolve {resolve} {url} 2>&1 \\
+        | tr -d '\\r' | sed -n 's/^[Xx]-[Ff]rontdoor-[Gg]eneration: //p')
+  if [ "$got" = {shlex.quote(generation)} ]; then echo "@ready $elapsed"; exit 0; fi
+  if [ $elapsed -ge {int(timeout)} ]; then echo "@timeout $elapsed $state ${{got:-no answer}}"; journal; exit 4; fi
+  sleep 0.3
+done
+"""
+
+
+def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
+    def interpret(result):
+        out = result.stdout
+        if result.rc == 0:
+            return done
+        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
+        raise StepFailed(f"{unit} did not answer with its new configuration within {timeout} s "
+                         f"({(out.splitlines() or ['?'])[0]}). Last log lines:\n{journal}\nSee: journalctl -u {unit}")
+    return interpret
+
+
+def file_steps(ctx, proxy: Proxy, prefix: str, want: Wanted) -> list[File]:
+    d, f = proxy.dir, ctx.facts
+    return [File(f"{proxy.kind} configuration", path=f"{d}/haproxy.cfg", content=want.config, mode="0644",
+                 current=f.get(f"{prefix}_config")),
+            File(f"{proxy.kind} keys (sha256)", path=f"{d}/keys.sha256", content=want.keys, mode="0600",
+                 current=f.get(f"{prefix}_keys")),
+            File(f"{proxy.kind} certificate", path=f"{d}/tls.pem", content=want.bundle.cert_pem + want.bundle.key_pem,
+                 mode="0600", secret=True, current=f.get(f"{prefix}_tls")),
+            File("fleet CA certificate", path=f"{d}/ca.crt", content=want.bundle.ca_pem, mode="0644",
+                 current=f.get(f"{prefix}_ca"))]
+
+
+def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_changed: bool = False):
+    """Everything the instance needs, in order; ``env_changed``: its environment file changed in this run."""
+    v = ctx.vars
+    nixos = (ctx.facts.get("os") or {}).get("ID") == "nixos"
+    files = file_steps(ctx, proxy, prefix, want)
+    reload = any(f.needed() for f in files)
+    yield from files
+    runtime, ref = v.get("container_runtime", "podman"), image_ref(v)
+    yield Command(f"pull {ref}", script=f"{runtime} pull -q {shlex.quote(ref)} >/dev/null\n",
+                  when=find_image(ctx.facts.get("images"), ref) is None, describe=f"{runtime} pull {ref} (not present)",
+                  timeout=v.get("image_pull_timeout", 3600))
+    unit = proxy.unit_name(v)
+    unit_changed = False
+    state = ctx.facts.get(f"{prefix}_unit") or {}
+    if nixos:
+        # the module the service role wrote declares this container too
+        if state.get("LoadState") != "loaded" and not ctx.check:
+            yield Check(f"{proxy.kind} declared by the NixOS module", ok=False,
+                        message=f"{unit} is not loaded: apply the module (nixos-rebuild switch), then deploy again")
+            return
+    else:
+        unit_file = File(f"{proxy.kind} unit", path=proxy.unit_path(v), content=render_unit(v, env_file, proxy),
+                         mode="0644", current=ctx.facts.get(f"{prefix}_unit_file"))
+        unit_changed = unit_file.needed()
+        yield unit_file
+    active = state.get("ActiveState") == "active"
+    q = shlex.quote(unit)
+    if not active:
+        action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
+                             "start", f"was {state.get('ActiveState', 'absent')}")
+    elif unit_changed or env_changed:
+        action, verb, why = f"systemctl daemon-reload\nsystemctl restart {q}", "restart", "its unit or environment changed"
+    else:
+        action, verb, why = (f"systemctl reload {q}", "reload",
+                             "keys, certificate or servers changed: reloaded, not restarted")
+    enable = "" if nixos else f"systemctl enable {q} 2>/dev/null\n"
+    timeout = int(v.get("frontdoor_ready_timeout", 60))
+    yield Command(f"{proxy.kind} answering", script=enable + wait_script(ctx, proxy, action, want.generation, timeout),
+                  when=not active or unit_changed or env_changed or reload,
+                  describe=f"systemctl {verb} {unit}; wait for https /health ({why})", timeout=timeout + 30,
+                  interpret=_interpret(proxy, unit, timeout,
+                                       f"{unit} answers https on port {v.get('api_port', 8000)} ({why})"))
+
+
+def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted):
+    """`invoke keys add/revoke`: the key list and the configuration naming its
+    generation, then a reload (never a restart). A host where the instance is not
+    deployed yet gets its keys at its first deploy."""
+    state = ctx.facts.get(f"{prefix}_unit") or {}
+    if state.get("ActiveState") != "active" or ctx.facts.get(f"{prefix}_config") is None:
+        yield Check(f"{proxy.kind} deployed", ok=True,
+                    message="not deployed here yet: the keys take effect at its first deploy")
+        return
+    files = [f for f in file_steps(ctx, proxy, prefix, want) if f.path.endswith(("keys.sha256", "haproxy.cfg"))]
+    needed = any(f.needed() for f in files)
+    yield from files
+    unit = proxy.unit_name(ctx.vars)
+    timeout = int(ctx.vars.get("frontdoor_ready_timeout", 60))
+    yield Command(f"{proxy.kind} reloaded",
+                  script=wait_script(ctx, proxy, f"systemctl reload {shlex.quote(unit)}", want.generation, timeout),
+                  when=needed, describe=f"systemctl reload {unit}; wait for the new keys to answer",
+                  timeout=timeout + 30, interpret=_interpret(proxy, unit, timeout, "reloaded: the new keys answer"))
+
+
+def summary(ctx, proxy: Proxy, key: str) -> dict:
+    """What verify checks the instance against (no secret in here)."""
+    v = ctx.vars
+    if f"{key}_generation" not in ctx.desired:
+        return {}
+    host = v.get("api_host", "0.0.0.0")
+    return {key: {"unit": proxy.unit_name(v), "port": v.get("api_port", 8000), "dir": proxy.dir,
+                  "connect": "127.0.0.1" if host in ("0.0.0.0", "::") else host,
+                  "generation": ctx.desired[f"{key}_generation"]}}

@@ -1,0 +1,62 @@
+"""The front door as deployed: running, the fleet CA's certificate for this host's
+name, its current configuration answering, only the allowlist through, a key asked."""
+import shlex
+
+import pytest
+
+
+@pytest.fixture
+def door(expected):
+    if not expected.get("frontdoor"):
+        pytest.skip("no front door planned for this host")
+    return expected["frontdoor"]
+
+
+@pytest.fixture
+def https(host, name, door):
+    """curl on the host to its own front door, checking the certificate against the fleet
+    CA under the host's inventory name."""
+    port = door["port"]
+
+    def call(path, method="GET"):
+        out = host.run(f"curl -sS -o /dev/null -D - --max-time 10 -X {method} "
+                       f"--cacert {shlex.quote(door['dir'] + '/ca.crt')} "
+                       f"--resolve {shlex.quote(f'{name}:{port}:' + door['connect'])} "
+                       f"{shlex.quote(f'https://{name}:{port}{path}')}")
+        lines = out.stdout.replace("\r", "").splitlines()
+        status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if v}
+        return status, headers, out.stderr
+
+    return call
+
+
+def test_front_door_runs_and_starts_at_boot(host, door, fix):
+    unit = host.service(door["unit"])
+    assert unit.is_running, f"{door['unit']} is not running; {fix} (or see: journalctl -u {door['unit']})"
+    if host.file(f"/etc/systemd/system/{door['unit']}").exists:  # NixOS declares it in the module
+        assert unit.is_enabled, f"{door['unit']} is not enabled at boot; {fix}"
+
+
+def test_front_door_answers_with_its_current_configuration(https, door, fix):
+    status, headers, err = https("/health")
+    assert status == 200, f"https /health answered {status or err.strip()}; {fix}"
+    assert headers.get("x-frontdoor-generation") == door["generation"], \
+        f"the front door answers with another configuration ({headers.get('x-frontdoor-generation')}): " \
+        f"it was not reloaded; {fix}"
+
+
+def test_only_the_allowlist_goes_through_and_a_key_is_asked(https, fix):
+    assert https("/v1/models")[0] == 401, f"/v1/models answers without a key; {fix}"
+    for path in ("/invocations", "/metrics", "/tokenize", "/scale_elastic_ep"):
+        assert https(path, "POST")[0] == 404, f"{path} is reachable through the front door; {fix}"
+
+
+def test_the_front_doors_secrets_are_0600_and_hold_only_hashes(host, door, fix):
+    for name in ("tls.pem", "keys.sha256"):
+        f = host.file(f"{door['dir']}/{name}")
+        assert f.exists and f.mode == 0o600 and f.user == "root", f"{f.path}: mode {oct(f.mode)}; {fix}"
+    lines = [line for line in host.file(f"{door['dir']}/keys.sha256").content_string.splitlines()
+             if line and not line.startswith("#")]
+    assert all(len(line) == 64 and all(c in "0123456789abcdef" for c in line) for line in lines), \
+        f"{door['dir']}/keys.sha256 holds something other than sha256 hashes; {fix}"

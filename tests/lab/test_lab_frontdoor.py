@@ -1,0 +1,90 @@
+"""The front door on the lab's hosts: TLS from the fleet CA, keys per user (only
+their sha256 on hosts), revoked at once without restarting vLLM."""
+import json
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+
+from lab import config
+from tests.lab.conftest import ADDRESS, CA_FILE, deploy_json, front_door, invoke, ssh
+
+VLLM_UNIT = "podman-vllm-diffusiongemma.service"
+MODEL = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    proc, _ = deploy_json("--hosts", "spark01,rtx01,h100-01")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return lab
+
+
+def started_at(host, unit):
+    return ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic -p MainPID {unit}").stdout
+
+
+def chat(host, key):
+    return front_door(host, "/v1/chat/completions", key, {"model": MODEL, "max_tokens": 8,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_the_certificate_is_the_fleet_cas_for_the_hosts_name_and_address(deployed):
+    for host in ("spark01", "rtx01"):
+        status, _, headers = front_door(host, "/health")
+        assert status == 200 and headers["X-Frontdoor-Generation"]
+    # a client that does not trust the fleet CA is refused the handshake
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(f"https://{ADDRESS['rtx01']}:8000/health", timeout=10,
+                               context=ssl.create_default_context())
+    # the CA's key never leaves the control machine
+    assert (config.STATE / "credentials" / "ca" / "ca.key").stat().st_mode & 0o077 == 0
+    for host in ("spark01", "rtx01"):
+        listing = ssh(host, "ls /etc/dgemma/frontdoor; stat -c '%a %n' /etc/dgemma/frontdoor/tls.pem").stdout
+        assert "ca.key" not in listing and "600 /etc/dgemma/frontdoor/tls.pem" in listing
+
+
+def test_a_key_from_keys_add_works_and_is_refused_once_revoked_without_restarting_vllm(deployed, tmp_path):
+    invoke("keys.revoke", "lab-user", check=False)  # a leftover of an interrupted run
+    before = {h: started_at(h, u) for h, u in (("rtx01", VLLM_UNIT), ("spark01", "docker-vllm-diffusiongemma.service"))}
+    added = invoke("keys.add", "lab-user", check=True)
+    key = added.stdout.rstrip("\n").splitlines()[-1]
+    assert key.startswith("dgk-") and added.stdout.count(key) == 1, added.stdout
+    try:
+        for host in ("rtx01", "spark01"):
+            status, body, _ = chat(host, key)
+            assert status == 200 and json.loads(body)["choices"][0]["message"]["content"], body[:300]
+            assert chat(host, key + "x")[0] == 401
+        # hosts hold the key's sha256, never the key: not in a file, a process's arguments or environment
+        for host in ("rtx01", "spark01", "h100-01"):
+            # the key goes to grep on its stdin (-f -): on grep's own command line it would be found
+            found = ssh(host, "k=$(cat); for p in /proc/[0-9]*; do printf '%s' \"$k\" | grep -qF -f - "
+                              "$p/cmdline $p/environ 2>/dev/null && echo $p; done; "
+                              "printf '%s' \"$k\" | grep -rlF -f - /etc /var/lib/dgemma /run 2>/dev/null; true",
+                        input=key).stdout
+            assert found.strip() == "", (host, found)
+        listed = invoke("keys.list", check=True).stdout
+        assert "lab-user" in listed and key not in listed
+    finally:
+        revoked = invoke("keys.revoke", "lab-user")
+    assert revoked.returncode == 0, revoked.stdout[-2000:] + revoked.stderr[-2000:]
+    for host in ("rtx01", "spark01"):
+        status, body, _ = chat(host, key)
+        assert status == 401, body[:200]
+    after = {h: started_at(h, u) for h, u in (("rtx01", VLLM_UNIT), ("spark01", "docker-vllm-diffusiongemma.service"))}
+    assert after == before  # vLLM was not restarted: keys are the front door's business
+    assert "reloaded" in revoked.stdout and key not in revoked.stdout + revoked.stderr
+
+
+def test_the_inventorys_api_key_file_keeps_working_as_one_key(deployed):
+    key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    assert chat("rtx01", key)[0] == 200
+
+
+def test_endpoints_name_the_front_doors_and_the_ca(deployed, tmp_path):
+    out = tmp_path / "endpoints.json"
+    invoke("endpoints", "--json", out, check=True)
+    doc = json.loads(out.read_text())
+    assert doc["ca_file"] == str(CA_FILE) and doc["gateway"] is None
+    assert {"host": "rtx01", "url": "https://10.213.0.12:8000/v1"} in doc["hosts"]

@@ -1,0 +1,160 @@
+"""The front door's pieces without a host: the fleet CA and its certificates, the
+key store, and the HAProxy configuration run by a real HAProxy against a small
+backend (the lab tests run it in the hosts' containers)."""
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from cryptography import x509
+
+from credentials import CredentialError, ca as fleet_ca
+from credentials.keys import KeyStore, digest
+from roles.frontdoor.render import ALLOWED, Server, render_config, render_keys, render_unit, run_command
+
+
+def test_the_ca_is_made_once_and_its_key_stays_0600(tmp_path):
+    cert, _ = fleet_ca.ensure_ca(tmp_path)
+    again, _ = fleet_ca.ensure_ca(tmp_path)
+    assert cert == again
+    assert oct((tmp_path / "ca" / "ca.key").stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "ca" / "ca.key").chmod(0o644)
+    with pytest.raises(CredentialError, match="chmod 600"):
+        fleet_ca.ensure_ca(tmp_path)
+
+
+def test_a_host_certificate_names_the_host_and_its_address_and_is_renewed(tmp_path, monkeypatch):
+    issued = fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.11"])
+    cert = x509.load_pem_x509_certificate(issued.cert_pem.encode())
+    ca_cert, _ = fleet_ca.ensure_ca(tmp_path)
+    cert.verify_directly_issued_by(ca_cert)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["spark01"]
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.213.0.11"]
+    assert fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.11"]) == issued  # kept
+    moved = fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.99"])
+    assert moved.cert_pem != issued.cert_pem  # a new address: a new certificate
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=fleet_ca.CERT_DAYS - 10)
+    monkeypatch.setattr(fleet_ca, "_now", lambda: later)
+    assert fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.99"]).cert_pem != moved.cert_pem
+
+
+def test_keys_are_shown_once_and_kept_as_sha256(tmp_path):
+    store = KeyStore(tmp_path)
+    secret = store.add("alice")
+    text = store.path.read_text()
+    assert secret not in text and digest(secret) in text
+    assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(CredentialError, match="revoke it first"):
+        store.add("alice")
+    with pytest.raises(CredentialError, match="letters, digits"):
+        store.add("bob; rm -rf /")
+    store.add("bob")
+    store.revoke("alice")
+    assert list(store.hashes()) == ["bob"]
+    with pytest.raises(CredentialError, match="no key named alice"):
+        store.revoke("alice")
+    store.path.chmod(0o644)
+    with pytest.raises(CredentialError, match="chmod 600"):
+        store.load()
+
+
+def test_the_units_hold_no_secret_and_name_vllms_key_only():
+    unit = render_unit({"container_runtime": "docker"}, "/etc/dgemma/vllm-diffusiongemma.env")
+    assert "EnvironmentFile=/etc/dgemma/vllm-diffusiongemma.env" in unit
+    assert "-e VLLM_API_KEY " in unit and "HF_TOKEN" not in unit
+    assert "ExecReload=/usr/bin/docker kill --signal USR2 dgemma-frontdoor" in unit
+    run = run_command({"registry": "10.213.0.1:5000"})
+    assert "10.213.0.1:5000/library/haproxy:2.6" in run and "--network=host" in run
+
+
+class Backend(BaseHTTPRequestHandler):
+    def _answer(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = json.dumps({"path": self.path, "auth": self.headers.get("authorization")}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def front_door(tmp_path):
+    """The rendered configuration in a real HAProxy (Debian's, as in the lab's image)."""
+    if not shutil.which("haproxy"):
+        pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    issued = fleet_ca.host_certificate(tmp_path, "rtx01", ["rtx01", "127.0.0.1"])
+    (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
+    (tmp_path / "keys.sha256").write_text(render_keys({"alice": digest("alice-key")}))
+    port = _free_port()
+    v = {"api_host": "127.0.0.1", "api_port": port}
+    config = render_config("rtx01", v, [Server("replica0", f"127.0.0.1:{backend.server_address[1]}")], "gen1",
+                           files=str(tmp_path), socket=str(tmp_path / "admin.sock"))
+    config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
+    (tmp_path / "haproxy.cfg").write_text(config)
+    proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                            env={**os.environ, "VLLM_API_KEY": "vllm-own-key"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca" / "ca.crt"))
+    base = f"https://127.0.0.1:{port}"
+
+    def call(path, key=None, body=None):
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": key} if key else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+                return resp.status, json.loads(resp.read()), resp.headers
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null"), exc.headers
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if call("/health")[0] == 200:
+                break
+        except OSError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+        time.sleep(0.1)
+    yield call
+    proc.terminate()
+    proc.wait(10)
+    backend.shutdown()
+
+
+def test_the_front_door_lets_through_only_the_allowlist_and_only_with_a_key(front_door):
+    status, body, headers = front_door("/health")
+    assert status == 200 and headers["X-Frontdoor-Generation"] == "gen1"
+    for path in ALLOWED[1:]:
+        assert front_door(path)[0] == 401, path
+        assert front_door(path, "Bearer wrong")[0] == 401, path
+    status, body, _ = front_door("/v1/models", "Bearer alice-key")
+    # the user's key goes no further: vLLM gets its own
+    assert status == 200 and body == {"path": "/v1/models", "auth": "Bearer vllm-own-key"}
+    assert front_door("/v1/models", "bearer alice-key")[0] == 200  # the scheme in any case, as vLLM takes it
+    for path in ("/invocations", "/scale_elastic_ep", "/tokenize", "/metrics", "/v1/models/x", "/load",
+                 "/v1/../invocations", "/V1/models"):
+        assert front_door(path, "Bearer alice-key", body={})[0] == 404, path

@@ -273,8 +273,8 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
     with play.connections() as connections:  # the check run and the checks: one connection per host
         # what each host should look like: the roles' plan in check mode (changes nothing)
         report = _run(play, roles.load(), hosts, json, check=True, connections=connections)
-        expected = {h: {**x["expected"], "frontdoor": x.get("frontdoor")}
-                    for h, x in report.extra.items() if "expected" in x}
+        expected = {h: {**x.get("expected", {}), "frontdoor": x.get("frontdoor"), "gateway": x.get("gateway")}
+                    for h, x in report.extra.items() if "expected" in x or "gateway" in x}
         # hosts the check run could not reach or become on are failures of their own
         unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
                        or (t.role == "connect" and t.status == "failed")}
@@ -303,10 +303,10 @@ def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_
 def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
     """One table for the fleet: unit, container, health, model, image, GPU memory, drift."""
     import roles
-    from day2.status import status_role
+    from day2.status import gateway_status_role, status_role
     from day2.status_table import print_status, status_document
     play = _play(inventory, ask_become_pass=ask_become_pass)
-    report = _run(play, roles.load() + [status_role()], hosts, json, check=True)
+    report = _run(play, roles.load() + [status_role(), gateway_status_role()], hosts, json, check=True)
     data = status_document(report)
     print_status(data, report.console)
     _finish(report, data, json, ok=data["ok"])
@@ -367,8 +367,10 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
     from day2.endpoints import api_key, endpoints as endpoints_of, open_webui_lines
     _writable(json)
     play = _play(inventory)
+    from roles.fleet import is_gateway
     selected = {h: play.hostvars(h) for h in _select(play, hosts)}
-    doc = endpoints_of(selected)
+    gateways = {h: v for h, v in selected.items() if is_gateway(v)}
+    doc = endpoints_of({h: v for h, v in selected.items() if h not in gateways}, gateways)
     if json:
         write_json(doc, json)
         return
@@ -387,8 +389,9 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
 def _keys_reload(c, inventory, hosts, ask_become_pass):
     """Every front door takes the new key list (a reload; vLLM keeps running)."""
     from roles.frontdoor.role import KEYS_ROLE
+    from roles.gateway.role import KEYS_ROLE as GATEWAY_KEYS_ROLE
     play = _play(inventory, ask_become_pass=ask_become_pass)
-    report = _run(play, [KEYS_ROLE], hosts, None, title="KEYS RECAP")
+    report = _run(play, [KEYS_ROLE, GATEWAY_KEYS_ROLE], hosts, None, title="KEYS RECAP")
     return report
 
 
@@ -399,7 +402,7 @@ def _key_store(inventory):
     return KeyStore(directory(play.hostvars(play.inventory.host_names[0]) if play.inventory.host_names else None))
 
 
-KEYS_HELP = {"inventory": HELP["inventory"], "hosts": "front doors to reload (default: all)",
+KEYS_HELP = {"inventory": HELP["inventory"], "hosts": "front doors and gateways to reload (default: all)",
              "ask_become_pass": HELP["ask_become_pass"]}
 
 

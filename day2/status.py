@@ -1,11 +1,15 @@
 """`invoke status`: what runs where, and whether it drifted from the inventory."""
 from __future__ import annotations
 
+import csv
+import io
 import shlex
 
 from converge.changes import Role
 from converge.facts import Fact
 
+from roles.fleet import is_gateway, is_serving
+from roles.frontdoor.render import GATEWAY
 from roles.image.role import record_path
 from roles.service.role import unit_name
 
@@ -50,4 +54,35 @@ def status_role() -> Role:
             "gpu_memory_total_mib": gpus[0].get("memory_total_mib"),
             "record": record_path(v)}}
 
-    return Role("status", facts, lambda ctx: iter(()), summary=summary)
+    return Role("status", facts, lambda ctx: iter(()), summary=summary, hosts=is_serving)
+
+
+def parse_stats_csv(text: str) -> list[dict]:
+    """HAProxy's stats page as CSV (``/stats;csv``): each server of the backend with
+    its state (UP, DOWN, DRAIN, MAINT, ...), last check and seconds since it changed."""
+    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+    return [{"server": r["svname"], "state": r["status"], "check": r.get("check_status") or "",
+             "since_s": int(r["lastchg"]) if (r.get("lastchg") or "").isdigit() else None}
+            for r in rows if r.get("pxname") == "servers" and r.get("svname") not in ("FRONTEND", "BACKEND")]
+
+
+class GatewayServers(Fact):
+    """Each server's state in the gateway, from its stats page on loopback."""
+
+    command = f"curl -sS --max-time 5 'http://127.0.0.1:{GATEWAY.metrics_port}/stats;csv' 2>&1"
+
+    def process(self, output, rc):
+        return {"ok": rc == 0, "servers": parse_stats_csv(output) if rc == 0 else [],
+                "error": None if rc == 0 else output.strip()[-200:]}
+
+
+def gateway_status_role() -> Role:
+    def summary(ctx):
+        if ctx.facts is None:
+            return {}
+        seen = ctx.facts.get("gateway_servers") or {}
+        return {"gateway_servers": seen.get("servers", []),
+                "gateway_error": seen.get("error") or None}
+
+    return Role("gateway status", lambda v: {"gateway_servers": GatewayServers()}, lambda ctx: iter(()),
+                summary=summary, hosts=is_gateway)

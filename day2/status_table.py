@@ -14,6 +14,11 @@ def status_document(report) -> dict:
         entry = {"reachable": not unreachable, "errors": unreachable + failed, "drift": drift,
                  **report.extra.get(host, {}).get("status", {})}
         entry.pop("record", None)
+        extra = report.extra.get(host, {})
+        if "gateway_servers" in extra:  # a gateway: its servers' states, not a model
+            entry["gateway_servers"] = extra["gateway_servers"]
+            if extra.get("gateway_error"):
+                entry["errors"].append(f"the gateway's stats page does not answer: {extra['gateway_error']}")
         hosts[host] = entry
     ok = all(h["reachable"] and not h["errors"] for h in hosts.values())
     return {"ok": ok, "hosts": hosts}
@@ -22,7 +27,10 @@ def status_document(report) -> dict:
 def print_status(data, console):
     table = Table("host", "unit", "container", "health", "model", "image / digest", "GPU memory", "drift",
                   title="STATUS", title_justify="left")
+    gateways = {host: h for host, h in data["hosts"].items() if "gateway_servers" in h}
     for host, h in data["hosts"].items():
+        if host in gateways:
+            continue
         if not h["reachable"]:
             table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", h["errors"][0][:80])
             continue
@@ -37,3 +45,12 @@ def print_status(data, console):
                       "[green]none[/green]" if not h["drift"] and not h["errors"] else
                       "[yellow]" + "; ".join(h["drift"] + h["errors"])[:120] + "[/yellow]")
     console.print(table)
+    for host, h in gateways.items():
+        servers = Table("server", "state", "last check", "for", title=f"GATEWAY {host}", title_justify="left")
+        for server in h["gateway_servers"]:
+            colour = {"UP": "green", "DOWN": "red"}.get(server["state"].split()[0], "yellow")
+            servers.add_row(server["server"], f"[{colour}]{server['state']}[/{colour}]", server["check"],
+                            f"{server['since_s']} s" if server["since_s"] is not None else "")
+        for error in h["errors"]:
+            servers.add_row("[red]error[/red]", error[:120], "", "")
+        console.print(servers)

@@ -62,6 +62,7 @@ class LabHost:
     networks: tuple = ("lab",)  # the first is where its address is; a bastion has both
     login: str = "root"  # the user people log in as (root's SSH login is off otherwise)
     docker: bool = True  # whether the Docker engine runs (installed everywhere)
+    gateway: bool = False  # the fleet's gateway (inventory group `gateway`): no GPU, not the bastion
 
     @property
     def address(self) -> str:
@@ -84,7 +85,11 @@ class LabHost:
 
     @property
     def bastion(self) -> bool:
-        return self.profile is None
+        return self.profile is None and not self.gateway
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.profile is not None
 
     @property
     def root(self) -> Path:
@@ -102,8 +107,11 @@ DEFAULT_HOSTS = [
     # a server behind a bastion, on a network this machine cannot reach
     LabHost("h100-01", "x86_64", "h100", 3, networks=("private",)),
     LabHost("bastion01", "x86_64", None, 0, networks=("lab", "private"), login="jump", docker=False),
+    # the fleet's one address: HAProxy in front of every host's front door, on both networks
+    # as a lab's gateway machine is (it reaches the servers behind the bastion directly)
+    LabHost("gateway01", "x86_64", None, 100, networks=("lab", "private"), docker=False, gateway=True),
 ]
-GPU_HOSTS = [h for h in DEFAULT_HOSTS if not h.bastion]
+GPU_HOSTS = [h for h in DEFAULT_HOSTS if h.has_gpu]
 
 
 def hosts(extra: int = 0) -> list[LabHost]:

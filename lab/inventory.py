@@ -22,6 +22,7 @@ GROUP_VARS = {
             "conflicts": ["ollama.service"]},
     "h100": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": True},
     "scale": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": False},
+    "gateway": {"container_runtime": "podman"},
 }
 BASTION = next(h for h in config.DEFAULT_HOSTS if h.bastion)
 
@@ -53,7 +54,8 @@ def write(hosts: list[config.LabHost]) -> str:
     for host in hosts:
         if host.bastion:
             continue  # the way in, not a place to deploy to
-        group = GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale"
+        group = ("gateway" if host.gateway else GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node")
+                 else "scale")
         children.setdefault(group, {"hosts": {}})["hosts"][host.name] = host_vars(host)
     data = {"all": {"vars": {
         "ansible_user": "root",

@@ -256,7 +256,7 @@ def prepare_host(host: config.LabHost, fresh: bool = False, log=print):
     if host.arch == "aarch64":
         _native_runtime(root)
     _docker(root, host)
-    if not host.bastion:
+    if host.has_gpu:
         _install_gpu_standin(root, host)
 
 
@@ -300,7 +300,7 @@ def _docker(root: Path, host: config.LabHost):
         daemon.update({"iptables": False, "bridge": "none", "default-runtime": "runcx86",
                        "runtimes": {"runcx86": {"path": "/opt/x86/bin/runc"}},
                        "seccomp-profile": "/etc/docker/seccomp-allow.json"})
-    if not host.bastion:
+    if host.has_gpu:
         daemon.setdefault("runtimes", {})["nvidia"] = {"args": [], "path": "nvidia-container-runtime"}
     _write(root, "/etc/docker/daemon.json", json.dumps(daemon, indent=2) + "\n")
     wants = root / "etc/systemd/system/multi-user.target.wants"

@@ -92,7 +92,7 @@ def status(c, json_out=None):
         addresses = ", ".join(host.address_on(n) for n in host.networks)
         rows.append({"host": host.name, "arch": host.arch, "profile": host.profile, "address": host.address,
                      "addresses": addresses, "login": host.login, "state": state, "systemd": systemd})
-        table.add_row(host.name, host.arch, host.profile or "(bastion)", addresses, host.login, state, systemd)
+        table.add_row(host.name, host.arch, host.profile or ("(gateway)" if host.gateway else "(bastion)"), addresses, host.login, state, systemd)
     for name in ("registry", "hub"):
         table.add_row(name, "", "", f"{config.GATEWAY}:{config.REGISTRY_PORT if name == 'registry' else config.HUB_PORT}",
                       "", "running" if services.running(name) else "stopped", "through the uplink")
@@ -153,10 +153,10 @@ def leftovers() -> list[str]:
             "hang": "make nvidia-smi hang (a wedged GPU)", "clear": "back to an idle GPU"})
 def gpu(c, host, held_mib=None, hang=False, clear=False):
     """Turn the GPU stand-in's knobs on one lab host."""
-    match = [h for h in _state_hosts() if h.name == host and not h.bastion]
+    match = [h for h in _state_hosts() if h.name == host and h.has_gpu]
     if not match:
         raise Exit(f"no lab GPU host {host!r}; lab GPU hosts: "
-                   f"{', '.join(h.name for h in _state_hosts() if not h.bastion)}", code=2)
+                   f"{', '.join(h.name for h in _state_hosts() if h.has_gpu)}", code=2)
     set_gpu(match[0], held_mib=None if held_mib is None else int(held_mib), hang=hang, clear=clear)
     _say(f"{host}: {(match[0].root / 'etc/nvidia-stub/state.json').read_text().strip()}")
 

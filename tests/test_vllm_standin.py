@@ -23,6 +23,7 @@ def standin():
     server = module.ThreadingHTTPServer(("127.0.0.1", 0), module.Handler)
     server.daemon_threads = True
     server.api_key, server.model, server.served_name = KEY, "google/diffusiongemma-26B-A4B-it", "gemma"
+    server.served_names, server.steps = ["gemma"], 48
     server.routes = module.read_routes(STUBS / "vllm-routes.txt")
     server.started, server.max_model_len, server.canvas, server.canvas_seconds = 0, 8192, 256, 0.0
     threading.Thread(target=server.serve_forever, daemon=True).start()

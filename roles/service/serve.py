@@ -21,6 +21,9 @@ def known_options() -> frozenset:
 def serve_args(v: dict, model: str, utilization: float) -> list[str]:
     dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
     args = [model,
+            # one name on every host, whatever variant it serves (the gateway balances over all of
+            # them); the variant's own name too, so that clients that ask for it still get it
+            "--served-model-name", v.get("served_model_name", "diffusiongemma"), model,
             # loopback only: the front door (roles/frontdoor) is the way in from the network
             "--host", "127.0.0.1", "--port", str(v.get("replica_base_port", 8100)),
             "--gpu-memory-utilization", f"{utilization:g}",

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from lab import config
-from tests.lab.conftest import ADDRESS, ROOT, deploy_json, front_door, invoke, ssh
+from tests.lab.conftest import ADDRESS, ROOT, deploy_json, front_door, invoke, ssh, ssh_args
 
 UNIT = "/etc/systemd/system/podman-vllm-diffusiongemma.service"
 
@@ -47,7 +47,8 @@ def test_deploy_from_scratch_then_the_api_answers(fresh_lab):
         assert get(host, "/health")[0] == 200
         assert get(host, "/v1/models")[0] == 401
         status, body = get(host, "/v1/models", api_key())
-        assert status == 200 and json.loads(body)["data"][0]["id"] == "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
+        assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == [
+            "diffusiongemma", "nvidia/diffusiongemma-26B-A4B-it-NVFP4"]
     assert "ready: /health and /v1/models answer after" in proc.stdout
     assert api_key() not in proc.stdout + proc.stderr + json.dumps(data)
 
@@ -75,8 +76,10 @@ def test_vllms_open_routes_are_closed_at_the_front_door_and_answer_on_loopback(f
                             "--data-binary '{\"prompt\": \"a b\"}' http://127.0.0.1:8100/tokenize").stdout
     assert loopback.split() == ["200", "200", "200"], loopback
     # h100-01 is on the private network: people reach its front door through the bastion
-    through = ssh("bastion01", "curl -sk -o /dev/null -w '%{http_code}' -X POST https://10.213.1.13:8000/invocations; "
-                               "echo; curl -sk -o /dev/null -w '%{http_code}' https://10.213.1.13:8000/health").stdout
+    through = subprocess.run([*ssh_args("bastion01"),
+                              "curl -sk -o /dev/null -w '%{http_code}' -X POST https://10.213.1.13:8000/invocations; "
+                              "echo; curl -sk -o /dev/null -w '%{http_code}' https://10.213.1.13:8000/health"],
+                             text=True, capture_output=True, timeout=60).stdout
     assert through.split() == ["404", "200"], through
 
 

@@ -11,7 +11,7 @@ from lab import config
 from tests.lab.conftest import ADDRESS, CA_FILE, deploy_json, front_door, invoke, ssh
 
 VLLM_UNIT = "podman-vllm-diffusiongemma.service"
-MODEL = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
+MODEL = "diffusiongemma"  # the one name every host serves
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import roles
 from converge.changes import Check, Command, File, HostContext, Produced, mask_env
 from converge.facts import Facts
 from converge.transport import Result
+from roles.fleet import fleet_of
 
 HERE = Path(__file__).parent
 
@@ -83,14 +85,31 @@ def describe(step) -> dict:
     return out
 
 
+def credentials(secrets_dir: str) -> str:
+    """A copy of the fixed test credentials (a CA and certificates valid for a century,
+    made by make_credentials.py), with the modes the code insists on."""
+    target = Path(secrets_dir) / "credentials"
+    shutil.copytree(HERE / "credentials", target)
+    for path in target.rglob("*"):
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    target.chmod(0o700)
+    return str(target)
+
+
 def plan(case: dict) -> list[dict]:
     """The steps of the case's role, after the roles before it (check mode)."""
     order = roles.ORDER[:roles.ORDER.index(case["role"]) + 1]
     with tempfile.TemporaryDirectory() as secrets_dir:
-        ctx = HostContext(case.get("host", "host"), hostvars(case, secrets_dir), facts_for(case), check=True)
+        v = hostvars(case, secrets_dir)
+        v["credentials_dir"] = credentials(secrets_dir)
+        v["group_names"] = case.get("group_names", [])
+        host = case.get("host", "host")
+        ctx = HostContext(host, v, facts_for(case), check=True)
+        # the fleet as the run offers it: the case's hosts (by default this one, serving)
+        ctx.services["fleet"] = fleet_of(case.get("fleet") or {host: v})
         ctx.handlers_run = set(case.get("handlers_run", []))
         steps = []
-        for role in roles.load(order):
+        for role in [r for r in roles.load(order) if r.hosts is None or r.hosts(v)]:
             for step in role.plan(ctx):
                 if role.name == case["role"]:
                     steps.append(describe(step))

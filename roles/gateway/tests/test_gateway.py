@@ -1,0 +1,64 @@
+"""The gateway as deployed: running, its current configuration answering, the
+allowlist and keys as at a front door, and every serving host in it and UP."""
+import csv
+import io
+import shlex
+
+import pytest
+
+
+@pytest.fixture
+def gateway(expected):
+    return expected["gateway"]
+
+
+@pytest.fixture
+def https(host, name, gateway):
+    port = gateway["port"]
+
+    def call(path, method="GET"):
+        out = host.run(f"curl -sS -o /dev/null -D - --max-time 10 -X {method} "
+                       f"--cacert {shlex.quote(gateway['dir'] + '/ca.crt')} "
+                       f"--resolve {shlex.quote(f'{name}:{port}:' + gateway['connect'])} "
+                       f"{shlex.quote(f'https://{name}:{port}{path}')}")
+        lines = out.stdout.replace("\r", "").splitlines()
+        status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if v}
+        return status, headers, out.stderr
+
+    return call
+
+
+def test_gateway_runs_and_starts_at_boot(host, gateway, fix):
+    unit = host.service(gateway["unit"])
+    assert unit.is_running, f"{gateway['unit']} is not running; {fix} (or see: journalctl -u {gateway['unit']})"
+    assert unit.is_enabled, f"{gateway['unit']} is not enabled at boot; {fix}"
+
+
+def test_gateway_answers_with_its_current_configuration(https, gateway, fix):
+    status, headers, err = https("/health")
+    assert status == 200, f"https /health answered {status or err.strip()}: no serving host is UP; {fix}"
+    assert headers.get("x-frontdoor-generation") == gateway["generation"], \
+        f"the gateway answers with another configuration: it was not reloaded; {fix}"
+
+
+def test_only_the_allowlist_goes_through_and_a_key_is_asked(https, fix):
+    assert https("/v1/models")[0] == 401, f"/v1/models answers without a key; {fix}"
+    for path in ("/invocations", "/metrics", "/tokenize"):
+        assert https(path, "POST")[0] == 404, f"{path} is reachable through the gateway; {fix}"
+
+
+def test_every_serving_host_is_in_the_gateway_and_up(host, gateway, fix):
+    out = host.run("curl -sS --max-time 5 'http://127.0.0.1:8405/stats;csv'")
+    rows = [r for r in csv.DictReader(io.StringIO(out.stdout.lstrip("# "))) if r["pxname"] == "servers"
+            and r["svname"] not in ("FRONTEND", "BACKEND")]
+    states = {r["svname"]: r["status"] for r in rows}
+    assert sorted(states) == sorted(gateway["servers"]), f"the gateway has {sorted(states)}; {fix}"
+    down = {s: st for s, st in states.items() if st != "UP"}
+    assert not down, f"not UP in the gateway: {down}; see: invoke status"
+
+
+def test_the_gateways_secrets_are_0600(host, gateway, fix):
+    for path in (f"{gateway['dir']}/tls.pem", f"{gateway['dir']}/keys.sha256", "/etc/dgemma/gateway.env"):
+        f = host.file(path)
+        assert f.exists and f.mode == 0o600 and f.user == "root", f"{path}: mode {oct(f.mode)}; {fix}"

@@ -40,7 +40,8 @@ def test_front_door_runs_and_starts_at_boot(host, door, fix):
 
 def test_front_door_answers_with_its_current_configuration(https, door, fix):
     status, headers, err = https("/health")
-    assert status == 200, f"https /health answered {status or err.strip()}; {fix}"
+    # 503: the front door answers but no vLLM replica does (start's checks report that one)
+    assert status in (200, 503), f"https /health answered {status or err.strip()}; {fix}"
     assert headers.get("x-frontdoor-generation") == door["generation"], \
         f"the front door answers with another configuration ({headers.get('x-frontdoor-generation')}): " \
         f"it was not reloaded; {fix}"

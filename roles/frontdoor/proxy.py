@@ -18,6 +18,8 @@ from converge.errors import StepFailed
 from converge.facts.containers import Images, find_image
 from converge.facts.host import FileState, OsRelease, UnitState
 
+from relay.probe import relay_steps, usable_relay
+
 from . import tls
 from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit
 
@@ -79,6 +81,18 @@ done
 """
 
 
+def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
+    """Pull ``ref``; through the run's relay when there is one (each layer crosses the uplink
+    once for all hosts of the run), tagged as ``ref``, the relay's name dropped; from the
+    registry itself when the relay fails."""
+    rt, q = shlex.quote(runtime), shlex.quote(ref)
+    if not relayed:
+        return f"{rt} pull -q {q} >/dev/null\n"
+    r = shlex.quote(relayed)
+    return (f"if {rt} pull -q --tls-verify=false {r} >/dev/null 2>&1; then {rt} tag {r} {q} && {rt} untag {r} {r}\n"
+            f"else echo '@relay-failed'; {rt} pull -q {q} >/dev/null; fi\n")
+
+
 def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
     def interpret(result):
         out = result.stdout
@@ -110,8 +124,14 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
     reload = any(f.needed() for f in files)
     yield from files
     runtime, ref = v.get("container_runtime", "podman"), image_ref(v)
-    yield Command(f"pull {ref}", script=f"{runtime} pull -q {shlex.quote(ref)} >/dev/null\n",
-                  when=find_image(ctx.facts.get("images"), ref) is None, describe=f"{runtime} pull {ref} (not present)",
+    missing = find_image(ctx.facts.get("images"), ref) is None
+    relayed = None
+    if missing and runtime == "podman":  # docker takes mirrors for Docker Hub only: it pulls itself
+        yield from relay_steps(ctx)
+        relay = usable_relay(ctx)
+        relayed = relay.registry_ref(ref) if relay else None
+    yield Command(f"pull {ref}", script=pull_script(runtime, ref, relayed), when=missing,
+                  describe=f"{runtime} pull {ref} (not present{', through the run relay' if relayed else ''})",
                   timeout=v.get("image_pull_timeout", 3600))
     unit = proxy.unit_name(v)
     unit_changed = False

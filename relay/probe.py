@@ -34,3 +34,15 @@ def relay_steps(ctx):
 
 def usable_relay(ctx) -> RelayView | None:
     return ctx.results.get(RELAY)
+
+
+def fallback_note(output: str) -> str:
+    """What a pull script printed when the relay failed it and it fetched from the
+    registry itself ('@relay-failed' after the relay's error lines), as words for
+    the report; '' when the relay served it."""
+    lines = output.splitlines()
+    if not any(line.startswith("@relay-failed") for line in lines):
+        return ""
+    at = next(i for i, line in enumerate(lines) if line.startswith("@relay-failed"))
+    why = next((line.strip() for line in reversed(lines[:at]) if line.strip()), "no reason given")
+    return f"; the run's relay failed it ({why[:200]}): pulled from the registry itself"

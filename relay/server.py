@@ -231,7 +231,9 @@ def _handler(relay: Relay):
             registry = re.fullmatch(rf"/v2/{relay.token}/(r[0-9]+)/(.+)/(manifests|blobs)/([^/]+)", path)
             if match and match.group(1) == "ping":
                 return self._plain(200, "relay\n")
-            headers = {k: self.headers[k] for k in PASSED_UP if self.headers.get(k)}
+            # a registry client sends one Accept header per media type (an OCI index among them):
+            # all of them go up, or a multi-arch image's index is refused (404 "manifest unknown")
+            headers = {k: ", ".join(self.headers.get_all(k)) for k in PASSED_UP if self.headers.get(k)}
             auth = hashlib.sha256((headers.get("Authorization") or "").encode()).hexdigest()
             if match:
                 encoded = match.group(2)

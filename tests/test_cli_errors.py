@@ -32,3 +32,36 @@ def test_whole_number_options_still_take_a_value_in_help():
     proc = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert "--forks=INT" in proc.stdout and "--lock-wait=INT" in proc.stdout
+
+
+def test_a_port_that_is_not_ssh_is_one_line_not_paramikos_traceback(tmp_path):
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held = []
+
+    def answer():  # something that is not an SSH server: it accepts, then says a line of another protocol
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            held.append(conn)
+
+    threading.Thread(target=answer, daemon=True).start()
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "hosts.yml").write_text(
+        "all:\n  hosts:\n    notssh:\n"
+        f"      ansible_host: 127.0.0.1\n      ansible_port: {listener.getsockname()[1]}\n      connect_timeout: 2\n")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "invoke", "facts", "--hosts", "notssh", "--inventory",
+                               str(inventory)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        listener.close()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert "notssh" in out and "SSH" in out, out[-3000:]

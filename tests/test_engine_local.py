@@ -124,3 +124,32 @@ def test_a_host_that_floods_output_is_cut_off_not_buffered_forever():
     else:
         raise AssertionError("a line without end must be refused")
     conn.close()
+
+
+def test_an_http_header_fact_reads_a_live_answer_and_is_none_when_nothing_answers():
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from converge.facts.host import HttpHeader
+
+    class Answer(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(503)
+            self.send_header("X-Frontdoor-Generation", "0123456789abcdef")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        facts = gather(LocalConnection(), {"served": HttpHeader(f"http://127.0.0.1:{port}/health",
+                                                                "x-frontdoor-generation")})
+        assert facts["served"] == "0123456789abcdef"  # whatever the status: the header is what is asked
+    finally:
+        server.server_close()
+    gone = gather(LocalConnection(), {"served": HttpHeader(f"http://127.0.0.1:{port}/health", "X-Anything")})
+    assert gone["served"] is None

@@ -13,8 +13,9 @@ NIX = shutil.which("nix-instantiate")
 pytestmark = pytest.mark.skipif(NIX is None, reason="needs nix-instantiate (apt-get install nix-bin; run.sh does)")
 IMAGE = "docker.io/vllm/vllm-openai:gemma-x86_64-cu130"
 MODEL = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
-# lib.mkForce as nixpkgs defines it: an override of priority 50
-LIB = '{ mkForce = x: { _type = "override"; priority = 50; content = x; }; }'
+# lib.mkForce and lib.mkBefore as nixpkgs defines them: an override of priority 50, an order of 500
+LIB = ('{ mkForce = x: { _type = "override"; priority = 50; content = x; }; '
+       'mkBefore = x: { _type = "order"; priority = 500; content = x; }; }')
 
 
 def evaluate(text: str, tmp_path) -> dict:
@@ -55,6 +56,9 @@ def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostv
         assert unit["wantedBy"] == {"_type": "override", "priority": 50, "content": []}
     assert unit["startLimitBurst"] == hostvars.get("start_limit_burst", 3)
     assert unit["serviceConfig"]["Restart"]["content"] == "on-failure"
+    # before oci-containers' own preStart: the sha256 of the environment this start reads
+    assert unit["preStart"]["_type"] == "order" and \
+        f"sha256sum < /etc/dgemma/{name}.env > /run/dgemma/{name}.env-started" in unit["preStart"]["content"]
     # the same command line as the unit for hosts that are not NixOS
     exec_start = next(line for line in render_unit(hostvars, IMAGE, MODEL, 0.7, True).splitlines()
                       if line.startswith("ExecStart="))

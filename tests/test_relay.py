@@ -123,3 +123,59 @@ def test_close_leaves_nothing(upstream):
     assert not folder.exists()
     with pytest.raises(OSError):
         get(url)
+
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def test_a_multi_arch_index_goes_through_when_the_client_sends_one_accept_header_per_type():
+    # as the registry does: an OCI index is served only to a client that accepts it; podman
+    # sends one Accept header per media type, the index among the later ones
+    seen = []
+
+    class Registry(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            accepted = ", ".join(self.headers.get_all("Accept") or [])
+            seen.append(accepted)
+            ok = self.path == "/v2/library/haproxy/manifests/2.6" and OCI_INDEX in accepted
+            body = b'{"manifests": []}' if ok else b'{"errors": [{"code": "MANIFEST_UNKNOWN"}]}'
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", OCI_INDEX if ok else "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    relay = Relay()
+    try:
+        ref = relay.registry_ref("127.0.0.1", f"127.0.0.1:{server.server_address[1]}/library/haproxy:2.6")
+        netloc, path = ref.split("/", 1)
+        repo, tag = path.rsplit(":", 1)
+        conn = http.client.HTTPConnection(netloc, timeout=30)
+        conn.putrequest("GET", f"/v2/{repo}/manifests/{tag}")
+        for kind in ("application/vnd.docker.distribution.manifest.v2+json", OCI_INDEX):
+            conn.putheader("Accept", kind)
+        conn.endheaders()
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (200, b'{"manifests": []}')
+        assert response.getheader("Content-Type") == OCI_INDEX
+        assert len(seen) == 1 and OCI_INDEX in seen[0]
+    finally:
+        relay.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_pull_that_fell_back_from_the_relay_says_why():
+    from relay.probe import fallback_note
+    assert fallback_note("Writing manifest\n") == ""
+    note = fallback_note("Trying to pull 10.213.0.1:40000/t/r0/library/haproxy:2.6...\n"
+                         "Error: reading manifest 2.6: manifest unknown\n@relay-failed\n")
+    assert note == ("; the run's relay failed it (Error: reading manifest 2.6: manifest unknown): "
+                    "pulled from the registry itself")

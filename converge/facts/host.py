@@ -165,3 +165,20 @@ class TextFiles(Fact):
             elif current is not None:
                 files[current].append(line)
         return {path: base64.b64decode("".join(lines)).decode("utf-8", "replace") for path, lines in files.items()}
+
+
+class HttpHeader(Fact):
+    """One response header of ``url`` as the host itself sees it (None when nothing
+    answers within 2 s, or the header is absent). The host asks itself: its
+    certificate is not what this fact is about, so it is not checked here."""
+
+    def __init__(self, url: str, header: str):
+        self.header = header.lower()
+        self.command = f"curl -sk -D - -o /dev/null --max-time 2 {shlex.quote(url)} 2>/dev/null; true"
+
+    def process(self, output, rc):
+        for line in output.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip().lower() == self.header:
+                return value.strip()
+        return None

@@ -15,6 +15,7 @@ carried by a ``direct-tcpip`` channel of the bastion's). What we change:
 """
 from __future__ import annotations
 
+import logging
 import shlex
 import socket
 import threading
@@ -25,6 +26,11 @@ import paramiko
 from .. import hostkeys, ssh_config
 from ..errors import ConnectionFailed, HostKeyError
 from ..ssh_settings import Hop, SSHSettings
+
+# paramiko's transport thread logs a failed handshake with its traceback; with no
+# handler configured, Python's last-resort handler would print it on stderr beside
+# our own one-line error (ConnectionFailed says what happened and what to do)
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def connection(host: str, user: str | None, port: int | None, settings: SSHSettings, gateway) -> fabric.Connection:

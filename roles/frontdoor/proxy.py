@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import textwrap
 from dataclasses import dataclass
 
 from converge.changes import Check, Command, File
 from converge.errors import StepFailed
 from converge.facts.containers import Images, find_image
-from converge.facts.host import FileState, OsRelease, UnitState
+from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
 
-from relay.probe import relay_steps, usable_relay
+from relay.probe import fallback_note, relay_steps, usable_relay
 
 from . import tls
 from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit
@@ -32,8 +33,19 @@ class Wanted:
     generation: str
 
 
+GENERATION_HEADER = "X-Frontdoor-Generation"
+
+
+def local_url(v: dict, path: str = "/health") -> str:
+    """The instance as the host itself reaches it."""
+    host = v.get("api_host", "0.0.0.0")
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"https://{connect}:{int(v.get('api_port', 8000))}{path}"
+
+
 def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
-    return {f"{prefix}_config": FileState(f"{proxy.dir}/haproxy.cfg"),
+    return {f"{prefix}_served": HttpHeader(local_url(v), GENERATION_HEADER),
+            f"{prefix}_config": FileState(f"{proxy.dir}/haproxy.cfg"),
             f"{prefix}_keys": FileState(f"{proxy.dir}/keys.sha256"),
             f"{prefix}_tls": FileState(f"{proxy.dir}/tls.pem", secret=True),
             f"{prefix}_ca": FileState(f"{proxy.dir}/ca.crt"),
@@ -54,8 +66,12 @@ def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], b
                   generation)
 
 
-def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int) -> str:
-    """Run ``action``, then wait until https /health on this host answers with ``generation``."""
+def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: str | None = None,
+                grace: int = 10) -> str:
+    """Run ``action``, then wait until https /health on this host answers with ``generation``.
+    ``fallback`` (a restart): run once when ``action`` (a reload) has not taken after ``grace``
+    seconds: the running instance reads files other than those written (a container that
+    still sees a directory replaced or remounted since it started)."""
     v = ctx.vars
     port = int(v.get("api_port", 8000))
     host = v.get("api_host", "0.0.0.0")
@@ -63,10 +79,18 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int) -
     u = shlex.quote(proxy.unit_name(v))
     url = shlex.quote(f"https://{ctx.name}:{port}/health")
     resolve = shlex.quote(f"{ctx.name}:{port}:{connect}")
+    then = (f"""  if [ $fell_back = 0 ] && [ $elapsed -ge {int(grace)} ]; then
+    echo "@reload-did-not-take ${{got:-no answer}}"; fell_back=1
+{textwrap.indent(fallback, "    ")}
+  fi
+""" if fallback else "")
     return f"""
-journal() {{ journalctl -u {u} -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
+# what the instance said besides its access log (each line once: podman logs it twice)
+journal() {{ journalctl -u {u} -n 400 --no-pager -o cat 2>/dev/null | grep -v 'HTTP/[0-9.]*"$' | grep -v '^[[:space:]]*$' \\
+  | awk '!seen[$0]++' | tail -n 15 | sed 's/^/  | /'; }}
 {action}
 start=$(date +%s)
+fell_back=0
 while :; do
   elapsed=$(( $(date +%s) - start ))
   state=$(systemctl is-active {u})
@@ -75,7 +99,10 @@ while :; do
   got=$(curl -sS -D - -o /dev/null --max-time 3 --cacert {shlex.quote(proxy.dir + '/ca.crt')} --resolve {resolve} {url} 2>&1 \\
         | tr -d '\\r' | sed -n 's/^[Xx]-[Ff]rontdoor-[Gg]eneration: //p')
   if [ "$got" = {shlex.quote(generation)} ]; then echo "@ready $elapsed"; exit 0; fi
-  if [ $elapsed -ge {int(timeout)} ]; then echo "@timeout $elapsed $state ${{got:-no answer}}"; journal; exit 4; fi
+{then}  if [ $elapsed -ge {int(timeout)} ]; then
+    echo "@timeout $elapsed $state ${{got:-no answer}} (files: $(sed -n 's/.*[Xx]-[Ff]rontdoor-[Gg]eneration //p' {shlex.quote(proxy.dir + '/haproxy.cfg')}))"
+    journal; exit 4
+  fi
   sleep 0.3
 done
 """
@@ -89,7 +116,8 @@ def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
     if not relayed:
         return f"{rt} pull -q {q} >/dev/null\n"
     r = shlex.quote(relayed)
-    return (f"if {rt} pull -q --tls-verify=false {r} >/dev/null 2>&1; then {rt} tag {r} {q} && {rt} untag {r} {r}\n"
+    # why the relay failed is the last line of its error (the report shows it)
+    return (f"if {rt} pull -q --tls-verify=false {r} 2>&1 >/dev/null; then {rt} tag {r} {q} && {rt} untag {r} {r}\n"
             f"else echo '@relay-failed'; {rt} pull -q {q} >/dev/null; fi\n")
 
 
@@ -97,6 +125,10 @@ def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
     def interpret(result):
         out = result.stdout
         if result.rc == 0:
+            stale = [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("@reload-did-not-take ")]
+            if stale:
+                return (f"{done}; the reload did not take (it still answered as {stale[0]}: the container "
+                        f"read other files than those written), so it was restarted")
             return done
         journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
         raise StepFailed(f"{unit} did not answer with its new configuration within {timeout} s "
@@ -130,8 +162,10 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
         yield from relay_steps(ctx)
         relay = usable_relay(ctx)
         relayed = relay.registry_ref(ref) if relay else None
+    via = ", through the run's relay" if relayed else ""
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, relayed), when=missing,
-                  describe=f"{runtime} pull {ref} (not present{', through the run relay' if relayed else ''})",
+                  describe=f"{runtime} pull {ref} (not present{via})",
+                  interpret=lambda result: f"{ref} pulled{via}{fallback_note(result.stdout)}",
                   timeout=v.get("image_pull_timeout", 3600))
     unit = proxy.unit_name(v)
     unit_changed = False
@@ -148,28 +182,42 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
         unit_changed = unit_file.needed()
         yield unit_file
     active = state.get("ActiveState") == "active"
+    served = ctx.facts.get(f"{prefix}_served")
     q = shlex.quote(unit)
+    restart = f"systemctl daemon-reload\nsystemctl restart {q}"
+    fallback = None
     if not active:
         action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
                              "start", f"was {state.get('ActiveState', 'absent')}")
     elif unit_changed or env_changed:
-        action, verb, why = f"systemctl daemon-reload\nsystemctl restart {q}", "restart", "its unit or environment changed"
-    else:
+        action, verb, why = restart, "restart", "its unit or environment changed"
+    elif reload:
         action, verb, why = (f"systemctl reload {q}", "reload",
                              "keys, certificate or servers changed: reloaded, not restarted")
+        fallback = restart
+    elif served != want.generation:
+        # its files are right but it serves something else: a reload would read the same
+        # stale view (a container started while its directory was replaced or remounted)
+        action, verb, why = restart, "restart", (f"its files are current but it answers as {served}"
+                                                 if served else "active, but https /health does not answer")
+    else:
+        action, verb, why = "", "", ""
     enable = "" if nixos else f"systemctl enable {q} 2>/dev/null\n"
     timeout = int(v.get("frontdoor_ready_timeout", 60))
-    yield Command(f"{proxy.kind} answering", script=enable + wait_script(ctx, proxy, action, want.generation, timeout),
-                  when=not active or unit_changed or env_changed or reload,
-                  describe=f"systemctl {verb} {unit}; wait for https /health ({why})", timeout=timeout + 30,
+    yield Command(f"{proxy.kind} answering",
+                  script=enable + wait_script(ctx, proxy, action, want.generation, timeout, fallback=fallback),
+                  when=bool(action),
+                  describe=(f"systemctl {verb} {unit}; wait for https /health ({why})" if action else
+                            f"{unit} answers as its files say ({want.generation})"),
+                  timeout=timeout + 30,
                   interpret=_interpret(proxy, unit, timeout,
                                        f"{unit} answers https on port {v.get('api_port', 8000)} ({why})"))
 
 
 def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted):
     """`invoke keys add/revoke`: the key list and the configuration naming its
-    generation, then a reload (never a restart). A host where the instance is not
-    deployed yet gets its keys at its first deploy."""
+    generation, then a reload (a restart only if the reload does not take). A host
+    where the instance is not deployed yet gets its keys at its first deploy."""
     state = ctx.facts.get(f"{prefix}_unit") or {}
     if state.get("ActiveState") != "active" or ctx.facts.get(f"{prefix}_config") is None:
         yield Check(f"{proxy.kind} deployed", ok=True,
@@ -181,7 +229,8 @@ def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted):
     unit = proxy.unit_name(ctx.vars)
     timeout = int(ctx.vars.get("frontdoor_ready_timeout", 60))
     yield Command(f"{proxy.kind} reloaded",
-                  script=wait_script(ctx, proxy, f"systemctl reload {shlex.quote(unit)}", want.generation, timeout),
+                  script=wait_script(ctx, proxy, f"systemctl reload {shlex.quote(unit)}", want.generation, timeout,
+                                     fallback=f"systemctl restart {shlex.quote(unit)}"),
                   when=needed, describe=f"systemctl reload {unit}; wait for the new keys to answer",
                   timeout=timeout + 30, interpret=_interpret(proxy, unit, timeout, "reloaded: the new keys answer"))
 

@@ -8,7 +8,7 @@ from converge.errors import StepFailed
 from converge.facts.containers import Images, find_image
 from converge.facts.host import FileState
 
-from relay.probe import relay_steps, usable_relay
+from relay.probe import fallback_note, relay_steps, usable_relay
 
 from roles.fleet import is_serving
 
@@ -103,7 +103,7 @@ def plan(ctx):
         return digest
 
     def interpret(result):
-        return f"{ref} {pulled(result)}"
+        return f"{ref} {pulled(result)}{fallback_note(result.stdout)}"
 
     if reason == "present; digest not recorded":
         # no pull: the image is right, only the record is missing

@@ -33,9 +33,25 @@ def env_path(v: dict) -> str:
     return f"/etc/dgemma/{v.get('service_name', 'vllm-diffusiongemma')}.env"
 
 
+STAMP_DIR = "/run/dgemma"
+
+
+def env_stamp_path(v: dict) -> str:
+    """Where the unit notes, as it starts, the sha256 of the environment file it read."""
+    return f"{STAMP_DIR}/{v.get('service_name', 'vllm-diffusiongemma')}.env-started"
+
+
+def env_stamp_command(v: dict) -> str:
+    """The shell that writes that note (systemd reads EnvironmentFile just before)."""
+    return (f"mkdir -p {STAMP_DIR} && sha256sum < {shlex.quote(env_path(v))} > "
+            f"{shlex.quote(env_stamp_path(v))}")
+
+
 def facts(hostvars):
     return {"unit_file": FileState(unit_path(hostvars)),
             "env_file": FileState(env_path(hostvars), secret=True),
+            # which environment the running service was started with (a sha256, never the file)
+            "env_started": FileState(env_stamp_path(hostvars)),
             "unit": UnitState(unit_name(hostvars)),
             "os": OsRelease(),
             # NixOS declares units: our module and whether the configuration imports it
@@ -67,6 +83,7 @@ def render_unit(v: dict, image: str, model: str, utilization: float, has_token: 
         model=model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
         conflicts=v.get("conflicts") or [], burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), env_file=env_path(v),
+        env_stamp=shlex.quote(env_stamp_command(v)),
         exec_start=command_line(run_command(spec)), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900))
 
@@ -77,7 +94,8 @@ def render_module(v: dict, image: str, model: str, utilization: float, has_token
     from roles.frontdoor.render import nixos_container
     spec = container_spec(v, image, model, utilization, has_token)
     return _templates().get_template("module.nix.j2").render(
-        spec=spec, frontdoor=nixos_container(v), model=model, unit=unit_name(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
+        spec=spec, frontdoor=nixos_container(v), model=model, unit=unit_name(v), env_file=env_path(v),
+        env_stamp=env_stamp_command(v), conflicts=v.get("conflicts") or [],
         autostart=bool(v.get("autostart", False)), burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900), path=module_path(v))
@@ -105,8 +123,10 @@ def plan(ctx):
     dirs = [v.get("model_cache", "/srv/models/hf-cache"), v.get("compile_cache", "/var/cache/vllm"), "/etc/dgemma"]
     yield Command("directories", script="mkdir -p " + " ".join(shlex.quote(d) for d in dirs) + "\n",
                   when=current is None, describe="mkdir -p " + " ".join(dirs))
-    yield File("environment file", path=env_path(v), content=render_env(api_key, hf_token), mode="0600",
+    env = File("environment file", path=env_path(v), content=render_env(api_key, hf_token), mode="0600",
                secret=True, current=ctx.facts.get("env_file"), notify=("restart",))
+    yield env
+    yield from _environment_in_force(ctx, env)
     if nixos:
         yield from _nixos(ctx, current)
         return
@@ -120,6 +140,20 @@ def plan(ctx):
                   script=f"systemctl daemon-reload\nsystemctl {'enable' if want else 'disable'} {name}\n",
                   when=enabled != want and not (not want and unit.get("LoadState") == "not-found"),
                   describe=f"systemctl {'enable' if want else 'disable'} {unit_name(v)}")
+
+
+def _environment_in_force(ctx, env: File):
+    """A running service started with an environment other than its file's (a run
+    killed between writing the file and restarting, a file put back by hand) is
+    restarted: the files alone would say nothing is to do."""
+    unit = ctx.facts.get("unit") or {}
+    stamp = (ctx.facts.get("env_started") or {}).get("content", "").split()
+    on_disk = (ctx.facts.get("env_file") or {}).get("sha256")
+    stale = (unit.get("ActiveState") == "active" and not env.needed() and bool(stamp) and bool(on_disk)
+             and stamp[0] != on_disk)
+    yield Command("environment in force", script="true\n", when=stale, notify=("restart",),
+                  describe=f"restart: {unit_name(ctx.vars)} runs with another environment than "
+                           f"{env_path(ctx.vars)} (it changed since the service started)")
 
 
 def _nixos(ctx, current):

@@ -76,6 +76,8 @@ def test_vllms_open_routes_are_closed_at_the_front_door_and_answer_on_loopback(f
                             "--data-binary '{\"prompt\": \"a b\"}' http://127.0.0.1:8100/tokenize").stdout
     assert loopback.split() == ["200", "200", "200"], loopback
     # h100-01 is on the private network: people reach its front door through the bastion
+    proc, _ = deploy_json("--hosts", "h100-01")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     through = subprocess.run([*ssh_args("bastion01"),
                               "curl -sk -o /dev/null -w '%{http_code}' -X POST https://10.213.1.13:8000/invocations; "
                               "echo; curl -sk -o /dev/null -w '%{http_code}' https://10.213.1.13:8000/health"],

@@ -26,8 +26,10 @@ def test_spark01_serves_the_aarch64_image_under_the_real_docker_engine(deployed,
     proc = invoke("verify", "--hosts", "spark01,rtx01", "--json", out)
     assert proc.returncode == 0 and json.loads(out.read_text())["ok"], proc.stdout[-3000:]
     assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
-    running = ssh("spark01", "docker ps --format '{{.Names}} {{.Image}}'").stdout.split()
-    assert running == ["vllm-diffusiongemma", "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130"]
+    running = dict(line.split() for line in ssh("spark01", "docker ps --format '{{.Names}} {{.Image}}'").stdout.splitlines())
+    # vLLM, and its front door (HAProxy's official image name, from the lab's registry)
+    assert running == {"vllm-diffusiongemma": "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130",
+                       "dgemma-frontdoor": "10.213.0.1:5000/library/haproxy:2.6"}
     assert ssh("spark01", "docker image inspect --format '{{.Architecture}}' "
                           "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130").stdout.strip() == "arm64"
     inside = ssh("spark01", "docker exec vllm-diffusiongemma sh -c "

@@ -17,7 +17,7 @@ import pytest
 
 from lab import config, machines, services, sh
 from tests import reliability
-from tests.lab.conftest import LAB_INVENTORY, ROOT, deploy_json, invoke, ssh, ssh_args
+from tests.lab.conftest import LAB_INVENTORY, ROOT, deploy_json, front_door, invoke, ssh, ssh_args
 
 RTX = config.host("rtx01")
 UNIT = "/etc/systemd/system/podman-vllm-diffusiongemma.service"
@@ -300,6 +300,12 @@ def test_the_disk_under_etc_fills_during_the_unit_write(clean_links, lab_copy, t
         ssh("rtx01", "for d in /etc/systemd/system /etc/dgemma; do umount $d; done; systemctl daemon-reload; "
                      "rm -rf /run/copy-*")
     assert converges()
+    # what runs is what the files say again: vLLM and its front door, started on the small
+    # filesystems with the other key, were restarted onto the lab's own
+    lab_key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    status, body, _ = front_door("rtx01", "/v1/chat/completions", lab_key,
+                                 {"model": "diffusiongemma", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200, body[:300]
     reliability.record("fault-disk-etc", "fault", "the disk under /etc fills during the unit write",
                        "/etc/dgemma and /etc/systemd/system on full filesystems, a changed key and unit", took,
                        seen["message"], "the previous unit and env file, byte for byte", True)

@@ -6,6 +6,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
 from lab import config
 from tests.lab.conftest import ADDRESS, CA_FILE, deploy_json, front_door, invoke, ssh
@@ -82,9 +83,52 @@ def test_the_inventorys_api_key_file_keeps_working_as_one_key(deployed):
     assert chat("rtx01", key)[0] == 200
 
 
-def test_endpoints_name_the_front_doors_and_the_ca(deployed, tmp_path):
+def test_endpoints_name_the_gateway_the_front_doors_and_the_ca(deployed, lab_copy, tmp_path):
     out = tmp_path / "endpoints.json"
     invoke("endpoints", "--json", out, check=True)
     doc = json.loads(out.read_text())
-    assert doc["ca_file"] == str(CA_FILE) and doc["gateway"] is None
+    assert doc["ca_file"] == str(CA_FILE) and doc["gateway"] == "https://10.213.0.110:8000/v1"
     assert {"host": "rtx01", "url": "https://10.213.0.12:8000/v1"} in doc["hosts"]
+    assert "gateway01" not in {row["host"] for row in doc["hosts"]}  # it serves no model itself
+    # an inventory without a gateway: each host's front door is the way in
+    hosts = yaml.safe_load((lab_copy / "hosts.yml").read_text())
+    del hosts["all"]["children"]["gateway"]
+    (lab_copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (lab_copy / "group_vars" / "gateway.yml").unlink()
+    invoke("endpoints", "--json", out, inventory=lab_copy, check=True)
+    doc = json.loads(out.read_text())
+    assert doc["gateway"] is None and {"host": "spark01", "url": "https://10.213.0.11:8000/v1"} in doc["hosts"]
+
+
+STALE = "/run/dgemma-stale-frontdoor"
+
+
+def serve_a_stale_view(generation=None):
+    """Restart rtx01's front door while its folder is covered by a copy (as a remount or a
+    replaced folder leaves it), then uncover it: the container goes on reading the copy."""
+    d = "/etc/dgemma/frontdoor"
+    edit = (f" && sed -i 's/X-Frontdoor-Generation .*/X-Frontdoor-Generation {generation}/' {STALE}/haproxy.cfg"
+            if generation else "")
+    ssh("rtx01", f"rm -rf {STALE} && cp -a {d} {STALE}{edit} && mount --bind {STALE} {d} && "
+                 f"systemctl restart podman-dgemma-frontdoor && sleep 2 && umount {d}", check=True)
+
+
+def test_a_front_door_reading_stale_files_is_restarted_by_deploy_and_by_keys_add(deployed):
+    try:
+        serve_a_stale_view("5a1e5a1e5a1e5a1e")
+        assert front_door("rtx01", "/health")[2]["X-Frontdoor-Generation"] == "5a1e5a1e5a1e5a1e"
+        proc, data = deploy_json("--hosts", "rtx01")
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        [step] = [t for t in data["hosts"]["rtx01"]["tasks"] if t["role"] == "frontdoor" and t["status"] == "changed"]
+        assert "its files are current but it answers as 5a1e5a1e5a1e5a1e" in step["message"], step
+        served = front_door("rtx01", "/health")[2]["X-Frontdoor-Generation"]
+        assert served != "5a1e5a1e5a1e5a1e"
+        # a key added while the front door reads a stale copy: the reload cannot take, a restart does
+        serve_a_stale_view()
+        added = invoke("keys.add", "stale-user", check=True)
+        key = added.stdout.rstrip("\n").splitlines()[-1]
+        assert "the reload did not take" in added.stdout, added.stdout[-3000:]
+        assert chat("rtx01", key)[0] == 200
+    finally:
+        invoke("keys.revoke", "stale-user")
+        ssh("rtx01", f"umount /etc/dgemma/frontdoor 2>/dev/null; rm -rf {STALE}")

@@ -16,6 +16,7 @@ class FrontDoor:
     host: str
     address: str  # where the gateway reaches it (its ansible_host)
     port: int
+    ca_file: str = ""  # the CA of a certificate of its own (tls_ca_file), which the gateway must trust too
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ def is_gateway(hostvars: dict) -> bool:
 def fleet_of(hostvars_by_name: dict[str, dict]) -> Fleet:
     serving, gateways = [], []
     for name, v in hostvars_by_name.items():
-        door = FrontDoor(name, v.get("ansible_host", name), int(v.get("api_port", 8000)))
+        door = FrontDoor(name, v.get("ansible_host", name), int(v.get("api_port", 8000)),
+                         v.get("tls_ca_file") or "" if v.get("tls_cert_file") else "")
         (gateways if is_gateway(v) else serving).append(door)
     return Fleet(tuple(serving), tuple(gateways))
 

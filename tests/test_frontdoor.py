@@ -158,3 +158,59 @@ def test_the_front_door_lets_through_only_the_allowlist_and_only_with_a_key(fron
     for path in ("/invocations", "/scale_elastic_ep", "/tokenize", "/metrics", "/v1/models/x", "/load",
                  "/v1/../invocations", "/V1/models"):
         assert front_door(path, "Bearer alice-key", body={})[0] == 404, path
+
+
+def test_the_catalog_names_the_official_haproxy_and_the_lab_publishes_that_tag():
+    from lab import config
+    from roles.frontdoor.render import image_ref
+    from roles.preflight.catalog import images
+    official = images()["frontdoor"]
+    assert image_ref({}) == f"docker.io/{official['repository']}:{official['tag']}"
+    assert image_ref({"registry": "10.213.0.1:5000"}) == f"10.213.0.1:5000/{official['repository']}:{official['tag']}"
+    assert image_ref({"frontdoor_image": "quay.io/me/haproxy:3.0"}) == "quay.io/me/haproxy:3.0"
+    # the lab's registry stands for Docker Hub: it holds what the catalog names
+    assert (config.FRONTDOOR_REPOSITORY, config.FRONTDOOR_TAG) == (official["repository"], official["tag"])
+
+
+def _own(tmp_path, host="rtx01", names=("rtx01", "10.213.0.12")):
+    """A certificate from a CA of the user's own (another folder's CA), as files on the control machine."""
+    other = tmp_path / "their-ca"
+    issued = fleet_ca.host_certificate(other, host, list(names))
+    files = {}
+    for name, text, mode in (("cert.pem", issued.cert_pem, 0o644), ("key.pem", issued.key_pem, 0o600),
+                             ("ca.pem", fleet_ca.ca_pem(other), 0o644)):
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(mode)
+        files[name] = str(path)
+    return files, issued
+
+
+def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_fleets(tmp_path):
+    from converge.errors import StepFailed
+    from roles.fleet import fleet_of
+    from roles.frontdoor import tls
+    files, issued = _own(tmp_path)
+    v = {"credentials_dir": str(tmp_path / "fleet"), "tls_cert_file": files["cert.pem"],
+         "tls_key_file": files["key.pem"], "tls_ca_file": files["ca.pem"]}
+    got = tls.bundle("rtx01", v)
+    fleet_pem = fleet_ca.ca_pem(tmp_path / "fleet")
+    assert got.cert_pem == issued.cert_pem and got.key_pem == issued.key_pem
+    assert got.ca_pem.startswith(fleet_pem) and open(files["ca.pem"]).read() in got.ca_pem
+    # the gateway trusts the CAs of the front doors that bring their own
+    door = fleet_of({"rtx01": {**v, "ansible_host": "10.213.0.12"}}).serving[0]
+    assert door.ca_file == files["ca.pem"]
+    gateway = tls.bundle("gateway01", {"credentials_dir": str(tmp_path / "fleet")}, (door.ca_file,))
+    assert open(files["ca.pem"]).read() in gateway.ca_pem and gateway.ca_pem.count("BEGIN CERTIFICATE") == 2
+    # what would leave a front door nobody can reach is an error at deploy, naming the host and the file
+    with pytest.raises(StepFailed, match="set tls_ca_file to the CA certificate that signed it"):
+        tls.bundle("rtx01", {**v, "tls_ca_file": ""})
+    with pytest.raises(StepFailed, match="not rtx01: .*add DNS:rtx01"):
+        tls.bundle("rtx01", {**v, **dict(zip(("tls_cert_file", "tls_key_file", "tls_ca_file"),
+                                             _own(tmp_path / "b", "other01", ("other01",))[0].values()))})
+    wrong_key = _own(tmp_path / "c")[0]["key.pem"]
+    with pytest.raises(StepFailed, match="is not this certificate's key"):
+        tls.bundle("rtx01", {**v, "tls_key_file": wrong_key})
+    os.chmod(files["key.pem"], 0o644)
+    with pytest.raises(StepFailed, match="chmod 600"):
+        tls.bundle("rtx01", v)

@@ -57,14 +57,16 @@ def run(settings):
             out, errors = [], []
             threads = [threading.Thread(target=worker, args=(target, body, headers, count, out, errors))
                        for _ in range(concurrency)]
-            started = time.perf_counter()
+            started, since = time.perf_counter(), time.time()
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             wall = time.perf_counter() - started
-            print(json.dumps({"target": target["label"], "concurrency": concurrency, "latencies": out,
-                              "errors": [str(e) for e in errors], "wall_s": wall}), flush=True)
+            # the window, for the proxies' own logs of these requests
+            print(json.dumps({"target": target["label"], "kind": target["kind"], "concurrency": concurrency,
+                              "latencies": out, "errors": [str(e) for e in errors], "wall_s": wall,
+                              "since": since, "until": time.time()}), flush=True)
 
 
 if __name__ == "__main__":

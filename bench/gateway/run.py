@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -103,11 +104,11 @@ def main():
     if not key:
         raise SystemExit(f"{args.host}: the bench needs api_key_file (a key the front doors accept)")
     targets = [
-        {"label": "direct (vLLM on loopback)", "tls": False, "connect": "127.0.0.1",
+        {"label": "direct (vLLM on loopback)", "kind": "direct", "tls": False, "connect": "127.0.0.1",
          "port": int(v.get("replica_base_port", 8100)), "name": args.host, "ca": ""},
-        {"label": "front door (same host)", "tls": True, "connect": "127.0.0.1", "port": int(v.get("api_port", 8000)),
+        {"label": "front door (same host)", "kind": "frontdoor", "tls": True, "connect": "127.0.0.1", "port": int(v.get("api_port", 8000)),
          "name": args.host, "ca": f"{FRONTDOOR.dir}/ca.crt"},
-        {"label": f"gateway ({gateways[0]})", "tls": True, "connect": gw.get("ansible_host", gateways[0]),
+        {"label": f"gateway ({gateways[0]})", "kind": "gateway", "tls": True, "connect": gw.get("ansible_host", gateways[0]),
          "port": int(gw.get("api_port", 8000)), "name": gateways[0], "ca": f"{FRONTDOOR.dir}/ca.crt"},
     ]
     # the one name every host serves: the gateway may send the request to any of them
@@ -127,6 +128,9 @@ def main():
                 connections.get(h).run(knob_script(play.hostvars(h).get("model_cache", "/srv/models/hf-cache"), True),
                                        timeout=60)
             result = connections.get(args.host).run(script(settings), timeout=3600)
+            windows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+            own = proxy_times(windows, connections.get(args.host), FRONTDOOR.unit_name(v),
+                              gateway_host, GATEWAY.unit_name(gw))
         finally:
             gateway_host.run(runtime_api_script([f"set server servers/{h} state ready" for h in others]), timeout=60)
             for h in serving:
@@ -134,15 +138,65 @@ def main():
                                        timeout=60)
     if result.rc != 0:
         raise SystemExit(f"the load failed on {args.host} (exit {result.rc}): {result.stderr[-2000:]}")
-    for line in result.stdout.splitlines():
-        if line.startswith("{"):
-            rows.append(json.loads(line))
-    table = report(rows)
+    rows = windows
+    table = report(rows) + "\n\n" + report_own(own)
     print(table)
     if args.write:
         write(table, args.host, gateways[0])
     if any(r["errors"] for r in rows):
         raise SystemExit("some requests failed: see the errors column")
+
+
+TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\+?-?\d+) \d{3} ")
+
+
+def own_ms(lines: list[str], path: str = "/v1/chat/completions") -> list[int]:
+    """HAProxy's own time for each request in its access log (httplog: TR/Tw/Tc/Tr/Ta),
+    ``Ta - Tr``: receiving the request, queueing, connecting, sending the answer; all
+    of it but the server's time. A line logged twice (podman's log driver and the
+    unit's stdout both reach the journal) counts once."""
+    out = []
+    for line in dict.fromkeys(lines):
+        if f" {path} " not in line:
+            continue
+        found = TIMERS.search(line)
+        if found:
+            tr, ta = int(found.group(4)), int(found.group(5).lstrip("+"))
+            if tr >= 0 and ta >= 0:
+                out.append(ta - tr)
+    return out
+
+
+def proxy_times(windows: list[dict], host, host_unit: str, gateway, gateway_unit: str) -> list[dict]:
+    """For each window of the front door and gateway paths, the proxies' own times from their logs."""
+    def journal(connection, unit, window):
+        cmd = (f"journalctl -u {shlex.quote(unit)} -o cat --no-pager --since @{window['since']:.3f} "
+               f"--until @{window['until']:.3f}\n")
+        return connection.run(cmd, timeout=120).stdout.splitlines()
+
+    out = []
+    for w in windows:
+        if w["kind"] == "direct":
+            continue
+        row = {"target": w["target"], "concurrency": w["concurrency"],
+               "front door": own_ms(journal(host, host_unit, w))}
+        if w["kind"] == "gateway":
+            row["gateway"] = own_ms(journal(gateway, gateway_unit, w))
+        out.append(row)
+    return out
+
+
+def report_own(rows: list[dict]) -> str:
+    """The proxies' own time per request, as HAProxy measured it (whole milliseconds)."""
+    lines = ["| path | concurrency | proxy | requests logged | own time p50 ms | own time p99 ms |",
+             "|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        for proxy in ("front door", "gateway"):
+            if proxy in r:
+                times = r[proxy]
+                lines.append(f"| {r['target']} | {r['concurrency']} | {proxy} | {len(times)} | "
+                             f"{percentile(times, 0.5):.0f} | {percentile(times, 0.99):.0f} |")
+    return "\n".join(lines)
 
 
 def report(rows: list[dict]) -> str:
@@ -172,7 +226,9 @@ def write(table: str, host: str, gateway: str):
                f"then TLS again to {host}'s front door (the other servers are in MAINT for the run, through the "
                f"gateway's runtime API, so that the figure compares with {host}'s direct call). On 2 cores the load "
                f"generator (Python threads), the Python stand-in and HAProxy share the CPUs: at concurrency 64 the "
-               f"figures measure that contention more than the path.\n\n{table}\n{MARK_END}")
+               f"figures measure that contention more than the path. The second table is each proxy's own time per "
+               f"request from its access log (`Ta - Tr`: all but the time waiting for the server, whole "
+               f"milliseconds), free of the load generator's share of the CPUs.\n\n{table}\n{MARK_END}")
     if MARK_BEGIN in text:
         start, end = text.index(MARK_BEGIN), text.index(MARK_END) + len(MARK_END)
         text = text[:start] + section + text[end:]

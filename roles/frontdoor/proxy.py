@@ -55,10 +55,11 @@ def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
             "images": Images(v.get("container_runtime", "podman"))}
 
 
-def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None) -> Wanted:
+def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None,
+           extra_ca_files: tuple = ()) -> Wanted:
     """The certificate, the key list, the configuration, and the generation that
     names them (any change to one of them is a new generation)."""
-    bundle = tls.bundle(ctx.name, ctx.vars)
+    bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files)
     keys = render_keys(accepted)
     unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend)
     generation = hashlib.sha256((unnamed + keys + bundle.cert_pem).encode()).hexdigest()[:16]

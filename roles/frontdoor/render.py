@@ -63,8 +63,13 @@ def unit_path(v: dict) -> str:
 
 
 def image_ref(v: dict) -> str:
-    """HAProxy's image, through the inventory's registry mirror when it names one."""
-    ref = v.get("frontdoor_image", "docker.io/library/haproxy:2.6")
+    """HAProxy's image (the inventory's, or the catalog's), through the inventory's registry
+    mirror when it names one."""
+    from roles.preflight.catalog import images
+    ref = v.get("frontdoor_image")
+    if not ref:
+        official = images()["frontdoor"]
+        ref = f"docker.io/{official['repository']}:{official['tag']}"
     registry = v.get("registry")
     if registry and ref.startswith("docker.io/"):
         ref = f"{registry.rstrip('/')}/{ref.removeprefix('docker.io/')}"

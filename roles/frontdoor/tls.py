@@ -45,19 +45,87 @@ def names(host: str, v: dict) -> list[str]:
     return out
 
 
-def bundle(host: str, v: dict) -> Bundle:
+def bundle(host: str, v: dict, extra_ca_files: tuple = ()) -> Bundle:
+    """The host's certificate and key, and the CAs it trusts (``ca.crt``): the fleet CA, the
+    CA of its own certificate when it brings one, and ``extra_ca_files`` (a gateway: those
+    of the front doors that bring their own)."""
     folder = directory(v)
     try:
-        ca = ca_pem(folder)
+        cas = [ca_pem(folder)]
+        for path in extra_ca_files:
+            cas.append(_read_pem(path, "tls_ca_file", host, False))
         if v.get("tls_cert_file"):
-            if not v.get("tls_key_file"):
-                raise StepFailed(f"{host}: tls_cert_file is set but tls_key_file is not: set both, or neither")
-            return Bundle(_read_pem(v["tls_cert_file"], "tls_cert_file", host, False),
-                          _read_pem(v["tls_key_file"], "tls_key_file", host, True), ca)
+            cert, key, own_ca = own_certificate(host, v, cas[0])
+            return Bundle(cert, key, _join(cas + [own_ca]))
         issued = host_certificate(folder, host, names(host, v))
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
-    return Bundle(issued.cert_pem, issued.key_pem, ca)
+    return Bundle(issued.cert_pem, issued.key_pem, _join(cas))
+
+
+def _join(pems: list[str]) -> str:
+    """PEM blocks, each once, in order."""
+    blocks = []
+    for pem in pems:
+        for block in pem.split("-----END CERTIFICATE-----"):
+            block = block.strip()
+            if block:
+                block += "\n-----END CERTIFICATE-----\n"
+                if block not in blocks:
+                    blocks.append(block)
+    return "".join(blocks)
+
+
+def own_certificate(host: str, v: dict, fleet_ca: str) -> tuple[str, str, str]:
+    """A certificate the user brings (tls_cert_file, tls_key_file, and tls_ca_file unless the
+    fleet CA signed it), checked here so that a mismatch is an error at deploy, not a front
+    door that no client, no gateway and no check of ours can reach: the key is the
+    certificate's, it names the host's inventory name (what the gateway and deploy's check
+    ask for), it has not expired, and the CA named signed it."""
+    from datetime import datetime, timezone
+
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+
+    if not v.get("tls_key_file"):
+        raise StepFailed(f"{host}: tls_cert_file is set but tls_key_file is not: set both, or neither")
+    cert_pem = _read_pem(v["tls_cert_file"], "tls_cert_file", host, False)
+    key_pem = _read_pem(v["tls_key_file"], "tls_key_file", host, True)
+    ca_text = _read_pem(v["tls_ca_file"], "tls_ca_file", host, False) if v.get("tls_ca_file") else fleet_ca
+    where = f"{host}: tls_cert_file {v['tls_cert_file']}"
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+        cas = x509.load_pem_x509_certificates(ca_text.encode())
+    except (ValueError, TypeError) as exc:
+        raise StepFailed(f"{where}: cannot read the certificate, its key or its CA ({exc}); PEM without a "
+                         f"passphrase is needed") from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, spki) != \
+            cert.public_key().public_bytes(serialization.Encoding.DER, spki):
+        raise StepFailed(f"{where}: tls_key_file {v['tls_key_file']} is not this certificate's key")
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        named = [str(n) for n in san.get_values_for_type(x509.DNSName)] + \
+                [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+    except x509.ExtensionNotFound:
+        named = []
+    if host not in named:
+        raise StepFailed(f"{where} names {', '.join(named) or 'no name (no subjectAltName)'}, not {host}: the "
+                         f"gateway and deploy's own check reach the front door under its inventory name; add "
+                         f"DNS:{host} to the certificate")
+    if cert.not_valid_after_utc <= datetime.now(timezone.utc):
+        raise StepFailed(f"{where} expired on {cert.not_valid_after_utc:%Y-%m-%d}: renew it")
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+            return cert_pem, key_pem, ca_text
+        except (ValueError, TypeError, InvalidSignature):  # another issuer, or a signature that does not verify
+            continue
+    raise StepFailed(f"{where} is not signed by {'tls_ca_file ' + v['tls_ca_file'] if v.get('tls_ca_file') else 'the fleet CA'}: "
+                     f"set tls_ca_file to the CA certificate that signed it (the gateway and deploy's check "
+                     f"trust it then)")
 
 
 GATEWAY_KEY = "gateway"

@@ -41,7 +41,9 @@ def servers(fleet) -> list[Server]:
 
 def wanted(ctx) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
-    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND)
+    # front doors with a certificate of their own: the gateway trusts their CAs too
+    own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
+    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND, own_cas)
 
 
 def plan(ctx):

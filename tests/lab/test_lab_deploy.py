@@ -153,6 +153,11 @@ def test_a_changed_host_key_is_refused_with_the_way_to_re_trust(lab_copy, tmp_pa
 
 def test_memory_precheck_stops_a_busy_host_before_anything_starts(lab_copy):
     invoke("lab.gpu", "--host", "h100-01", "--held-mib", "40000", check=True)
+    # deployed or not (an earlier test may have deployed it), the host is left as it was; its
+    # service stopped: while our own vLLM runs, its memory is not free and the check waits for
+    # a fresh start (start reports vLLM's refusal then)
+    ssh("h100-01", f"systemctl stop {UNIT.rsplit('/', 1)[1]} 2>/dev/null; true")
+    unit_before = ssh("h100-01", f"sha256sum {UNIT} 2>/dev/null; true").stdout
     try:
         (lab_copy / "group_vars" / "h100.yml").write_text("gpu_memory_utilization: 0.9\nautostart: true\n")
         proc, data = deploy_json("--hosts", "h100-01", inventory=lab_copy)
@@ -160,7 +165,7 @@ def test_memory_precheck_stops_a_busy_host_before_anything_starts(lab_copy):
         failed = [t for t in data["hosts"]["h100-01"]["tasks"] if t["status"] == "failed"]
         assert failed[0]["role"] == "preflight"
         assert "Free memory on device cuda:0" in failed[0]["message"] and "(pid 457, 40000 MiB)" in failed[0]["message"]
-        assert ssh("h100-01", f"test -e {UNIT}", check=False).returncode != 0
+        assert ssh("h100-01", f"sha256sum {UNIT} 2>/dev/null; true").stdout == unit_before
         assert not any(t["status"] == "changed" for t in data["hosts"]["h100-01"]["tasks"])
     finally:
         invoke("lab.gpu", "--host", "h100-01", "--clear", check=True)

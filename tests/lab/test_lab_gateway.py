@@ -128,3 +128,36 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
                        "spark01's veth down for 20 s while 4 clients send chat completions through gateway01",
                        figures["link_cut_down_s"], saw, "spark01 DOWN, then UP once its link came back",
                        True, failed_requests=0, requests=len(outcomes))
+
+
+def test_a_front_door_with_a_certificate_of_its_own_is_served_and_still_reached_by_the_gateway(deployed, lab_copy,
+                                                                                           tmp_path):
+    import ssl
+    import urllib.request
+
+    from credentials import ca as their_ca
+    # the user's own CA (made like ours, in another folder) and a certificate from it for rtx01
+    issued = their_ca.host_certificate(tmp_path / "their-ca", "rtx01", ["rtx01", "10.213.0.12"])
+    files = {"tls_cert_file": (issued.cert_pem, 0o644), "tls_key_file": (issued.key_pem, 0o600),
+             "tls_ca_file": (their_ca.ca_pem(tmp_path / "their-ca"), 0o644)}
+    (lab_copy / "host_vars").mkdir(exist_ok=True)
+    lines = []
+    for var, (text, mode) in files.items():
+        path = tmp_path / f"{var}.pem"
+        path.write_text(text)
+        path.chmod(mode)
+        lines.append(f"{var}: {path}\n")
+    (lab_copy / "host_vars" / "rtx01.yml").write_text("".join(lines))
+    try:
+        proc, _ = deploy_json("--hosts", "rtx01,gateway01", inventory=lab_copy)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        # a client that trusts their CA alone is served by rtx01's front door
+        context = ssl.create_default_context(cafile=str(tmp_path / "tls_ca_file.pem"))
+        context.check_hostname = False  # the address, not the name: what matters is who signed it
+        with urllib.request.urlopen("https://10.213.0.12:8000/health", timeout=10, context=context) as resp:
+            assert resp.status == 200
+        # the gateway trusts their CA beside the fleet's: rtx01 stays in service
+        wait_state("rtx01", "UP", limit=30)
+    finally:
+        assert deploy_json("--hosts", "rtx01,gateway01")[0].returncode == 0  # back to the fleet CA's
+    wait_state("rtx01", "UP", limit=30)

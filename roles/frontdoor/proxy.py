@@ -36,11 +36,15 @@ class Wanted:
 GENERATION_HEADER = "X-Frontdoor-Generation"
 
 
+def connect_address(v: dict) -> str:
+    """Where the host itself reaches the instance: loopback when it binds every address."""
+    host = v.get("api_host", "0.0.0.0")
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
 def local_url(v: dict, path: str = "/health") -> str:
     """The instance as the host itself reaches it."""
-    host = v.get("api_host", "0.0.0.0")
-    connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return f"https://{connect}:{int(v.get('api_port', 8000))}{path}"
+    return f"https://{connect_address(v)}:{int(v.get('api_port', 8000))}{path}"
 
 
 def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
@@ -75,8 +79,7 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, f
     still sees a directory replaced or remounted since it started)."""
     v = ctx.vars
     port = int(v.get("api_port", 8000))
-    host = v.get("api_host", "0.0.0.0")
-    connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    connect = connect_address(v)
     u = shlex.quote(proxy.unit_name(v))
     url = shlex.quote(f"https://{ctx.name}:{port}/health")
     resolve = shlex.quote(f"{ctx.name}:{port}:{connect}")
@@ -241,7 +244,6 @@ def summary(ctx, proxy: Proxy, key: str) -> dict:
     v = ctx.vars
     if f"{key}_generation" not in ctx.desired:
         return {}
-    host = v.get("api_host", "0.0.0.0")
     return {key: {"unit": proxy.unit_name(v), "port": v.get("api_port", 8000), "dir": proxy.dir,
-                  "connect": "127.0.0.1" if host in ("0.0.0.0", "::") else host,
+                  "connect": connect_address(v),
                   "generation": ctx.desired[f"{key}_generation"]}}

@@ -331,10 +331,20 @@ def _install_gpu_standin(root: Path, host: config.LabHost):
                        "options": ["ro", "bind"]})
     else:
         meminfo.unlink(missing_ok=True)
-    # a real CDI spec, as nvidia-ctk writes one; what it mounts is the stand-in
-    cdi = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-           "devices": [{"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}},
-                       {"name": "0", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}],
+    # a real CDI spec, as nvidia-ctk writes one: a device per GPU by index and by uuid, and
+    # "all"; what it mounts is the stand-in, and per GPU a marker that makes the stand-in show
+    # a container only the GPUs it was handed (a real container sees only its device nodes)
+    markers = root / "etc/nvidia-stub/devices"
+    shutil.rmtree(markers, ignore_errors=True)
+    markers.mkdir(parents=True)
+    devices = [{"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}]
+    for index, gpu in enumerate(profile.get("gpus") or [{"uuid": profile["uuid"]}]):
+        (markers / gpu["uuid"]).write_text(f"{index}\n")
+        edits = {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+                 "mounts": [{"hostPath": f"/etc/nvidia-stub/devices/{gpu['uuid']}",
+                             "containerPath": f"/etc/nvidia-visible/{gpu['uuid']}", "options": ["ro", "bind"]}]}
+        devices += [{"name": str(index), "containerEdits": edits}, {"name": gpu["uuid"], "containerEdits": edits}]
+    cdi = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
            "containerEdits": {"env": ["NVIDIA_STUB=1"], "mounts": mounts}}
     _write(root, "/etc/cdi/nvidia.yaml", json.dumps(cdi, indent=2) + "\n")
     (root / "var/lib/nvidia-stub/apps").mkdir(parents=True, exist_ok=True)

@@ -150,22 +150,29 @@ def leftovers() -> list[str]:
 
 
 @task(help={"host": "lab host", "held_mib": "GPU memory held by another process (MiB)",
-            "hang": "make nvidia-smi hang (a wedged GPU)", "clear": "back to an idle GPU"})
-def gpu(c, host, held_mib=None, hang=False, clear=False):
+            "gpu": "the GPU (index) that process holds it on (default 0)",
+            "hang": "make nvidia-smi hang (a wedged GPU)", "clear": "back to idle GPUs"})
+def gpu(c, host, held_mib=None, gpu=None, hang=False, clear=False):
     """Turn the GPU stand-in's knobs on one lab host."""
     match = [h for h in _state_hosts() if h.name == host and h.has_gpu]
     if not match:
         raise Exit(f"no lab GPU host {host!r}; lab GPU hosts: "
                    f"{', '.join(h.name for h in _state_hosts() if h.has_gpu)}", code=2)
-    set_gpu(match[0], held_mib=None if held_mib is None else int(held_mib), hang=hang, clear=clear)
+    count = len(json.loads((match[0].root / "etc/nvidia-stub/profile.json").read_text()).get("gpus") or [0])
+    index = None if gpu is None else _number(gpu, "gpu", 0, count - 1, integer=True)
+    set_gpu(match[0], held_mib=None if held_mib is None else _number(held_mib, "held-mib", 0, 1 << 22, integer=True),
+            held_gpu=index, hang=hang, clear=clear)
     _say(f"{host}: {(match[0].root / 'etc/nvidia-stub/state.json').read_text().strip()}")
 
 
-def set_gpu(host: config.LabHost, held_mib: int | None = None, hang: bool = False, clear: bool = False):
+def set_gpu(host: config.LabHost, held_mib: int | None = None, hang: bool = False, clear: bool = False,
+            held_gpu: int | None = None):
     path = host.root / "etc/nvidia-stub/state.json"
     state = {} if clear else json.loads(path.read_text() or "{}")
     if held_mib is not None:
         state["held_mib"] = held_mib
+    if held_gpu is not None:
+        state["held_gpu"] = held_gpu
     if hang:
         state["hang"] = True
     elif clear:

@@ -30,14 +30,20 @@ def evaluate(text: str, tmp_path) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("hostvars", [
-    {"container_runtime": "podman", "conflicts": ["ollama.service"], "autostart": False},  # seed 000's desktop
-    {"container_runtime": "docker", "autostart": True, "max_model_len": 100000, "service_name": "dg-2"},
-    {"container_runtime": "podman", "autostart": True, "extra_serve_args": ["--enable-prefix-caching"],
-     "start_limit_burst": 5, "conflicts": ["ollama.service", "comfyui@gpu0.service"]},
+TWO_GPUS = ["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec"]
+
+
+@pytest.mark.parametrize("hostvars,gpus", [
+    ({"container_runtime": "podman", "conflicts": ["ollama.service"], "autostart": False}, None),  # seed 000's desktop
+    ({"container_runtime": "docker", "autostart": True, "max_model_len": 100000, "service_name": "dg-2"}, None),
+    ({"container_runtime": "podman", "autostart": True, "extra_serve_args": ["--enable-prefix-caching"],
+      "start_limit_burst": 5, "conflicts": ["ollama.service", "comfyui@gpu0.service"]}, TWO_GPUS[1:]),
+    ({"container_runtime": "podman", "autostart": True}, TWO_GPUS),
+    ({"container_runtime": "docker", "autostart": True}, TWO_GPUS),
 ])
-def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostvars):
-    module = evaluate(render_module(hostvars, IMAGE, MODEL, 0.7, has_token=True), tmp_path)
+def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostvars, gpus):
+    size = len(gpus or [0])
+    module = evaluate(render_module(hostvars, IMAGE, MODEL, 0.7, True, gpus, size), tmp_path)
     name = hostvars.get("service_name", "vllm-diffusiongemma")
     runtime = hostvars["container_runtime"]
     container = module["virtualisation"]["oci-containers"]["containers"][name]
@@ -47,7 +53,16 @@ def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostv
     assert container["cmd"][container["cmd"].index("--gpu-memory-utilization") + 1] == "0.7"
     assert container["environmentFiles"] == [f"/etc/dgemma/{name}.env"]
     assert container["autoStart"] is hostvars["autostart"]
-    assert ("--device=nvidia.com/gpu=all" if runtime == "podman" else "--gpus=all") in container["extraOptions"]
+    # handed the placement's GPUs by uuid (all of them when none is named)
+    if runtime == "podman":
+        assert [o for o in container["extraOptions"] if "nvidia.com/gpu" in o] == \
+            [f"--device=nvidia.com/gpu={g}" for g in gpus or ["all"]]
+    else:
+        assert [o for o in container["extraOptions"] if o.startswith("--gpus")] == \
+            ["--gpus=all" if not gpus else f'--gpus="device={",".join(gpus)}"' if size > 1 else f"--gpus=device={gpus[0]}"]
+    assert ("--tensor-parallel-size" in container["cmd"]) == (size > 1)
+    if size > 1:
+        assert container["cmd"][container["cmd"].index("--tensor-parallel-size") + 1] == str(size)
     unit = module["systemd"]["services"][f"{runtime}-{name}"]
     assert unit.get("conflicts", []) == hostvars.get("conflicts", [])
     if hostvars["autostart"]:
@@ -60,7 +75,7 @@ def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostv
     assert unit["preStart"]["_type"] == "order" and \
         f"sha256sum < /etc/dgemma/{name}.env > /run/dgemma/{name}.env-started" in unit["preStart"]["content"]
     # the same command line as the unit for hosts that are not NixOS
-    exec_start = next(line for line in render_unit(hostvars, IMAGE, MODEL, 0.7, True).splitlines()
+    exec_start = next(line for line in render_unit(hostvars, IMAGE, MODEL, 0.7, True, gpus, size).splitlines()
                       if line.startswith("ExecStart="))
     assert f" {IMAGE} {MODEL} " in exec_start
     assert exec_start.split(f" {IMAGE} ", 1)[1].count(" --") == sum(a.startswith("--") for a in container["cmd"])

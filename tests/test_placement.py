@@ -116,3 +116,25 @@ def test_h200_captures_read_with_their_mig_mode_and_gpu_uuids():
     apps = parse_compute_apps((H200 / "busy1-compute-apps-uuid.csv").read_text())
     assert [(a["used_memory_mib"], a["gpu_uuid"][-4:]) for a in apps] == [(518, "157c"), (41570, "60ec")]
     assert parse_compute_apps((H200 / "busy1-compute-apps.csv").read_text())[0]["gpu_uuid"] is None
+
+
+def test_the_running_services_gpus_are_read_from_what_declares_it():
+    from roles.preflight.deployed import deployed_gpus
+    gpus = nvidia(H200 / "idle-query.csv")["gpus"]
+    gpu0, gpu1 = (g["uuid"] for g in gpus)
+    unit = "ExecStart=/usr/bin/podman run --device nvidia.com/gpu={} img m --gpu-memory-utilization 0.7"
+    assert deployed_gpus(unit.format("all"), gpus) == {gpu0: 0.7}  # the previous release: vLLM ran on cuda:0
+    assert deployed_gpus(unit.format(gpu1), gpus) == {gpu1: 0.7}
+    assert deployed_gpus(unit.format("1"), gpus) == {gpu1: 0.7}
+    docker = "ExecStart=/usr/bin/docker run --gpus '\"device={},{}\"' img m --gpu-memory-utilization 0.5"
+    assert deployed_gpus(docker.format(gpu1, gpu0), gpus) == {gpu1: 0.5, gpu0: 0.5}
+    module = 'extraOptions = [ "--gpus=all" ]; cmd = [ "m" "--gpu-memory-utilization" "0.6" ];'
+    assert deployed_gpus(module, gpus) == {gpu0: 0.6}
+    assert deployed_gpus("no utilization here", gpus) == {}
+
+
+def test_max_replicas_leaves_the_rest_of_the_plan_out_with_the_reason():
+    placed = place(nvidia(H200 / "idle-query.csv"), {}, {}, max_replicas=1)
+    assert [r.gpus[0]["index"] for r in placed.replicas] == [0]
+    assert placed.skipped == [{"uuid": "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec", "index": 1,
+                               "reason": "this release runs 1 vLLM per host"}]

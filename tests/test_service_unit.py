@@ -73,3 +73,21 @@ def test_docker_unit_uses_gpus_all_and_the_docker_service():
 
 def test_env_file_holds_the_secrets():
     assert render_env("k3y", "hf_x") .splitlines()[1:] == ["VLLM_API_KEY=k3y", "HF_TOKEN=hf_x"]
+
+
+def test_the_unit_hands_over_only_the_placements_gpus_by_uuid():
+    gpus = ["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec"]
+    model = "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic"
+
+    def argv(v, *args):
+        unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", model, 0.7, False, *args)
+        return unquote_systemd(next(line for line in unit.splitlines() if line.startswith("ExecStart="))[10:])
+    podman = argv(hostvars("rtx01"), gpus[1:])
+    assert [podman[i + 1] for i, a in enumerate(podman) if a == "--device"] == [f"nvidia.com/gpu={gpus[1]}"]
+    assert "--tensor-parallel-size" not in podman
+    docker = argv(hostvars("spark01"), gpus, 2)
+    # docker reads --gpus as CSV: the quotes keep both uuids in one device= field
+    assert docker[docker.index("--gpus") + 1] == f'"device={gpus[0]},{gpus[1]}"'
+    assert docker[docker.index("--tensor-parallel-size") + 1] == "2"
+    assert argv(hostvars("spark01"), gpus[:1])[argv(hostvars("spark01"), gpus[:1]).index("--gpus") + 1] == \
+        f"device={gpus[0]}"

@@ -34,13 +34,15 @@ class Replica:
     quantization: str | None
     utilization: float
     port: int
-    reason: str
+    reason: str  # why this variant (and tensor parallel size)
+    utilization_reason: str = ""
+    memory: GpuMemory | None = None  # its first GPU's, as vLLM's check reads it
 
     def as_dict(self) -> dict:
         return {"gpus": [g["uuid"] for g in self.gpus], "gpu_indices": [g["index"] for g in self.gpus],
                 "tensor_parallel_size": self.tensor_parallel_size, "model": self.model,
                 "quantization": self.quantization, "gpu_memory_utilization": self.utilization, "port": self.port,
-                "reason": self.reason}
+                "reason": self.reason, "utilization_reason": self.utilization_reason}
 
 
 @dataclass
@@ -76,7 +78,8 @@ def selected(gpus: list[dict], wanted) -> tuple[list[dict], bool]:
 
 
 def _held_by(gpu: dict, apps: list[dict]) -> str:
-    mine = [a for a in apps if a.get("gpu_uuid") == gpu["uuid"]]
+    # a row without gpu_uuid (an older driver's query) may be on any GPU: it is named on each
+    mine = [a for a in apps if a.get("gpu_uuid") in (gpu["uuid"], None)]
     return ", ".join(f"{a['name']} (pid {a['pid']}, {a['used_memory_mib']} MiB)" for a in mine)
 
 
@@ -85,23 +88,31 @@ def _usable(gpu: dict, mem: GpuMemory, hostvars: dict, running: dict, apps: list
     if (gpu.get("mig_mode") or "").lower() == "enabled":
         return None, (f"MIG mode is on: vLLM is given whole GPUs here; turn MIG off (nvidia-smi -i {gpu['index']} "
                       f"-mig 0, then reset the GPU) or leave GPU {gpu['index']} out of gpus:")
-    if gpu["uuid"] in running:
-        return running[gpu["uuid"]], "our replica runs there: the value it started with is kept"
     explicit = hostvars.get("gpu_memory_utilization", "auto")
     margin = hostvars.get("gpu_memory_margin_mib", 1024)
+    if gpu["uuid"] in running:
+        # our own replica holds this memory now: vLLM's check is for a fresh start, and `auto`
+        # keeps the value it resolved to when the replica started (else every run would differ)
+        if explicit != "auto":
+            return explicit, "set by the inventory; our replica runs there, so its own memory is not free now"
+        return running[gpu["uuid"]], "auto: the value chosen when the running replica started, kept while it runs"
     held = _held_by(gpu, apps)
     if explicit != "auto":
         if passes_vllm_check(mem, explicit):
             return explicit, f"set by the inventory; ceil({explicit} x {mem.total_mib:.0f} MiB) <= " \
                              f"{mem.free_mib:.0f} MiB free"
+        safe = largest_safe_utilization(mem, margin)
         # each replica is handed its GPUs alone: vLLM in it calls this one cuda:0
-        return None, (f"vLLM would refuse to start on GPU {gpu['index']}: {vllm_refusal(mem, explicit)}"
-                      f"{' Held by ' + held + '.' if held else ''}")
+        return None, (f"vLLM would refuse to start on GPU {gpu['index']}: {vllm_refusal(mem, explicit)} "
+                      f"Free memory now: {mem.free_mib:.0f} of {mem.total_mib:.0f} MiB ({mem.source})"
+                      f"{'; held by ' + held if held else ''}. The largest safe value now is {safe:.2f}: set "
+                      f"gpu_memory_utilization: {safe:.2f} (or auto), or free the GPU.")
     util = largest_safe_utilization(mem, margin)
     if util <= 0:
         return None, (f"{mem.free_mib:.0f} of {mem.total_mib:.0f} MiB free, less than the {margin} MiB margin"
                       f"{'; held by ' + held if held else ''}")
-    return util, f"auto: the largest value with {margin} MiB to spare of {mem.free_mib:.0f} MiB free"
+    return util, (f"auto: the largest value with {margin} MiB to spare of {mem.free_mib:.0f} MiB free "
+                  f"({mem.source}), at most 0.95")
 
 
 def _variants(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
@@ -117,9 +128,34 @@ def _fits(spec: dict, size: int, budgets: list[float], totals: list[float]) -> t
     return enough_card and all(b >= need for b in budgets), need
 
 
-def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = None) -> Placement:
-    """``nvidia``: the NvidiaSmi fact; ``running``: GPU uuid -> utilization of our
-    replicas that run there now."""
+def _first_fit(variants: list, mem: GpuMemory, util: float, cc: str, hostvars: dict):
+    """The first variant, in preference order, that one GPU serves alone: (model, spec,
+    reason), or (None, None, what each variant lacks)."""
+    budget = budget_mib(mem, util)
+    shortfalls = []
+    for model, spec in variants:
+        if not spec:
+            return model, spec, "set by the inventory (model); not in the catalog, so its memory need is unchecked"
+        need = spec["weights_mib"] + spec["overhead_mib"]
+        if mem.total_mib < spec["min_gpu_memory_mib"]:
+            shortfalls.append(f"{model} needs a GPU of {spec['min_gpu_memory_mib']} MiB, this one has "
+                              f"{mem.total_mib:.0f}")
+        elif budget < need:
+            shortfalls.append(f"{model} needs {need} MiB ({spec['weights_mib']} weights + {spec['overhead_mib']} "
+                              f"runtime) but {util} x {mem.total_mib:.0f} MiB gives {budget:.0f}")
+        else:
+            reason = (f"compute capability {cc} prefers {spec['quantization']}" if not hostvars.get("model")
+                      else "set by the inventory (model)")
+            reason += f"; needs {need} MiB, budget {budget:.0f} MiB"
+            return model, spec, reason + (f" (skipped: {'; '.join(shortfalls)})" if shortfalls else "")
+    return None, None, "; ".join(shortfalls)
+
+
+def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = None,
+          max_replicas: int | None = None) -> Placement:
+    """``nvidia``: the NvidiaSmi fact; ``running``: GPU uuid -> the utilization our replica
+    that runs there started with; ``max_replicas``: the most replicas the caller can run
+    (the rest of the plan is left out, with the reason)."""
     running = running or {}
     apps = nvidia.get("compute_apps", [])
     candidates, named = selected(nvidia["gpus"], hostvars.get("gpus", "all"))
@@ -129,8 +165,7 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
     usable = []
     for gpu in candidates:
         if not gpu.get("compute_capability"):
-            why = "nvidia-smi reports no compute capability: update the driver"
-            util = None
+            why, util, mem = "nvidia-smi reports no compute capability: update the driver", None, None
         else:
             mem = gpu_memory(gpu, meminfo)
             util, why = _usable(gpu, mem, hostvars, running, apps)
@@ -149,22 +184,25 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
     for entry in usable:
         gpu = entry[0]
         groups.setdefault((gpu["name"], gpu.get("memory_total_mib"), gpu["compute_capability"]), []).append(entry)
-    port = int(hostvars.get("replica_base_port", 8100))
     for (name, _, cc), members in groups.items():
         variants = _variants(cc, hostvars)
         alone = []
         for gpu, mem, util, why in members:
-            for model, spec in variants:
-                ok, need = _fits(spec, 1, [budget_mib(mem, util)], [mem.total_mib]) if spec else (True, 0)
-                if ok:
-                    placement.replicas.append(Replica(0, [gpu], 1, model, spec.get("quantization"), util, 0,
-                                                      f"{name}: {spec.get('quantization') or model} fits one GPU "
-                                                      f"({why})"))
-                    break
-            else:
-                alone.append((gpu, mem, util, why))
+            model, spec, reason = _first_fit(variants, mem, util, cc, hostvars)
+            if model is None:
+                alone.append((gpu, mem, util, why, reason))
+                continue
+            placement.replicas.append(Replica(0, [gpu], 1, model, spec.get("quantization"), util, 0,
+                                              reason, why, mem))
         _tensor_parallel(alone, variants, name, placement)
     placement.replicas.sort(key=lambda r: r.gpus[0]["index"])
+    if max_replicas is not None:
+        for replica in placement.replicas[max_replicas:]:
+            for gpu in replica.gpus:
+                placement.skipped.append({"uuid": gpu["uuid"], "index": gpu["index"],
+                                          "reason": f"this release runs {max_replicas} vLLM per host"})
+        del placement.replicas[max_replicas:]
+    port = int(hostvars.get("replica_base_port", 8100))
     for index, replica in enumerate(placement.replicas):
         replica.index, replica.port = index, port + index
     placement.skipped.sort(key=lambda s: s["index"])
@@ -188,15 +226,14 @@ def _tensor_parallel(left: list, variants: list, name: str, placement: Placement
                 break
             model, spec = chosen
             need = spec["weights_mib"] / size + spec["overhead_mib"]
+            first = min(group, key=lambda e: e[2])
             placement.replicas.append(Replica(0, [e[0] for e in group], size, model, spec["quantization"], util, 0,
                                               f"{name}: no variant fits one GPU; {spec['quantization']} fits "
-                                              f"{size} with tensor parallel ({need:.0f} MiB per GPU)"))
+                                              f"{size} with tensor parallel ({need:.0f} MiB per GPU)",
+                                              first[3], first[1]))
             left = left[size:]
-    needs = [spec["weights_mib"] + spec["overhead_mib"] for _, spec in variants if spec]
-    for gpu, mem, util, _ in left:
+    for gpu, mem, util, _, shortfalls in left:
         held = f" ({mem.total_mib - mem.free_mib:.0f} MiB in use)" if mem.free_mib < mem.total_mib * 0.9 else ""
+        together = "; nor with the other GPUs left out, in tensor parallel" if len(left) > 1 else ""
         placement.skipped.append({"uuid": gpu["uuid"], "index": gpu["index"],
-                                  "reason": f"no DiffusionGemma variant fits: {budget_mib(mem, util):.0f} MiB usable of "
-                                            f"{mem.total_mib:.0f}{held} at gpu_memory_utilization {util}; the "
-                                            f"smallest variant needs {min(needs, default=0)} MiB on one GPU, and the "
-                                            f"GPUs left out cannot serve it together"})
+                                  "reason": f"no DiffusionGemma variant fits{held}: {shortfalls}{together}"})

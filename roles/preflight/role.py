@@ -2,8 +2,6 @@
 with the remedy in words when something it needs is missing."""
 from __future__ import annotations
 
-import re
-
 from converge.changes import Check, Role
 from converge.facts import FactError
 from converge.facts.containers import Runtimes
@@ -15,6 +13,7 @@ from roles.service.nixos import module_path
 from roles.service.role import unit_name, unit_path
 
 from . import catalog
+from .deployed import deployed_gpus
 from .select import Refused, choose
 
 CONTAINER_STORAGE = {"podman": "/var/lib/containers", "docker": "/var/lib/docker"}
@@ -67,31 +66,31 @@ def plan_choice(ctx):
     except FactError as exc:
         yield Check("GPU facts", ok=False, message=str(exc))
         return
-    running = (ctx.facts.get("unit") or {}).get("ActiveState") in ("active", "activating", "reloading")
-    hostvars = ctx.vars
-    if running:
-        # our own server holds its memory now: vLLM's check applies to a fresh start, and
-        # `auto` keeps the value it resolved to when the service started (else every run would differ)
-        hostvars = {**hostvars, "_skip_memory_check": True}
+    running = {}
+    if (ctx.facts.get("unit") or {}).get("ActiveState") in ("active", "activating", "reloading"):
+        # our own server holds its memory now: the GPUs it was handed keep their utilization
         declared = (ctx.facts.get("unit_file") or ctx.facts.get("nixos_module") or {}).get("content", "")
-        # the unit's ExecStart (--gpu-memory-utilization 0.7) or the module's cmd ("--gpu-memory-utilization" "0.7")
-        deployed = re.search(r'--gpu-memory-utilization"?\s+"?([0-9.]+)', declared)
-        if hostvars.get("gpu_memory_utilization", "auto") == "auto" and deployed:
-            hostvars["gpu_memory_utilization"] = float(deployed.group(1))
-            hostvars["_auto_kept"] = True
+        running = deployed_gpus(declared, gathered["nvidia"]["gpus"])
     try:
-        choice = choose(gathered, hostvars)
+        # one vLLM per host until units per replica land: the plan says so for the GPUs left out
+        choice = choose(gathered, ctx.vars, running, max_replicas=1)
     except Refused as exc:
         yield Check("image, model and memory", ok=False, message=str(exc))
         return
+    replica = choice.replicas[0]
     ctx.desired["choice"] = choice
     ctx.desired["image"] = choice.image
     ctx.desired["model"] = choice.model
     ctx.desired["utilization"] = choice.utilization
+    ctx.desired["gpus"] = [gpu["uuid"] for gpu in replica.gpus]
+    ctx.desired["tensor_parallel_size"] = replica.tensor_parallel_size
     yield Check("image", ok=True, message=f"{choice.image} ({choice.image_reason})")
     yield Check("model", ok=True, message=f"{choice.model} ({choice.model_reason})")
+    on = ", ".join(f"GPU {gpu['index']} ({gpu['uuid']})" for gpu in replica.gpus)
     yield Check("memory precheck", ok=True,
-                message=f"gpu_memory_utilization {choice.utilization} ({choice.utilization_reason})")
+                message=f"gpu_memory_utilization {choice.utilization} on {on} ({choice.utilization_reason})")
+    if choice.notes:
+        yield Check("GPUs left out", ok=True, message="; ".join(choice.notes))
 
 
 def plan(ctx):

@@ -11,8 +11,7 @@ from converge.errors import StepFailed
 from converge.facts.nvidia import cuda_tuple
 
 from . import catalog
-from .memory import (GpuMemory, budget_mib, gpu_memory, largest_safe_utilization, passes_vllm_check,
-                     vllm_refusal)
+from .memory import GpuMemory
 
 
 class Refused(StepFailed):
@@ -31,13 +30,19 @@ class Choice:
     memory: GpuMemory
     gpu: dict
     notes: list = field(default_factory=list)
+    placement: object = None  # placement.Placement: every replica, and the GPUs left out
+
+    @property
+    def replicas(self) -> list:
+        return self.placement.replicas if self.placement else []
 
     def as_dict(self) -> dict:
         return {"image": self.image, "image_reason": self.image_reason, "model": self.model,
                 "quantization": self.quantization, "model_reason": self.model_reason,
                 "gpu_memory_utilization": self.utilization, "utilization_reason": self.utilization_reason,
                 "memory_total_mib": round(self.memory.total_mib), "memory_free_mib": round(self.memory.free_mib),
-                "memory_source": self.memory.source}
+                "memory_source": self.memory.source,
+                **(self.placement.as_dict() if self.placement else {"replicas": [], "skipped_gpus": []})}
 
 
 def _version(text: str) -> tuple:
@@ -95,59 +100,28 @@ def _candidates(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
     raise Refused(f"compute capability {cc} is older than any DiffusionGemma variant supports (8.0)")
 
 
-def choose(facts: dict, hostvars: dict) -> Choice:
-    """facts: ``arch``, ``nvidia`` (NvidiaSmi), ``meminfo``."""
+def choose(facts: dict, hostvars: dict, running: dict | None = None, max_replicas: int | None = None) -> Choice:
+    """facts: ``arch``, ``nvidia`` (NvidiaSmi), ``meminfo``; ``running``: GPU uuid -> the
+    utilization our replica there started with. The first replica's choice is the host's."""
+    from .placement import place
     arch = facts["arch"]
     nvidia = facts["nvidia"]
     image, image_reason = choose_image(arch, nvidia.get("cuda_version"), hostvars)
-    gpu = nvidia["gpus"][0]
-    cc = gpu["compute_capability"]
-    if not cc:
-        raise Refused("nvidia-smi reports no compute capability for GPU 0: update the driver")
-    mem = gpu_memory(gpu, facts["meminfo"])
-    explicit = hostvars.get("gpu_memory_utilization", "auto")
-    margin = hostvars.get("gpu_memory_margin_mib", 1024)
-    notes = []
-    if len(nvidia["gpus"]) > 1:
-        notes.append(f"{len(nvidia['gpus'])} GPUs; vLLM runs on GPU 0 (tensor parallel 1)")
+    placement = place(nvidia, facts["meminfo"], hostvars, running, max_replicas)
+    if not placement.replicas:
+        raise Refused(_nothing_serves(placement.skipped, len(nvidia["gpus"])))
+    first = placement.replicas[0]
+    notes = [f"GPU {s['index']} ({s['uuid']}) left out: {s['reason']}" for s in placement.skipped]
+    return Choice(image, image_reason, first.model, first.quantization, first.reason, first.utilization,
+                  first.utilization_reason, first.memory, first.gpus[0], notes, placement)
 
-    if explicit != "auto" and not hostvars.get("_skip_memory_check") and not passes_vllm_check(mem, explicit):
-        safe = largest_safe_utilization(mem, margin)
-        apps = ", ".join(f"{a['name']} (pid {a['pid']}, {a['used_memory_mib']} MiB)"
-                         for a in nvidia.get("compute_apps", []))
-        raise Refused(f"vLLM would refuse to start: {vllm_refusal(mem, explicit)} "
-                      f"Free memory now: {mem.free_mib:.0f} of {mem.total_mib:.0f} MiB ({mem.source})"
-                      f"{'; held by ' + apps if apps else ''}. The largest safe value now is {safe:.2f}: set "
-                      f"gpu_memory_utilization: {safe:.2f} (or auto), or free the GPU.")
-    util = explicit if explicit != "auto" else largest_safe_utilization(mem, margin)
-    util_reason = ("auto: the value chosen when the running service started, kept while it runs"
-                   if hostvars.get("_auto_kept") else
-                   "set by the inventory; the service runs, so its own memory is not free now"
-                   if hostvars.get("_skip_memory_check") and explicit != "auto" else
-                   f"set by the inventory; ceil({util} x {mem.total_mib:.0f} MiB) <= {mem.free_mib:.0f} MiB free"
-                   if explicit != "auto" else
-                   f"auto: the largest value with {margin} MiB to spare of {mem.free_mib:.0f} MiB free "
-                   f"({mem.source}), at most 0.95")
-    budget = budget_mib(mem, util)
-    shortfalls = []
-    for model, spec in _candidates(cc, hostvars):
-        if not spec:
-            return Choice(image, image_reason, model, None, "set by the inventory (model); not in the catalog, "
-                          "so its memory need is unchecked", util, util_reason, mem, gpu, notes)
-        need = spec["weights_mib"] + spec["overhead_mib"]
-        if mem.total_mib < spec["min_gpu_memory_mib"]:
-            shortfalls.append(f"{model} needs a GPU of {spec['min_gpu_memory_mib']} MiB, this one has "
-                              f"{mem.total_mib:.0f}")
-            continue
-        if budget < need:
-            shortfalls.append(f"{model} needs {need} MiB ({spec['weights_mib']} weights + {spec['overhead_mib']} "
-                              f"runtime) but {util} x {mem.total_mib:.0f} MiB gives {budget:.0f}")
-            continue
-        reason = (f"compute capability {cc} prefers {spec['quantization']}"
-                  if not hostvars.get("model") else "set by the inventory (model)")
-        reason += f"; needs {need} MiB, budget {budget:.0f} MiB"
-        if shortfalls:
-            reason += f" (skipped: {'; '.join(shortfalls)})"
-        return Choice(image, image_reason, model, spec["quantization"], reason, util, util_reason, mem, gpu, notes)
-    raise Refused(f"not enough GPU memory for any DiffusionGemma variant: {'; '.join(shortfalls)}. "
-                  f"Free memory on the GPU (stop what holds it) or use a larger GPU.")
+
+def _nothing_serves(skipped: list, gpus: int) -> str:
+    if gpus == 1:
+        reason = skipped[0]["reason"]
+        if reason.startswith("no DiffusionGemma variant fits"):
+            return (f"not enough GPU memory for any DiffusionGemma variant: {reason.split(': ', 1)[1]}. "
+                    f"Free memory on the GPU (stop what holds it) or use a larger GPU.")
+        return reason
+    return "no GPU of this host can serve: " + "; ".join(f"GPU {s['index']} ({s['uuid']}): {s['reason']}"
+                                                         for s in skipped)

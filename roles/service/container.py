@@ -25,14 +25,31 @@ class ContainerSpec:
     secret_names: list = field(default_factory=list)  # from the 0600 environment file, by name only
 
 
-def container_spec(v: dict, image: str, model: str, utilization: float, has_token: bool) -> ContainerSpec:
+    @property
+    def gpu_options(self) -> list[str]:
+        """The GPU options as ``--flag=value`` (oci-containers' extraOptions)."""
+        return [f"{flag}={value}" for flag, value in zip(self.gpu[::2], self.gpu[1::2])]
+
+
+def gpu_handover(runtime: str, gpus: list[str] | None) -> list[str]:
+    """How the runtime hands these GPUs (uuids; None: every GPU) to the container."""
+    if runtime == "podman":  # CDI names each GPU by index and by uuid
+        return [arg for uuid in gpus or ["all"] for arg in ("--device", f"nvidia.com/gpu={uuid}")]
+    if not gpus:
+        return ["--gpus", "all"]
+    # docker reads --gpus as CSV: several devices are quoted so that their commas stay one field
+    return ["--gpus", f"device={gpus[0]}" if len(gpus) == 1 else f'"device={",".join(gpus)}"']
+
+
+def container_spec(v: dict, image: str, model: str, utilization: float, has_token: bool,
+                   gpus: list[str] | None = None, tensor_parallel_size: int = 1) -> ContainerSpec:
     runtime = v.get("container_runtime", "podman")
     return ContainerSpec(
         runtime=runtime, name=v.get("service_name", "vllm-diffusiongemma"), image=image,
-        cmd=serve_args(v, model, utilization),
+        cmd=serve_args(v, model, utilization, tensor_parallel_size),
         volumes=[f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
                  f"{v.get('compile_cache', '/var/cache/vllm')}:/root/.cache/vllm"],
-        gpu=["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"],
+        gpu=gpu_handover(runtime, gpus),
         secret_names=["VLLM_API_KEY"] + (["HF_TOKEN"] if has_token else []))
 
 

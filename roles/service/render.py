@@ -16,7 +16,7 @@ def _summary(ctx) -> dict:
     if "model" not in d:
         return {}  # the preflight choice failed: the report says why
     has_token = bool(read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name))
-    args = (v, d["image"], d["model"], d["utilization"], has_token)
+    args = (v, d["image"], d["model"], d["utilization"], has_token, d.get("gpus"), d.get("tensor_parallel_size", 1))
     return {"render": {"systemd": (unit_path(v), render_unit(*args)),
                        "nixos": (module_path(v), render_module(*args))}}
 

@@ -77,8 +77,9 @@ def _templates() -> jinja2.Environment:
     return env
 
 
-def render_unit(v: dict, image: str, model: str, utilization: float, has_token: bool) -> str:
-    spec = container_spec(v, image, model, utilization, has_token)
+def render_unit(v: dict, image: str, model: str, utilization: float, has_token: bool,
+                gpus: list[str] | None = None, tensor_parallel_size: int = 1) -> str:
+    spec = container_spec(v, image, model, utilization, has_token, gpus, tensor_parallel_size)
     return _templates().get_template("unit.j2").render(
         model=model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
         conflicts=v.get("conflicts") or [], burst=v.get("start_limit_burst", 3),
@@ -88,11 +89,12 @@ def render_unit(v: dict, image: str, model: str, utilization: float, has_token: 
         start_timeout=v.get("start_timeout_sec", 900))
 
 
-def render_module(v: dict, image: str, model: str, utilization: float, has_token: bool) -> str:
+def render_module(v: dict, image: str, model: str, utilization: float, has_token: bool,
+                  gpus: list[str] | None = None, tensor_parallel_size: int = 1) -> str:
     """The same service as a NixOS module (oci-containers), for hosts whose units are declared,
     with the front door's container beside it."""
     from roles.frontdoor.render import nixos_container
-    spec = container_spec(v, image, model, utilization, has_token)
+    spec = container_spec(v, image, model, utilization, has_token, gpus, tensor_parallel_size)
     return _templates().get_template("module.nix.j2").render(
         spec=spec, frontdoor=nixos_container(v), model=model, unit=unit_name(v), env_file=env_path(v),
         env_stamp=env_stamp_command(v), conflicts=v.get("conflicts") or [],
@@ -113,7 +115,9 @@ def plan(ctx):
     v = ctx.vars
     api_key = read_secret(v.get("api_key_file"), "api_key_file", ctx.name)
     hf_token = read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name)
-    args = (v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"], bool(hf_token))
+    # the GPUs the placement gave this replica, by uuid: vLLM sees those alone
+    args = (v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"], bool(hf_token),
+            ctx.desired.get("gpus"), ctx.desired.get("tensor_parallel_size", 1))
     nixos = is_nixos(ctx)
     # what declares the service: our unit file, or on NixOS our module
     ctx.desired["declared_by"] = "nixos" if nixos else "unit"

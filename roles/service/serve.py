@@ -18,7 +18,7 @@ def known_options() -> frozenset:
     return frozenset((HERE / "vllm-serve-options.txt").read_text().split())
 
 
-def serve_args(v: dict, model: str, utilization: float) -> list[str]:
+def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: int = 1) -> list[str]:
     dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
     args = [model,
             # one name on every host, whatever variant it serves (the gateway balances over all of
@@ -41,6 +41,8 @@ def serve_args(v: dict, model: str, utilization: float) -> list[str]:
             "--override-generation-config", dumps({"max_new_tokens": None}),
             "--default-chat-template-kwargs", dumps({"enable_thinking": v.get("enable_thinking", True)}),
             "--enable-chunked-prefill"]
+    if tensor_parallel_size > 1:  # a variant that fits no single GPU here, split over the GPUs it was handed
+        args += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if v.get("max_model_len"):
         args += ["--max-model-len", str(v["max_model_len"])]
     if v.get("model_revision", "main") != "main":

@@ -34,7 +34,17 @@ def test_spark01_serves_the_aarch64_image_under_the_real_docker_engine(deployed,
                           "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130").stdout.strip() == "arm64"
     inside = ssh("spark01", "docker exec vllm-diffusiongemma sh -c "
                             "'uname -m; nvidia-smi --query-gpu=name --format=csv,noheader'").stdout.split("\n")
-    assert inside[:2] == ["aarch64", "NVIDIA GB10"]  # the GPU, through --gpus all and the runtime hook
+    assert inside[:2] == ["aarch64", "NVIDIA GB10"]  # the GPU, through --gpus and the runtime hook
+    # handed over by uuid (--gpus device=UUID), as the placement chose; the container sees that GPU alone
+    gb10, rtx5090 = "GPU-9b10c0de-0000-4000-8000-0000000000b1", "GPU-5090c0de-0000-4000-8000-000000005090"
+    requests = json.loads(ssh("spark01", "docker inspect --format '{{json .HostConfig.DeviceRequests}}' "
+                                         "vllm-diffusiongemma").stdout)
+    assert [r["DeviceIDs"] for r in requests] == [[gb10]]
+    assert ssh("spark01", "docker exec vllm-diffusiongemma nvidia-smi -L").stdout == f"GPU 0: NVIDIA GB10 (UUID: {gb10})\n"
+    # podman: the CDI device named by the uuid
+    assert ssh("rtx01", "podman exec vllm-diffusiongemma nvidia-smi -L").stdout == \
+        f"GPU 0: NVIDIA GeForce RTX 5090 (UUID: {rtx5090})\n"
+    assert f"--device nvidia.com/gpu={rtx5090} " in ssh("rtx01", "cat /etc/systemd/system/podman-vllm-diffusiongemma.service").stdout
     assert ssh("spark01", "docker info --format '{{.CgroupVersion}} {{.DefaultRuntime}}'").stdout.split() == \
         ["2", "runcx86"]
 

@@ -29,6 +29,11 @@ def test_facts_on_the_lab_choose_the_tag_per_arch(lab, tmp_path):
         assert hosts[host]["choice"]["image"].endswith("vllm/vllm-openai:gemma-x86_64-cu130")
     assert hosts["rtx01"]["choice"]["model"] == "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
     assert "NVFP4" not in hosts["h100-01"]["choice"]["model"]
+    # the placement: one replica on the host's one GPU, by uuid, on vLLM's loopback port
+    (replica,) = hosts["h100-01"]["choice"]["replicas"]
+    assert replica["gpus"] == ["GPU-89e7186f-d78b-cbf2-c3eb-9b84c4828937"] and replica["tensor_parallel_size"] == 1
+    assert replica["port"] == 8100 and replica["model"] == hosts["h100-01"]["choice"]["model"]
+    assert hosts["h100-01"]["choice"]["skipped_gpus"] == []
 
 
 def test_lab_status_lists_each_host(lab, tmp_path):

@@ -1,0 +1,83 @@
+"""The lab's nvidia-smi stand-in (lab/stubs/nvidia-smi) against the real captures of a
+host with two H200s (tests/fixtures/nvidia-smi/h200x2/): the same answers per GPU, memory
+held on one GPU, and a container that sees only the GPUs it was handed (CDI by uuid)."""
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from converge.facts.nvidia import APPS_QUERY, QUERY, parse_compute_apps, parse_gpu_query
+from lab import rootfs
+from tests.conftest import ROOT
+
+STUB = ROOT / "lab" / "stubs" / "nvidia-smi"
+H200 = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h200x2"
+PROFILE = ROOT / "lab" / "profiles" / "h200x2.json"
+GPU1 = "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec"
+
+
+@pytest.fixture
+def host(tmp_path):
+    conf, apps = tmp_path / "conf", tmp_path / "apps"
+    conf.mkdir()
+    apps.mkdir()
+    (conf / "profile.json").write_text(PROFILE.read_text())
+    (conf / "state.json").write_text("{}\n")
+
+    def smi(*args, state=None, visible=None):
+        if state is not None:
+            (conf / "state.json").write_text(json.dumps(state))
+        seen = tmp_path / "visible"
+        if visible is not None:
+            seen.mkdir(exist_ok=True)
+            for old in seen.iterdir():
+                old.unlink()
+            for uuid in visible:
+                (seen / uuid).touch()
+        env = {"NVIDIA_STUB_DIR": str(conf), "NVIDIA_STUB_APPS": str(apps),
+               "NVIDIA_STUB_VISIBLE": str(seen if visible is not None else tmp_path / "none")}
+        return subprocess.run([sys.executable, str(STUB), *args], capture_output=True, text=True, env=env)
+    return smi
+
+
+def test_the_standin_answers_as_the_real_two_h200_host_does(host):
+    got = parse_gpu_query(host(*QUERY.split()).stdout)
+    real = parse_gpu_query((H200 / "idle-query.csv").read_text())
+    for gpu in real:
+        gpu["mig_mode"] = "Disabled"  # mode.csv: the capture's query predates the field
+    assert got == real
+    assert host("-L").stdout == (H200 / "list.txt").read_text()
+
+
+def test_memory_held_on_one_gpu_is_seen_there_with_its_uuid(host):
+    out = host(*QUERY.split(), state={"held_mib": 40000, "held_gpu": 1}).stdout
+    free = [g["memory_free_mib"] for g in parse_gpu_query(out)]
+    assert free == [143156, 103156]
+    apps = parse_compute_apps(host(*APPS_QUERY.split()).stdout)
+    assert [(a["used_memory_mib"], a["gpu_uuid"]) for a in apps] == [(40000, GPU1)]
+    table = host().stdout
+    assert "|    1   N/A  N/A             457      C   python3" in table and "40000MiB /  143771MiB" in table
+
+
+def test_a_container_sees_only_the_gpus_it_was_handed_numbered_from_0(host):
+    assert host("-L", visible=[GPU1]).stdout == f"GPU 0: NVIDIA H200 (UUID: {GPU1})\n"
+    got = parse_gpu_query(host(*QUERY.split(), state={"held_mib": 40000, "held_gpu": 1}, visible=[GPU1]).stdout)
+    assert [(g["index"], g["uuid"], g["memory_free_mib"]) for g in got] == [(0, GPU1, 103156)]
+    assert parse_compute_apps(host(*APPS_QUERY.split(), visible=[GPU1]).stdout)[0]["gpu_uuid"] == GPU1
+    none = host("-L", visible=[])
+    assert none.returncode == 6 and none.stdout == "No devices were found\n"
+
+
+def test_the_cdi_spec_names_each_gpu_by_index_and_uuid_and_marks_it(tmp_path):
+    rootfs._install_gpu_standin(tmp_path, SimpleNamespace(profile="h200x2"))
+    spec = json.loads((tmp_path / "etc/cdi/nvidia.yaml").read_text())
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["all", "0", "GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "1", GPU1]
+    by_uuid = next(d for d in spec["devices"] if d["name"] == GPU1)["containerEdits"]["mounts"]
+    assert by_uuid == [{"hostPath": f"/etc/nvidia-stub/devices/{GPU1}",
+                        "containerPath": f"/etc/nvidia-visible/{GPU1}", "options": ["ro", "bind"]}]
+    assert (tmp_path / "etc/nvidia-stub/devices" / GPU1).read_text() == "1\n"
+    # "all" hands over every GPU: no marker, the container sees them all
+    assert "mounts" not in spec["devices"][0]["containerEdits"]

@@ -6,6 +6,24 @@ sys.path.insert(0, str(ROOT))
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+def standin_on_path(tmp_path: Path, profile: str, state: str = "{}\n") -> dict:
+    """An environment whose `nvidia-smi` is the lab's stand-in (lab/stubs/nvidia-smi) with
+    lab/profiles/<profile>.json and this state, as this machine's nvidia-smi."""
+    import os
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "profile.json").write_text((ROOT / "lab" / "profiles" / f"{profile}.json").read_text())
+    (stub / "state.json").write_text(state)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "nvidia-smi"
+    wrapper.write_text(f"#!/bin/sh\nNVIDIA_STUB_DIR={stub} NVIDIA_STUB_APPS={stub}/apps "
+                       f"NVIDIA_STUB_VISIBLE={tmp_path}/none exec {sys.executable} "
+                       f"{ROOT / 'lab' / 'stubs' / 'nvidia-smi'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", COLUMNS="200")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """docs/RELIABILITY.md from what the fault suite and the fuzz test measured."""
     from tests import reliability

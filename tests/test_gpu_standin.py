@@ -10,7 +10,7 @@ import pytest
 
 from converge.facts.nvidia import APPS_QUERY, QUERY, parse_compute_apps, parse_gpu_query
 from lab import rootfs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, standin_on_path
 
 STUB = ROOT / "lab" / "stubs" / "nvidia-smi"
 H200 = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h200x2"
@@ -81,3 +81,17 @@ def test_the_cdi_spec_names_each_gpu_by_index_and_uuid_and_marks_it(tmp_path):
     assert (tmp_path / "etc/nvidia-stub/devices" / GPU1).read_text() == "1\n"
     # "all" hands over every GPU: no marker, the container sees them all
     assert "mounts" not in spec["devices"][0]["containerEdits"]
+
+
+def test_invoke_facts_local_on_two_h200s_places_gpu_0_and_leaves_the_busy_gpu_out(tmp_path):
+    """`invoke facts --local` end to end, the stand-in as this machine's nvidia-smi: two H200s,
+    40 GiB held on GPU 1, gpu_memory_utilization 0.9."""
+    env = standin_on_path(tmp_path, "h200x2", json.dumps({"held_mib": 40000, "held_gpu": 1}))
+    args = [sys.executable, "-m", "invoke", "facts", "--local", "--set", "gpu_memory_utilization=0.9"]
+    doc = subprocess.run(args + ["--json", "-"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    choice = json.loads(doc.stdout)["hosts"]["localhost"]["choice"]
+    assert [r["gpus"] for r in choice["replicas"]] == [["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c"]]
+    (skipped,) = choice["skipped_gpus"]
+    assert skipped["uuid"] == GPU1 and "Free memory on device cuda:0 (100.04/139.80 GiB)" in skipped["reason"]
+    table = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "replica 0" in table and "GPU left out" in table and GPU1 in table

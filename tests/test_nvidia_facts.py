@@ -92,21 +92,10 @@ def test_invoke_facts_local_on_a_610_driver_picks_cu130(tmp_path):
     """`invoke facts --local` end to end, with the lab's nvidia-smi stand-in printing
     the 610 format (the RTX 5090 profile) as this machine's nvidia-smi."""
     import json
-    import os
     import subprocess
     import sys
-    from tests.conftest import ROOT
-    stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "profile.json").write_text((ROOT / "lab" / "profiles" / "rtx5090.json").read_text())
-    (stub / "state.json").write_text("{}\n")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    wrapper = bindir / "nvidia-smi"
-    wrapper.write_text(f"#!/bin/sh\nNVIDIA_STUB_DIR={stub} NVIDIA_STUB_APPS={stub}/apps "
-                       f"exec {sys.executable} {ROOT / 'lab' / 'stubs' / 'nvidia-smi'} \"$@\"\n")
-    wrapper.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    from tests.conftest import ROOT, standin_on_path
+    env = standin_on_path(tmp_path, "rtx5090")
     proc = subprocess.run([sys.executable, "-m", "invoke", "facts", "--local", "--json", "-"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     host = json.loads(proc.stdout)["hosts"]["localhost"]

@@ -3,7 +3,7 @@ a host with two H200s (tests/fixtures/nvidia-smi/h200x2/) and on built ones (bui
 import pytest
 
 from converge.facts.nvidia import parse_compute_apps, parse_gpu_query
-from roles.preflight.memory import GpuMemory, passes_vllm_check
+from roles.preflight.memory import GpuMemory, gpu_memory, passes_vllm_check
 from roles.preflight.placement import place
 from roles.preflight.select import Refused
 from tests.conftest import ROOT
@@ -36,12 +36,13 @@ def test_h200x2_with_40_gib_held_on_gpu1_each_replica_passes_vllms_check_on_its_
     assert len(placed.replicas) == 2
     for replica in placed.replicas:
         (gpu,) = replica.gpus
-        mem = GpuMemory(gpu["memory_total_mib"], gpu["memory_free_mib"], False)
+        mem = gpu_memory(gpu, {})
         assert passes_vllm_check(mem, replica.utilization)
         # with the 1024 MiB margin: the next hundredth would leave less than the margin
-        assert not passes_vllm_check(GpuMemory(mem.total_mib, mem.free_mib - 1024, False),
+        assert not passes_vllm_check(GpuMemory(mem.total_mib, mem.free_mib - 1024, False, mem.cuda_total_mib),
                                      round(replica.utilization + 0.01, 2)) or replica.utilization == 0.95
-    assert placed.replicas[1].utilization == 0.69  # (101578 - 1024) / 143771, floored
+    # (101578 free - 720 for vLLM's worker - 1024 margin) / 143157 CUDA total (used + free), floored
+    assert placed.replicas[1].utilization == 0.69
 
 
 def test_a_gpu_whose_free_memory_fails_vllms_check_is_left_out_with_vllms_words():
@@ -50,8 +51,8 @@ def test_a_gpu_whose_free_memory_fails_vllms_check_is_left_out_with_vllms_words(
     assert [r.gpus[0]["index"] for r in placed.replicas] == [0]
     (skipped,) = placed.skipped
     assert skipped["uuid"] == "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec"
-    assert "on GPU 1: Free memory on device cuda:0 (99.20/140.40 GiB) on startup is less than desired GPU memory " \
-           "utilization (0.9, 126.36 GiB)" in skipped["reason"]
+    assert "on GPU 1: Free memory on device cuda:0 (98.49/139.80 GiB) on startup is less than desired GPU memory " \
+           "utilization (0.9, 125.82 GiB)" in skipped["reason"]
     assert "python3 (pid 616, 41570 MiB)" in skipped["reason"]  # the row of GPU 1, not GPU 0's 518
     with pytest.raises(Refused, match=r"GPU 1 .*Free memory on device cuda:0"):
         place(facts, {}, {"gpu_memory_utilization": 0.9, "gpus": [1]})  # named: refused, not skipped

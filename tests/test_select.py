@@ -29,7 +29,8 @@ GB10 = facts(BUILT / "gb10-query.csv", BUILT / "gb10-version.txt", "aarch64",
 def test_rtx5090_seed_trap_09_refused_with_vllms_reason_07_passes():
     with pytest.raises(Refused) as refused:
         choose(RTX, {"gpu_memory_utilization": 0.9})
-    assert "Free memory on device cuda:0 (27.84/31.84 GiB) on startup is less than desired GPU memory " \
+    # vLLM's figures: CUDA's free once its worker holds its 720 MiB, CUDA's total
+    assert "Free memory on device cuda:0 (27.14/31.84 GiB) on startup is less than desired GPU memory " \
            "utilization (0.9, 28.66 GiB)" in str(refused.value)
     choice = choose(RTX, {"gpu_memory_utilization": 0.7})
     assert choice.model == "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
@@ -82,3 +83,20 @@ def test_overrides_and_largest_safe():
     mem = GpuMemory(32607, 28511, False)
     util = largest_safe_utilization(mem, 1024)
     assert passes_vllm_check(mem, util) and not passes_vllm_check(GpuMemory(32607, 28511 - 1024, False), util + 0.01)
+
+
+def test_the_prediction_matches_what_vllms_worker_saw_on_a_real_h100():
+    """bench/vllm_memory on the lent H100: nvidia-smi's free memory, then, in a process doing
+    what vLLM's worker does before its snapshot, torch's free and total (vllm-snapshot.json)."""
+    import json
+    from roles.preflight.memory import gpu_memory
+    measured = json.loads((H100 / "vllm-snapshot.json").read_text())
+    (gpu,) = parse_gpu_query((H100 / "idle-query-mig.csv").read_text())
+    for case in measured["cases"]:
+        held = gpu["memory_free_mib"] - case["nvidia_smi_free_mib"]
+        mem = gpu_memory({**gpu, "memory_used_mib": gpu["memory_used_mib"] + held,
+                          "memory_free_mib": case["nvidia_smi_free_mib"]}, {})
+        assert mem.vllm_total_mib == case["torch_total_mib"]  # CUDA's total: 81079, not nvidia-smi's 81559
+        assert abs(mem.vllm_free_mib - case["vllm_snapshot_free_mib"]) < 8, case
+        # the largest value vLLM accepted is the largest we let through
+        assert largest_safe_utilization(mem, 0) == min(case["largest_util_vllm_accepts"], 0.95)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .memory import GpuMemory, budget_mib, gpu_memory, largest_safe_utilization, passes_vllm_check, vllm_refusal
+from .memory import (WORKER_MIB, GpuMemory, budget_mib, check_words, gpu_memory, largest_safe_utilization,
+                     passes_vllm_check, vllm_refusal)
 from .select import Refused
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
@@ -99,8 +100,7 @@ def _usable(gpu: dict, mem: GpuMemory, hostvars: dict, running: dict, apps: list
     held = _held_by(gpu, apps)
     if explicit != "auto":
         if passes_vllm_check(mem, explicit):
-            return explicit, f"set by the inventory; ceil({explicit} x {mem.total_mib:.0f} MiB) <= " \
-                             f"{mem.free_mib:.0f} MiB free"
+            return explicit, f"set by the inventory; {check_words(mem, explicit)}"
         safe = largest_safe_utilization(mem, margin)
         # each replica is handed its GPUs alone: vLLM in it calls this one cuda:0
         return None, (f"vLLM would refuse to start on GPU {gpu['index']}: {vllm_refusal(mem, explicit)} "
@@ -111,8 +111,9 @@ def _usable(gpu: dict, mem: GpuMemory, hostvars: dict, running: dict, apps: list
     if util <= 0:
         return None, (f"{mem.free_mib:.0f} of {mem.total_mib:.0f} MiB free, less than the {margin} MiB margin"
                       f"{'; held by ' + held if held else ''}")
-    return util, (f"auto: the largest value with {margin} MiB to spare of {mem.free_mib:.0f} MiB free "
-                  f"({mem.source}), at most 0.95")
+    worker = "" if mem.unified else f", less the {WORKER_MIB} MiB of vLLM's worker"
+    return util, (f"auto: the largest value with {margin} MiB to spare of {mem.vllm_free_mib:.0f} MiB free "
+                  f"({mem.free_mib:.0f} by {mem.source}{worker}), at most 0.95")
 
 
 def _variants(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
@@ -142,7 +143,7 @@ def _first_fit(variants: list, mem: GpuMemory, util: float, cc: str, hostvars: d
                               f"{mem.total_mib:.0f}")
         elif budget < need:
             shortfalls.append(f"{model} needs {need} MiB ({spec['weights_mib']} weights + {spec['overhead_mib']} "
-                              f"runtime) but {util} x {mem.total_mib:.0f} MiB gives {budget:.0f}")
+                              f"runtime) but {util} x {mem.vllm_total_mib:.0f} MiB gives {budget:.0f}")
         else:
             reason = (f"compute capability {cc} prefers {spec['quantization']}" if not hostvars.get("model")
                       else "set by the inventory (model)")

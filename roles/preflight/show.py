@@ -43,6 +43,14 @@ def print_tables(report, data: dict, console):
             table.add_row("image", choice["image"], choice["image_reason"])
             table.add_row("model", choice["model"], choice["model_reason"])
             table.add_row("utilization", str(choice["gpu_memory_utilization"]), choice["utilization_reason"])
+            for replica in choice.get("replicas", []):
+                gpus = ", ".join(f"{i} ({u})" for i, u in zip(replica["gpu_indices"], replica["gpus"]))
+                tp = f", tensor parallel {replica['tensor_parallel_size']}" if replica["tensor_parallel_size"] > 1 else ""
+                table.add_row(f"replica {choice['replicas'].index(replica)}",
+                              f"GPU {gpus}{tp}, port {replica['port']}",
+                              f"{replica['quantization'] or replica['model']} at {replica['gpu_memory_utilization']}")
+            for skipped in choice.get("skipped_gpus", []):
+                table.add_row("GPU left out", skipped["uuid"], skipped["reason"], style="yellow")
         for name, error in (info.get("fact_errors") or {}).items():
             table.add_row(f"error ({name})", error, "", style="red")
         for error in info.get("errors", []):

@@ -51,20 +51,26 @@ def test_the_standin_answers_as_the_real_two_h200_host_does(host):
     assert host("-L").stdout == (H200 / "list.txt").read_text()
 
 
-def test_memory_held_on_one_gpu_is_seen_there_with_its_uuid(host):
-    out = host(*QUERY.split(), state={"held_mib": 40000, "held_gpu": 1}).stdout
-    free = [g["memory_free_mib"] for g in parse_gpu_query(out)]
-    assert free == [143156, 103156]
+def test_memory_held_on_one_gpu_is_seen_there_and_its_context_on_gpu_0_as_in_the_real_capture(host):
+    # busy1: a python3 process allocated 41570 MiB on GPU 1; its context holds 518 MiB on GPU 0
+    out = host(*QUERY.split(), state={"held_mib": 41570, "held_gpu": 1, "held_pid": 616}).stdout
     apps = parse_compute_apps(host(*APPS_QUERY.split()).stdout)
-    assert [(a["used_memory_mib"], a["gpu_uuid"]) for a in apps] == [(40000, GPU1)]
+    assert apps == parse_compute_apps((H200 / "busy1-compute-apps-uuid.csv").read_text())
+    real = parse_gpu_query((H200 / "busy1-query.csv").read_text())
+    for got, want in zip(parse_gpu_query(out), real):
+        # the real driver counts 9 MiB more on a GPU a process uses: within 10 MiB
+        assert abs(got["memory_free_mib"] - want["memory_free_mib"]) <= 10
     table = host().stdout
-    assert "|    1   N/A  N/A             457      C   python3" in table and "40000MiB /  143771MiB" in table
+    assert "|    1   N/A  N/A             616      C   python3" in table and "41570MiB /  143771MiB" in table
+    assert "|    0   N/A  N/A             616      C   python3" in table
 
 
 def test_a_container_sees_only_the_gpus_it_was_handed_numbered_from_0(host):
     assert host("-L", visible=[GPU1]).stdout == f"GPU 0: NVIDIA H200 (UUID: {GPU1})\n"
     got = parse_gpu_query(host(*QUERY.split(), state={"held_mib": 40000, "held_gpu": 1}, visible=[GPU1]).stdout)
     assert [(g["index"], g["uuid"], g["memory_free_mib"]) for g in got] == [(0, GPU1, 103156)]
+    # the holder's context on GPU 0 is not this container's to see
+    assert [a["gpu_uuid"] for a in parse_compute_apps(host(*APPS_QUERY.split(), visible=[GPU1]).stdout)] == [GPU1]
     assert parse_compute_apps(host(*APPS_QUERY.split(), visible=[GPU1]).stdout)[0]["gpu_uuid"] == GPU1
     none = host("-L", visible=[])
     assert none.returncode == 6 and none.stdout == "No devices were found\n"

@@ -122,11 +122,10 @@ def _variants(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
     return _candidates(cc, hostvars)
 
 
-def _fits(spec: dict, size: int, budgets: list[float], totals: list[float]) -> tuple[bool, float]:
+def _fits(spec: dict, size: int, budgets: list[float]) -> bool:
     """Whether one rank's share (weights / size + runtime) fits every GPU's budget."""
     need = spec["weights_mib"] / size + spec["overhead_mib"]
-    enough_card = size > 1 or min(totals) >= spec["min_gpu_memory_mib"]
-    return enough_card and all(b >= need for b in budgets), need
+    return all(b >= need for b in budgets)
 
 
 def _first_fit(variants: list, mem: GpuMemory, util: float, cc: str, hostvars: dict):
@@ -222,7 +221,7 @@ def _tensor_parallel(left: list, variants: list, name: str, placement: Placement
             util = min(e[2] for e in group)  # vLLM applies one fraction to every rank
             budgets = [budget_mib(e[1], util) for e in group]
             chosen = next(((model, spec) for model, spec in variants if spec and
-                           _fits(spec, size, budgets, [e[1].total_mib for e in group])[0]), None)
+                           _fits(spec, size, budgets)), None)
             if chosen is None:
                 break
             model, spec = chosen

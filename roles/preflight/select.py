@@ -5,7 +5,7 @@ words, so that ``invoke facts`` can say why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from converge.errors import StepFailed
 from converge.facts.nvidia import cuda_tuple
@@ -20,29 +20,50 @@ class Refused(StepFailed):
 
 @dataclass
 class Choice:
+    """The image, and the placement of replicas on the GPUs; the host's model and memory
+    are its first replica's."""
     image: str
     image_reason: str
-    model: str
-    quantization: str | None
-    model_reason: str
-    utilization: float
-    utilization_reason: str
-    memory: GpuMemory
-    gpu: dict
-    notes: list = field(default_factory=list)
-    placement: object = None  # placement.Placement: every replica, and the GPUs left out
+    placement: object  # placement.Placement: every replica, and the GPUs left out
 
     @property
     def replicas(self) -> list:
-        return self.placement.replicas if self.placement else []
+        return self.placement.replicas
+
+    @property
+    def model(self) -> str:
+        return self.replicas[0].model
+
+    @property
+    def quantization(self) -> str | None:
+        return self.replicas[0].quantization
+
+    @property
+    def model_reason(self) -> str:
+        return self.replicas[0].reason
+
+    @property
+    def utilization(self) -> float:
+        return self.replicas[0].utilization
+
+    @property
+    def utilization_reason(self) -> str:
+        return self.replicas[0].utilization_reason
+
+    @property
+    def memory(self) -> GpuMemory:
+        return self.replicas[0].memory
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"GPU {s['index']} ({s['uuid']}) left out: {s['reason']}" for s in self.placement.skipped]
 
     def as_dict(self) -> dict:
         return {"image": self.image, "image_reason": self.image_reason, "model": self.model,
                 "quantization": self.quantization, "model_reason": self.model_reason,
                 "gpu_memory_utilization": self.utilization, "utilization_reason": self.utilization_reason,
                 "memory_total_mib": round(self.memory.total_mib), "memory_free_mib": round(self.memory.free_mib),
-                "memory_source": self.memory.source,
-                **(self.placement.as_dict() if self.placement else {"replicas": [], "skipped_gpus": []})}
+                "memory_source": self.memory.source, **self.placement.as_dict()}
 
 
 def _version(text: str) -> tuple:
@@ -110,10 +131,7 @@ def choose(facts: dict, hostvars: dict, running: dict | None = None, max_replica
     placement = place(nvidia, facts["meminfo"], hostvars, running, max_replicas)
     if not placement.replicas:
         raise Refused(_nothing_serves(placement.skipped, len(nvidia["gpus"])))
-    first = placement.replicas[0]
-    notes = [f"GPU {s['index']} ({s['uuid']}) left out: {s['reason']}" for s in placement.skipped]
-    return Choice(image, image_reason, first.model, first.quantization, first.reason, first.utilization,
-                  first.utilization_reason, first.memory, first.gpus[0], notes, placement)
+    return Choice(image, image_reason, placement)
 
 
 def _nothing_serves(skipped: list, gpus: int) -> str:

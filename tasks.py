@@ -2,7 +2,7 @@
 
     invoke inventory.check
     invoke facts --hosts spark01 [--local] [--json -]
-    invoke deploy --hosts spark01,rtx01 [--check] [--diff] [--forks 10] [--set key=value]
+    invoke deploy --hosts spark01,rtx01 [--check] [--diff] [--forks 10] [--serial N|N%] [--max-fail N|N%] [--set key=value]
     invoke verify [--hosts ...] [--junit FILE] [--json FILE]
     invoke trust --hosts ...
     invoke lab.up | lab.status | lab.down
@@ -183,17 +183,31 @@ def facts(c, inventory=None, hosts=None, local=False, json=None, set=None, ask_b
                             "set": HELP["set"], "ask_become_pass": HELP["ask_become_pass"],
                             "check": "change nothing; show the diffs and commands a real run would make",
                             "diff": "show diffs of changed files", "forks": "hosts converged at once (default 10)",
-                            "lock_wait": "seconds to wait for another run's lock on a host (default 300)"},
+                            "lock_wait": "seconds to wait for another run's lock on a host (default 300)",
+                            "serial": "hosts in batches of N (or N%), each batch done before the next (Ansible's "
+                                      "serial; default: all at once)",
+                            "max_fail": "with --serial: stop after a batch in which more than N (or N%) of its hosts "
+                                        "failed (default 0: any failure stops the run)"},
       iterable=["set"])
 def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, json=None, set=None, lock_wait=300,
-           ask_become_pass=False):
+           ask_become_pass=False, serial=None, max_fail=None):
     """Converge hosts: image, weights, systemd unit, started and answering."""
     import roles
+    from converge.batches import BatchError, parse
     from relay.service import RelayService
+    try:
+        if serial is not None:
+            parse(serial, "--serial")
+        if max_fail is not None:
+            if serial is None:
+                raise BatchError(f"--max-fail {max_fail}: it counts the failed hosts of a batch; give --serial too")
+            parse(max_fail, "--max-fail", zero=True)
+    except BatchError as exc:
+        raise Exit(str(exc), code=2)
     play = _play(inventory, set, ask_become_pass)
     report = _run(play, roles.load(), hosts, json, title="CHECK RECAP (nothing was changed)" if check else "PLAY RECAP",
                   show_diff=diff or check, check=check, forks=int(forks), lock_wait=float(lock_wait),
-                  services=(RelayService(),))
+                  services=(RelayService(),), serial=serial, max_fail=max_fail)
     _finish(report, report.as_dict(), json)
 
 
@@ -313,48 +327,59 @@ def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
 
 
 OPS_HELP = {"inventory": HELP["inventory"], "hosts": HELP["hosts"], "json": HELP["json"], "set": HELP["set"],
-            "ask_become_pass": HELP["ask_become_pass"]}
+            "ask_become_pass": HELP["ask_become_pass"],
+            "replica": "act on this replica alone (its index, as invoke status shows it; default: all of them)"}
+
+
+def _replica(value) -> int | None:
+    """``--replica N``: a replica's index, or None for all of them."""
+    if value is None:
+        return None
+    if not str(value).isdigit():
+        raise Exit(f"--replica {value}: expected a replica's index (0, 1, ...; invoke status shows them)", code=2)
+    return int(value)
 
 
 @task(klass=HostTask, help=OPS_HELP, iterable=["set"])
-def start(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
-    """Start vLLM (stopping the units it conflicts with, e.g. ollama) and wait until ready."""
+def start(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False, replica=None):
+    """Start vLLM's replicas (stopping the units they conflict with, e.g. ollama) and wait until ready."""
     from day2.lifecycle import start_role
-    _ops(inventory, hosts, start_role(), set, json_target=json, ask_become_pass=ask_become_pass)
+    _ops(inventory, hosts, start_role(replica=_replica(replica)), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
 @task(klass=HostTask, help={**OPS_HELP, "resume": "start again the units vLLM conflicts with (e.g. ollama)"},
       iterable=["set"])
-def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None, ask_become_pass=False):
-    """Stop vLLM; with --resume, start the units it displaced."""
+def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None, ask_become_pass=False, replica=None):
+    """Stop vLLM's replicas; with --resume, start the units they displaced."""
     from day2.lifecycle import stop_role
-    _ops(inventory, hosts, stop_role(resume), set, json_target=json, ask_become_pass=ask_become_pass)
+    _ops(inventory, hosts, stop_role(resume, _replica(replica)), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
 @task(klass=HostTask, help=OPS_HELP, iterable=["set"])
-def restart(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
-    """Restart vLLM and wait until ready."""
+def restart(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False, replica=None):
+    """Restart vLLM's replicas and wait until ready."""
     from day2.lifecycle import restart_role
-    _ops(inventory, hosts, restart_role(), set, json_target=json, ask_become_pass=ask_become_pass)
+    _ops(inventory, hosts, restart_role(replica=_replica(replica)), set, json_target=json, ask_become_pass=ask_become_pass)
 
 
 @task(klass=HostTask, help=OPS_HELP, iterable=["set"])
-def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False):
+def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False, replica=None):
     """Clear a crash loop or a wedged container; refuse (reboot needed) if nvidia-smi hangs."""
     from day2.lifecycle import recover_role
-    _ops(inventory, hosts, recover_role(), set, json_target=json, title="RECOVER RECAP",
+    _ops(inventory, hosts, recover_role(_replica(replica)), set, json_target=json, title="RECOVER RECAP",
          ask_become_pass=ask_become_pass)
 
 
 @task(klass=HostTask, help={"inventory": HELP["inventory"], "hosts": HELP["hosts"],
                             "lines": "lines of history (default 50)",
                             "follow": "keep printing new lines (Ctrl-C to stop)",
+                            "replica": OPS_HELP["replica"],
                             "ask_become_pass": HELP["ask_become_pass"]})
-def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False):
-    """The vLLM unit's journal on each host, prefixed by host."""
+def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False, replica=None):
+    """The journal of vLLM's replicas on each host, prefixed by host."""
     from day2.logs import stream_logs
     play = _play(inventory, ask_become_pass=ask_become_pass)
-    failed = stream_logs(play, _select(play, hosts), int(lines), follow)
+    failed = stream_logs(play, _select(play, hosts), int(lines), follow, replica=_replica(replica))
     if failed:
         raise Exit(code=1)
 
@@ -482,9 +507,9 @@ def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become
                   file=sys.stderr)
             failed = True
             continue
-        path, text = rendered[format]
-        print(f"# ---- {host}: {path}")
-        print(text, end="")
+        for path, text in rendered[format]:
+            print(f"# ---- {host}: {path}")
+            print(text, end="")
     _finish(report, None, None, ok=not failed)
 
 

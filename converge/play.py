@@ -123,7 +123,8 @@ def _interruptible(control: runner.RunControl, report: Report):
 
 
 def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, report: Report | None = None,
-        lock_name="converge", lock_wait=300, services=(), connections: Connections | None = None) -> Report:
+        lock_name="converge", lock_wait=300, services=(), connections: Connections | None = None,
+        serial: str | None = None, max_fail: str | None = None) -> Report:
     """Run ``roles`` on the hosts; ``services`` (runner.RunService) last as long as
     the run. ``connections``: the caller's, kept open after the run (verify checks
     the hosts through them); else the run's own, closed at its end."""
@@ -134,7 +135,8 @@ def run(play: Play, roles, hosts=None, *, local=False, check=False, forks=10, re
     try:
         with _interruptible(control, report):
             runner.run(play.targets(hosts, connections, local), roles, report, check=check, forks=forks,
-                       lock_name=lock_name, lock_wait=lock_wait, control=control, services=services)
+                       lock_name=lock_name, lock_wait=lock_wait, control=control, services=services,
+                       serial=serial, max_fail=max_fail)
     finally:
         report.transfers.close()  # no progress bar outlives the run, however it ended
         for service in services:

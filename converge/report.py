@@ -51,6 +51,7 @@ class Report:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.monotonic)
     interrupted: str | None = None  # why the run was stopped from outside (Ctrl-C, SIGTERM)
+    halted: str | None = None  # why a run in batches stopped before its last batch (--max-fail)
     services: dict = field(default_factory=dict)  # what each of the run's services did (name -> figures)
     progress_every_s: float | None = None  # plain progress lines off a terminal (None: the default)
     transfers: Transfers | None = None
@@ -122,6 +123,8 @@ class Report:
             return
         why = f", interrupted by {self.interrupted}" if self.interrupted else ""
         self.console.print(f"\n[bold]{title}[/bold] ({time.monotonic() - self.started:.1f} s{why})")
+        if self.halted:
+            self.console.print(f"[bold red]stopped[/bold red]: {escape(self.halted)}", soft_wrap=True)
         width = max((len(h) for h in self.recap), default=4)
         for host, r in self.recap.items():
             colour = "red" if (r.failed or r.unreachable) else "yellow" if (r.changed or r.interrupted) else "green"
@@ -137,7 +140,7 @@ class Report:
                            "tasks": [asdict(t) for t in self.tasks if t.host == host]}
             hosts[host].update(self.extra.get(host, {}))
         return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts,
-                "interrupted": self.interrupted, **self.services}
+                "interrupted": self.interrupted, **({"halted": self.halted} if self.halted else {}), **self.services}
 
 
 def write_json(data, target: str | None):

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import facts as factlib
+from .batches import batches, too_many_failed
 from .changes import Check, Command, File, HostContext, Produced, Role
 from .errors import BecomeRefused, ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
 from .hostlock import HOST_PATIENCE_S, HostLock
@@ -334,7 +335,10 @@ class HostRun:
 
 def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool = False, forks: int = 10,
         lock_name: str = "converge", lock_wait: float = 300, fact_timeout: float = 120,
-        control: RunControl | None = None, services=()) -> Report:
+        control: RunControl | None = None, services=(), serial: str | None = None,
+        max_fail: str | None = None) -> Report:
+    """``serial``: hosts in batches of N (or N%), each batch done before the next starts;
+    the run stops after a batch where more than ``max_fail`` hosts failed (None: any)."""
     control = control or RunControl()
     for service in services:
         service.start([t.name for t in targets])
@@ -342,6 +346,26 @@ def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool
     def one(target):
         HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control, services).run()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets) or 1))) as pool:
-        list(pool.map(one, targets))
+    groups = batches(targets, serial)
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, max(map(len, groups), default=1)))) as pool:
+        for number, batch in enumerate(groups, 1):
+            if control.stopping.is_set():
+                break
+            if len(groups) > 1:
+                report.note(f"[bold]batch {number} of {len(groups)}[/bold]: {', '.join(t.name for t in batch)}")
+            list(pool.map(one, batch))
+            failed = [t.name for t in batch if _failed(report, t.name)]
+            if serial and too_many_failed(len(failed), len(batch), max_fail) and number < len(groups):
+                left = [t.name for later in groups[number:] for t in later]
+                why = (f"{len(failed)} of {len(batch)} hosts of batch {number} failed ({', '.join(failed)}; "
+                       f"--max-fail {max_fail or 0}): the run stops here")
+                for name in left:
+                    report.add(TaskResult(name, "serial", "not started", "skipped", why))
+                report.halted = why
+                break
     return report
+
+
+def _failed(report: Report, host: str) -> bool:
+    recap = report.recap.get(host)
+    return bool(recap and (recap.failed or recap.unreachable))

@@ -54,6 +54,8 @@ class Figure:
 
 # the fleet CA, set by the caller: front doors answer https with its certificates
 TLS: dict = {}
+# the front door sends a request that names a replica to that replica alone (roles/frontdoor)
+REPLICA_HEADER = "X-Dgemma-Replica"
 
 
 @dataclass
@@ -64,11 +66,14 @@ class HostBench:
     gpu: str | None
     figures: list = field(default_factory=list)
     published: dict | None = None
+    replica: int | None = None  # one replica of the host; None: the host's front door, over all of them
 
 
-def _post(base_url: str, key: str | None, body: dict, timeout: float) -> dict:
+def _post(base_url: str, key: str | None, body: dict, timeout: float, replica: int | None = None) -> dict:
     req = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
+    if replica is not None:
+        req.add_header(REPLICA_HEADER, str(replica))
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     with urllib.request.urlopen(req, timeout=timeout, context=TLS.get("context")) as resp:
@@ -83,10 +88,10 @@ def request_body(model: str, prompt: str, full: bool) -> dict:
     return body
 
 
-def one(base_url, key, model, scenario, prompt, full, timeout) -> Sample:
+def one(base_url, key, model, scenario, prompt, full, timeout, replica=None) -> Sample:
     started = time.perf_counter()
     try:
-        reply = _post(base_url, key, request_body(model, prompt, full), timeout)
+        reply = _post(base_url, key, request_body(model, prompt, full), timeout, replica)
         return Sample(scenario, time.perf_counter() - started, int(reply["usage"]["completion_tokens"]))
     except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
         return Sample(scenario, time.perf_counter() - started, 0, False, str(exc)[:200])
@@ -123,26 +128,29 @@ def published_for(gpu: str | None) -> dict | None:
 
 
 def run_host(host: str, base_url: str, key: str | None, model: str, gpu: str | None, repeats: int = 4,
-             concurrency: int = 4, timeout: float = 300, progress=None) -> HostBench:
-    result = HostBench(host, base_url, model, gpu, published=published_for(gpu))
+             concurrency: int = 4, timeout: float = 300, progress=None, replica: int | None = None) -> HostBench:
+    """The three figures through the host's front door: over all its replicas, or pinned to
+    ``replica``."""
+    result = HostBench(host, base_url, model, gpu, published=published_for(gpu), replica=replica)
     tick = progress or (lambda text: None)
     tick("warm-up (excluded)")
-    one(base_url, key, model, "warmup", FULL_PROMPT, True, timeout)
+    one(base_url, key, model, "warmup", FULL_PROMPT, True, timeout, replica)
     samples = []
     for i in range(repeats):
         tick(f"full canvas {i + 1}/{repeats}")
-        samples.append(one(base_url, key, model, "full_canvas", FULL_PROMPT, True, timeout))
+        samples.append(one(base_url, key, model, "full_canvas", FULL_PROMPT, True, timeout, replica))
     result.figures.append(figure("full_canvas", samples))
     samples = []
     for i in range(repeats):
         tick(f"short answer {i + 1}/{repeats}")
-        samples.append(one(base_url, key, model, "short", SHORT_PROMPTS[i % len(SHORT_PROMPTS)], False, timeout))
+        samples.append(one(base_url, key, model, "short", SHORT_PROMPTS[i % len(SHORT_PROMPTS)], False, timeout,
+                           replica))
     result.figures.append(figure("short", samples))
     tick(f"concurrency {concurrency}")
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         samples = list(pool.map(lambda _: one(base_url, key, model, f"concurrency_{concurrency}", FULL_PROMPT,
-                                              True, timeout), range(concurrency)))
+                                              True, timeout, replica), range(concurrency)))
     result.figures.append(figure(f"concurrency_{concurrency}", samples, time.perf_counter() - started))
     return result
 
@@ -155,10 +163,10 @@ def write(results: list[HostBench], json_path: str | None, csv_path: str | None)
     if csv_path:
         with open(csv_path, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["host", "model", "gpu", "scenario", "requests", "tok_per_s", "latency_p50_s",
+            writer.writerow(["host", "replica", "model", "gpu", "scenario", "requests", "tok_per_s", "latency_p50_s",
                              "latency_p95_s", "mean_output_tokens", "total_tokens", "wall_s", "errors", "published"])
             for r in results:
                 for f in r.figures:
                     pub = (r.published or {}).get(f.scenario, "")
-                    writer.writerow([r.host, r.model, r.gpu, f.scenario, f.requests, f.tok_per_s, f.latency_p50_s,
+                    writer.writerow([r.host, "all" if r.replica is None else r.replica, r.model, r.gpu, f.scenario, f.requests, f.tok_per_s, f.latency_p50_s,
                                      f.latency_p95_s, f.mean_output_tokens, f.total_tokens, f.wall_s, f.errors, pub])

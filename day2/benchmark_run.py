@@ -49,21 +49,24 @@ def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concu
                               f"run invoke start --hosts {row['host']}[/red]")
                 ok = False
                 continue
-            gpu = _gpu_name(play, row["host"])
-            task = progress.add_task(f"{row['host']}: starting", total=None)
-            result = bench.run_host(row["host"], row["base_url"], key, model, gpu, repeats, concurrency,
-                                    progress=lambda text, t=task, h=row["host"]: progress.update(
-                                        t, description=f"{h}: {text}"))
-            progress.remove_task(task)
-            results.append(result)
-            ok = ok and not any(f.errors for f in result.figures)
+            gpu, replicas = _placed(play, row["host"])
+            # the host through its front door (every replica), then each replica alone when it has several
+            for replica in [None] + (replicas if len(replicas) > 1 else []):
+                label = row["host"] if replica is None else f"{row['host']} #{replica}"
+                task = progress.add_task(f"{label}: starting", total=None)
+                result = bench.run_host(row["host"], row["base_url"], key, model, gpu, repeats, concurrency,
+                                        progress=lambda text, t=task, h=label: progress.update(
+                                            t, description=f"{h}: {text}"), replica=replica)
+                progress.remove_task(task)
+                results.append(result)
+                ok = ok and not any(f.errors for f in result.figures)
     bench.write(results, json_path, csv_path)
     table = Table("host", "scenario", "tok/s", "p50 s", "p95 s", "mean tokens", "errors", "published",
-                  title="BENCH (through each front door, non-streaming, temperature 0, thinking off, warm-up excluded)",
+                  title="BENCH (through each front door, over all its replicas and each alone (#N); non-streaming, temperature 0, thinking off, warm-up excluded)",
                   title_justify="left")
     for r in results:
         for f in r.figures:
-            table.add_row(r.host, f.scenario, f"{f.tok_per_s:.1f}", f"{f.latency_p50_s:.3f}",
+            table.add_row(r.host if r.replica is None else f"{r.host} #{r.replica}", f.scenario, f"{f.tok_per_s:.1f}", f"{f.latency_p50_s:.3f}",
                           f"{f.latency_p95_s:.3f}", f"{f.mean_output_tokens:.0f}", str(f.errors),
                           (r.published or {}).get(f.scenario.replace(f"concurrency_{concurrency}", "concurrency_4"),
                                                   "-") + (f" ({r.published['platform']})" if r.published else ""))
@@ -73,13 +76,15 @@ def bench_hosts(play, hosts: list[str], json_path, csv_path, repeats: int, concu
     return ok
 
 
-def _gpu_name(play, host: str) -> str | None:
-    """The GPU's name, read by the engine's facts (one round trip)."""
+def _placed(play, host: str) -> tuple[str | None, list[int]]:
+    """The GPU's name and the host's replicas, read by the engine's facts (one round trip)."""
     from converge import play as playlib
     from converge.report import Report
     from roles import LOCK_NAME
     from roles.preflight.role import FACTS_ROLE
     report = Report(quiet=True)
     playlib.run(play, [FACTS_ROLE], host, report=report, lock_name=LOCK_NAME)
-    gpus = ((report.extra.get(host) or {}).get("facts") or {}).get("gpus") or []
-    return gpus[0]["name"] if gpus else None
+    extra = report.extra.get(host) or {}
+    gpus = (extra.get("facts") or {}).get("gpus") or []
+    replicas = [r["index"] for r in (extra.get("choice") or {}).get("replicas") or []]
+    return (gpus[0]["name"] if gpus else None), replicas

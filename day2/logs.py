@@ -9,17 +9,28 @@ import threading
 
 from converge.group import stream
 
-from roles.service.role import unit_name
+from roles.service.replicas import replica_unit
 
 
-def journal_command(lines: int, follow: bool):
+def journal_command(lines: int, follow: bool, replica: int | None = None):
+    """Every replica unit the host has (or the one ``replica`` names) in one journalctl;
+    with several, each line names its unit (``-o with-unit``)."""
     def command(hostvars: dict) -> str:
-        return (f"journalctl -u {shlex.quote(unit_name(hostvars))} -n {int(lines)} --no-pager -o short-iso"
-                + (" -f" if follow else "") + "\n")
+        first = replica_unit(hostvars, 0)
+        if replica is not None:
+            units = f"units={shlex.quote(replica_unit(hostvars, replica))}"
+        else:
+            # unit names are schema-checked (no pattern characters): an exact grep of the folder
+            pattern = shlex.quote(f"^{first.removesuffix('.service')}(-[1-9][0-9]*)?[.]service$")
+            units = (f"units=$(ls /etc/systemd/system 2>/dev/null | grep -E {pattern}); "
+                     f"[ -n \"$units\" ] || units={shlex.quote(first)}")
+        return (f"{units}; set --; for u in $units; do set -- \"$@\" -u \"$u\"; done; "
+                f"format=short-iso; [ $# -gt 2 ] && format=with-unit; "
+                f"exec journalctl \"$@\" -n {int(lines)} --no-pager -o $format" + (" -f" if follow else "") + "\n")
     return command
 
 
-def stream_logs(play, hosts: list[str], lines: int, follow: bool, out=sys.stdout) -> bool:
+def stream_logs(play, hosts: list[str], lines: int, follow: bool, out=sys.stdout, replica: int | None = None) -> bool:
     lock = threading.Lock()
     width = max((len(h) for h in hosts), default=4)
 
@@ -28,7 +39,7 @@ def stream_logs(play, hosts: list[str], lines: int, follow: bool, out=sys.stdout
             out.write(f"{host:<{width}} | {line}\n")
             out.flush()
 
-    command = journal_command(lines, follow)
+    command = journal_command(lines, follow, replica)
     with play.connections() as connections:
         failed = stream(connections, {h: command(play.hostvars(h)) for h in hosts}, emit,
                         lambda host, message: emit(host, f"journalctl failed: {message}"))

@@ -11,23 +11,35 @@ from converge.facts import Fact
 from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
 from roles.image.role import record_path
-from roles.service.role import unit_name
+from roles.service.replicas import installed, replica_name, replica_unit
 
 
 class ServiceProbe(Fact):
-    """Container state and /health, from the host itself."""
+    """Each replica's container state and /health, from the host itself: replica index ->
+    {"container", "health"}, for every replica unit the host has (replica 0 when none)."""
 
     def __init__(self, v):
-        rt = shlex.quote(v.get("container_runtime", "podman"))
-        name = shlex.quote(v.get("service_name", "vllm-diffusiongemma"))
-        url = shlex.quote(f"http://127.0.0.1:{v.get('replica_base_port', 8100)}/health")  # vLLM, on loopback
-        self.command = (f"printf 'container=%s\\n' \"$({rt} inspect --format '{{{{.State.Status}}}}' {name} "
-                        f"2>/dev/null || echo absent)\"; "
-                        f"printf 'health=%s\\n' \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {url} "
-                        f"2>/dev/null)\"")
+        runtime = v.get("container_runtime", "podman")
+        rt, first = shlex.quote(runtime), shlex.quote(replica_unit(v, 0))
+        service = shlex.quote(replica_name(v, 0))
+        base = int(v.get("replica_base_port", 8100))
+        # unit names are schema-checked (no pattern characters): an exact grep of the folder
+        pattern = shlex.quote(f"^{runtime}-{replica_name(v, 0)}(-[1-9][0-9]*)?[.]service$")
+        self.command = (
+            f"units=$(ls /etc/systemd/system 2>/dev/null | grep -E {pattern}); [ -n \"$units\" ] || units={first}; "
+            f"for u in $units; do i=${{u%.service}}; i=${{i#{rt}-}}; i=${{i#{service}}}; i=${{i#-}}; "
+            f"name={service}${{i:+-$i}}; port=$(({base} + ${{i:-0}})); "
+            f"printf '%s %s %s\\n' \"${{i:-0}}\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "
+            f"2>/dev/null || echo absent)\" \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 "
+            f"http://127.0.0.1:$port/health 2>/dev/null)\"; done")
 
     def process(self, output, rc):
-        return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+        found = {}
+        for line in output.splitlines():
+            index, container, *health = line.split()
+            if index.isdigit():
+                found[int(index)] = {"container": container, "health": (health or [""])[0]}
+        return found
 
 
 def status_role() -> Role:
@@ -38,20 +50,35 @@ def status_role() -> Role:
         f, v = ctx.facts, ctx.vars
         if f is None:
             return {}
-        unit = f.get("unit") or {}
         nvidia = f.get("nvidia") or {}
-        gpus = nvidia.get("gpus") or [{}]
+        gpus = {g.get("uuid"): g for g in nvidia.get("gpus") or []}
         record = ((f.get("image_record") or {}).get("content") or "").split("\n")
-        probe = f.get("probe") or {}
+        probes = f.get("probe") or {}
+        units = installed(v, f.get("unit"), f.get("replica_units")) or {0: f.get("unit") or {}}
+        planned = {r["index"]: r for r in ctx.desired.get("replicas") or []}
+        replicas = []
+        for index in sorted(set(units) | set(probes) | set(planned)):
+            unit = units.get(index) or {}
+            probe = probes.get(index) or {}
+            plan = planned.get(index) or {}
+            used = [gpus[u] for u in plan.get("gpus", []) if u in gpus] or \
+                   ([next(iter(gpus.values()))] if gpus and index == 0 and not plan else [])
+            replicas.append({
+                "replica": index, "unit": replica_unit(v, index),
+                "unit_state": f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}",
+                "enabled": unit.get("UnitFileState"), "restarts": unit.get("NRestarts"),
+                "container": probe.get("container", "absent"), "health": probe.get("health") or "no answer",
+                "model": plan.get("model"), "planned": bool(plan), "gpus": [g.get("index") for g in used],
+                "since": unit.get("ActiveEnterTimestampMonotonic"),
+                "gpu_memory_used_mib": sum(g.get("memory_used_mib") or 0 for g in used) if used else None,
+                "gpu_memory_total_mib": sum(g.get("memory_total_mib") or 0 for g in used) if used else None})
+        first = replicas[0]
         return {"status": {
-            "unit": unit_name(v), "unit_state": f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}",
-            "enabled": unit.get("UnitFileState"), "restarts": unit.get("NRestarts"),
-            "container": probe.get("container"), "health": probe.get("health") or "no answer",
+            # the host's row is its first replica's; every replica has its own under "replicas"
+            **{k: first[k] for k in ("unit", "unit_state", "enabled", "restarts", "container", "health", "since",
+                                     "gpu_memory_used_mib", "gpu_memory_total_mib")},
             "model": ctx.desired.get("model"), "image": record[0] if record and record[0] else None,
-            "digest": record[1] if len(record) > 1 else None,
-            "since": unit.get("ActiveEnterTimestampMonotonic"),
-            "gpu_memory_used_mib": gpus[0].get("memory_used_mib"),
-            "gpu_memory_total_mib": gpus[0].get("memory_total_mib"),
+            "digest": record[1] if len(record) > 1 else None, "replicas": replicas,
             "record": record_path(v)}}
 
     return Role("status", facts, lambda ctx: iter(()), summary=summary, hosts=is_serving)

@@ -34,16 +34,21 @@ def print_status(data, console):
         if not h["reachable"]:
             table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", h["errors"][0][:80])
             continue
-        mem = (f"{h.get('gpu_memory_used_mib')} / {h.get('gpu_memory_total_mib')} MiB"
-               if h.get("gpu_memory_total_mib") is not None else "unified")
         image = f"{(h.get('image') or '-').rsplit('/', 1)[-1]}\n{(h.get('digest') or '')[:19]}"
-        state = h.get("unit_state", "?")
-        colour = "green" if state == "active/running" else "yellow"
-        table.add_row(host, f"[{colour}]{state}[/{colour}]", h.get("container") or "",
-                      "200" if h.get("health") == "200" else f"[red]{h.get('health')}[/red]",
-                      (h.get("model") or "-").split("/")[-1], image, mem,
-                      "[green]none[/green]" if not h["drift"] and not h["errors"] else
-                      "[yellow]" + "; ".join(h["drift"] + h["errors"])[:120] + "[/yellow]")
+        drift = ("[green]none[/green]" if not h["drift"] and not h["errors"] else
+                 "[yellow]" + "; ".join(h["drift"] + h["errors"])[:120] + "[/yellow]")
+        replicas = h.get("replicas") or [h]
+        for n, r in enumerate(replicas):
+            # one row per replica; the host's image and drift on its first
+            label = host if len(replicas) == 1 else f"{host} #{r.get('replica', n)}"
+            mem = (f"{r.get('gpu_memory_used_mib')} / {r.get('gpu_memory_total_mib')} MiB"
+                   if r.get("gpu_memory_total_mib") else "unified")
+            state = r.get("unit_state", "?")
+            colour = "green" if state == "active/running" else "yellow"
+            table.add_row(label, f"[{colour}]{state}[/{colour}]", r.get("container") or "",
+                          "200" if r.get("health") == "200" else f"[red]{r.get('health')}[/red]",
+                          (r.get("model") or h.get("model") or "-").split("/")[-1], image if n == 0 else "", mem,
+                          drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
     console.print(table)
     for host, h in gateways.items():
         servers = Table("server", "state", "last check", "for", title=f"GATEWAY {host}", title_justify="left")

@@ -106,6 +106,8 @@ DEFAULT_HOSTS = [
     LabHost("rtx01", "x86_64", "rtx5090", 2),
     # a server behind a bastion, on a network this machine cannot reach
     LabHost("h100-01", "x86_64", "h100", 3, networks=("private",)),
+    # a lab server with four GPUs: one vLLM replica per GPU (index 99: the scale nodes take 4 and up)
+    LabHost("hgx01", "x86_64", "h200x4", 99),
     LabHost("bastion01", "x86_64", None, 0, networks=("lab", "private"), login="jump", docker=False),
     # the fleet's one address: HAProxy in front of every host's front door, on both networks
     # as a lab's gateway machine is (it reaches the servers behind the bastion directly)

@@ -13,7 +13,7 @@ import yaml
 
 from . import config, rootfs
 
-GROUP_OF = {"gb10": "spark", "rtx5090": "rtx", "h100": "h100"}
+GROUP_OF = {"gb10": "spark", "rtx5090": "rtx", "h100": "h100", "h200x4": "hgx"}
 # the runtime of each group as in the shipped inventory (inventory/group_vars)
 GROUP_VARS = {
     "spark": {"container_runtime": "docker", "gpu_memory_utilization": 0.7, "max_model_len": 100000,
@@ -21,6 +21,8 @@ GROUP_VARS = {
     "rtx": {"container_runtime": "podman", "gpu_memory_utilization": 0.7, "autostart": False,
             "conflicts": ["ollama.service"]},
     "h100": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": True},
+    # a fixed fraction, as on shared servers: a GPU another job holds fails vLLM's check and is left out
+    "hgx": {"container_runtime": "podman", "gpu_memory_utilization": 0.9, "autostart": True},
     "scale": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": False},
     "gateway": {"container_runtime": "podman"},
 }

@@ -36,10 +36,11 @@ def fix(name):
 def api(host, expected):
     """curl on the host itself; the API key is read there from the 0600 file and fed to
     curl on stdin, so it is on no command line and in no log."""
-    base = f"http://127.0.0.1:{expected['vllm_port']}"  # vLLM itself, on loopback
     env = shlex.quote(expected["env_path"])
 
-    def call(path, body=None, key=True):
+    def call(path, body=None, key=True, port=None):
+        """``port``: a replica's (replica 0's when None)."""
+        base = f"http://127.0.0.1:{port or expected['replicas'][0]['vllm_port']}"  # vLLM itself, on loopback
         data = f"-H 'Content-Type: application/json' --data-binary {shlex.quote(json.dumps(body))}" if body else ""
         auth = (f"key=$(sed -n 's/^VLLM_API_KEY=//p' {env}); "
                 f"printf 'header = \"Authorization: Bearer %s\"\\n' \"$key\" | ") if key else ""

@@ -55,3 +55,20 @@ def test_runtimes_and_what_keeps_docker_from_the_gpu():
     down = parse_runtimes("@docker Docker version 24.0.7\n@docker-runtimes unreachable\n@nvidia-hook -\n")
     assert runtime_problem("docker", down) == "the docker daemon does not answer: systemctl start docker"
     assert "CDI spec" in runtime_problem("podman", parse_runtimes("@podman podman version 4.3.1\n"))
+
+
+def test_unit_files_of_a_family_read_from_a_real_capture():
+    """Replicas 1-3 of hgx01, as the UnitFiles fact printed them there (systemd 252)."""
+    from converge.facts.host import UnitFiles
+    from tests.conftest import ROOT
+    fact = UnitFiles("/etc/systemd/system/podman-vllm-diffusiongemma-[0-9]*.service")
+    found = fact.process((ROOT / "tests/fixtures/systemd/unit-files-hgx01.txt").read_text(), 0)
+    assert sorted(found) == [f"/etc/systemd/system/podman-vllm-diffusiongemma-{i}.service" for i in (1, 2, 3)]
+    second = found["/etc/systemd/system/podman-vllm-diffusiongemma-2.service"]
+    assert second["file"]["mode"] == "0644" and second["file"]["owner"] == "root"
+    assert "--port 8102" in second["file"]["content"] and len(second["file"]["sha256"]) == 64
+    assert (second["state"]["LoadState"], second["state"]["ActiveState"], second["state"]["UnitFileState"]) == \
+        ("loaded", "active", "enabled")
+    assert fact.process("", 0) == {}
+    with pytest.raises(ValueError):
+        UnitFiles("/etc/x-*.service; rm -rf /")

@@ -83,6 +83,7 @@ class Backend(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         body = json.dumps({"path": self.path, "auth": self.headers.get("authorization")}).encode()
         self.send_response(200)
+        self.send_header("x-backend-port", str(self.server.server_address[1]))
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -101,18 +102,29 @@ def _free_port() -> int:
 
 @pytest.fixture
 def front_door(tmp_path):
-    """The rendered configuration in a real HAProxy (Debian's, as in the lab's image)."""
+    yield from _front_door(tmp_path, 1)
+
+
+@pytest.fixture
+def front_door_of_three(tmp_path):
+    yield from _front_door(tmp_path, 3)
+
+
+def _front_door(tmp_path, replicas: int):
+    """The rendered configuration in a real HAProxy (Debian's, as in the lab's image), before
+    ``replicas`` backends (each says its port in ``x-backend-port``)."""
     if not shutil.which("haproxy"):
         pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
-    backend = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    backends = [ThreadingHTTPServer(("127.0.0.1", 0), Backend) for _ in range(replicas)]
+    for backend in backends:
+        threading.Thread(target=backend.serve_forever, daemon=True).start()
     issued = fleet_ca.host_certificate(tmp_path, "rtx01", ["rtx01", "127.0.0.1"])
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (tmp_path / "keys.sha256").write_text(render_keys({"alice": digest("alice-key")}))
     port = _free_port()
     v = {"api_host": "127.0.0.1", "api_port": port}
-    config = render_config("rtx01", v, [Server("replica0", f"127.0.0.1:{backend.server_address[1]}")], "gen1",
-                           files=str(tmp_path), socket=str(tmp_path / "admin.sock"))
+    servers = [Server(f"replica{i}", f"127.0.0.1:{b.server_address[1]}") for i, b in enumerate(backends)]
+    config = render_config("rtx01", v, servers, "gen1", files=str(tmp_path), socket=str(tmp_path / "admin.sock"))
     config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
     (tmp_path / "haproxy.cfg").write_text(config)
     proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
@@ -121,9 +133,9 @@ def front_door(tmp_path):
     context = ssl.create_default_context(cafile=str(tmp_path / "ca" / "ca.crt"))
     base = f"https://127.0.0.1:{port}"
 
-    def call(path, key=None, body=None):
+    def call(path, key=None, body=None, headers=None):
         req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": key} if key else {})
+                                     headers={**({"Authorization": key} if key else {}), **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=10, context=context) as resp:
                 return resp.status, json.loads(resp.read()), resp.headers
@@ -139,10 +151,12 @@ def front_door(tmp_path):
             pass
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
         time.sleep(0.1)
+    call.ports = [b.server_address[1] for b in backends]
     yield call
     proc.terminate()
     proc.wait(10)
-    backend.shutdown()
+    for backend in backends:
+        backend.shutdown()
 
 
 def test_the_front_door_lets_through_only_the_allowlist_and_only_with_a_key(front_door):
@@ -214,3 +228,16 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
     os.chmod(files["key.pem"], 0o644)
     with pytest.raises(StepFailed, match="chmod 600"):
         tls.bundle("rtx01", v)
+
+
+def test_the_front_door_balances_its_replicas_and_a_request_may_name_one(front_door_of_three):
+    door = front_door_of_three
+    time.sleep(2.5)  # every server's first health check has passed (inter 2s)
+    seen = {door("/v1/models", "Bearer alice-key")[2]["x-backend-port"] for _ in range(12)}
+    assert seen == {str(p) for p in door.ports}
+    for index, port in enumerate(door.ports):
+        pinned = {door("/v1/models", "Bearer alice-key", headers={"X-Dgemma-Replica": str(index)})[2]["x-backend-port"]
+                  for _ in range(4)}
+        assert pinned == {str(port)}
+    # the header counts only with a key
+    assert door("/v1/models", headers={"X-Dgemma-Replica": "1"})[0] == 401

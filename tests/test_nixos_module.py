@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from roles.service.nixos import imported, imports_line, module_name, nix_value
+from roles.service.replicas import Served
 from roles.service.role import render_module, render_unit
 
 NIX = shutil.which("nix-instantiate")
@@ -43,7 +44,8 @@ TWO_GPUS = ["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "GPU-4d5f8a85-15cf-7668-
 ])
 def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostvars, gpus):
     size = len(gpus or [0])
-    module = evaluate(render_module(hostvars, IMAGE, MODEL, 0.7, True, gpus, size), tmp_path)
+    served = Served(0, MODEL, 0.7, tuple(gpus or ()), size)
+    module = evaluate(render_module(hostvars, IMAGE, [served], True), tmp_path)
     name = hostvars.get("service_name", "vllm-diffusiongemma")
     runtime = hostvars["container_runtime"]
     container = module["virtualisation"]["oci-containers"]["containers"][name]
@@ -75,7 +77,7 @@ def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostv
     assert unit["preStart"]["_type"] == "order" and \
         f"sha256sum < /etc/dgemma/{name}.env > /run/dgemma/{name}.env-started" in unit["preStart"]["content"]
     # the same command line as the unit for hosts that are not NixOS
-    exec_start = next(line for line in render_unit(hostvars, IMAGE, MODEL, 0.7, True, gpus, size).splitlines()
+    exec_start = next(line for line in render_unit(hostvars, IMAGE, served, True).splitlines()
                       if line.startswith("ExecStart="))
     assert f" {IMAGE} {MODEL} " in exec_start
     assert exec_start.split(f" {IMAGE} ", 1)[1].count(" --") == sum(a.startswith("--") for a in container["cmd"])
@@ -97,3 +99,16 @@ def test_the_configuration_imports_the_module_or_not():
     assert not imported({"/etc/nixos/configuration.nix": f"# imports = [ ./{name} ];\n"}, v)
     assert not imported({"/etc/nixos/configuration.nix": "imports = [ ./dgemma-vllm-diffusiongemma.nix.bak ];"}, v)
     assert not imported({f"/etc/nixos/{name}": f"# {name}\n"}, v)  # the module naming itself does not count
+
+
+def test_one_module_declares_every_replica(tmp_path):
+    replicas = [Served(0, MODEL, 0.7, ("GPU-a",)), Served(2, MODEL, 0.8, ("GPU-c",))]
+    module = evaluate(render_module({"container_runtime": "podman", "autostart": True}, IMAGE, replicas, False),
+                      tmp_path)
+    containers = module["virtualisation"]["oci-containers"]["containers"]
+    assert sorted(containers) == ["dgemma-frontdoor", "vllm-diffusiongemma", "vllm-diffusiongemma-2"]
+    second = containers["vllm-diffusiongemma-2"]
+    assert second["cmd"][second["cmd"].index("--port") + 1] == "8102"
+    assert [o for o in second["extraOptions"] if "nvidia.com/gpu" in o] == ["--device=nvidia.com/gpu=GPU-c"]
+    assert "vllm-diffusiongemma-2.env-started" in \
+        module["systemd"]["services"]["podman-vllm-diffusiongemma-2"]["preStart"]["content"]

@@ -4,7 +4,8 @@ import pytest
 
 from converge.facts.nvidia import parse_compute_apps, parse_gpu_query
 from roles.preflight.memory import GpuMemory, gpu_memory, passes_vllm_check
-from roles.preflight.placement import place
+from roles.preflight.deployed import deployed_gpus, deployed_replicas, module_containers
+from roles.preflight.placement import keep_indices, place
 from roles.preflight.select import Refused
 from tests.conftest import ROOT
 
@@ -120,7 +121,6 @@ def test_h200_captures_read_with_their_mig_mode_and_gpu_uuids():
 
 
 def test_the_running_services_gpus_are_read_from_what_declares_it():
-    from roles.preflight.deployed import deployed_gpus
     gpus = nvidia(H200 / "idle-query.csv")["gpus"]
     gpu0, gpu1 = (g["uuid"] for g in gpus)
     unit = "ExecStart=/usr/bin/podman run --device nvidia.com/gpu={} img m --gpu-memory-utilization 0.7"
@@ -134,8 +134,29 @@ def test_the_running_services_gpus_are_read_from_what_declares_it():
     assert deployed_gpus("no utilization here", gpus) == {}
 
 
-def test_max_replicas_leaves_the_rest_of_the_plan_out_with_the_reason():
-    placed = place(nvidia(H200 / "idle-query.csv"), {}, {}, max_replicas=1)
-    assert [r.gpus[0]["index"] for r in placed.replicas] == [0]
-    assert placed.skipped == [{"uuid": "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec", "index": 1,
-                               "reason": "this release runs 1 vLLM per host"}]
+def test_a_replica_keeps_its_index_on_the_gpus_it_held():
+    """GPU 0 busy: its replica (0) is gone, the other keeps index 1 and its port; freed
+    again, GPU 0's replica takes index 0 back. New replicas take the lowest free index."""
+    idle = nvidia(H200 / "idle-query.csv")
+    gpu0, gpu1 = (g["uuid"] for g in idle["gpus"])
+    placed = keep_indices(place(idle, {}, {}), {gpu0: 0, gpu1: 1}, 8100)
+    assert [(r.index, r.port, r.gpus[0]["uuid"]) for r in placed.replicas] == [(0, 8100, gpu0), (1, 8101, gpu1)]
+    only_gpu1 = keep_indices(place(idle, {}, {"gpus": [1]}), {gpu0: 0, gpu1: 1}, 8100)
+    assert [(r.index, r.port) for r in only_gpu1.replicas] == [(1, 8101)]
+    swapped = keep_indices(place(idle, {}, {}), {gpu1: 0}, 8100)
+    assert [(r.index, r.gpus[0]["uuid"]) for r in swapped.replicas] == [(0, gpu1), (1, gpu0)]
+
+
+def test_each_replica_of_a_nixos_module_is_read_on_its_own():
+    gpus = [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}]
+    module = ('virtualisation.oci-containers.containers."vllm-diffusiongemma" = {\n cmd = [ "m" '
+              '"--gpu-memory-utilization" "0.6" ]; extraOptions = [ "--device=nvidia.com/gpu=GPU-a" ];\n};\n'
+              'virtualisation.oci-containers.containers."vllm-diffusiongemma-1" = {\n cmd = [ "m" '
+              '"--gpu-memory-utilization" "0.8" ]; extraOptions = [ "--device=nvidia.com/gpu=GPU-b" ];\n};\n'
+              'virtualisation.oci-containers.containers."dgemma-frontdoor" = {\n cmd = [ "haproxy" ];\n};\n')
+    parts = module_containers(module)
+    assert list(parts) == ["vllm-diffusiongemma", "vllm-diffusiongemma-1", "dgemma-frontdoor"]
+    held = deployed_replicas({0: parts["vllm-diffusiongemma"], 1: parts["vllm-diffusiongemma-1"]}, gpus)
+    assert held == {0: {"GPU-a": 0.6}, 1: {"GPU-b": 0.8}}
+
+

@@ -7,7 +7,10 @@ import pytest
 import roles
 from converge.errors import StepFailed
 from converge.play import Play
+from roles.service.replicas import Served, index_of, installed, replica_unit
 from roles.service.role import render_env, render_unit
+
+NVFP4 = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
 from roles.service.serve import check_flags, known_options, serve_args, systemd_quote
 from tests.conftest import ROOT
 
@@ -51,7 +54,7 @@ def test_systemd_quoting_round_trips():
 
 def test_podman_unit_is_on_demand_with_conflicts_and_bounded_restarts():
     v = hostvars("rtx01")
-    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7, False)
+    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", Served(0, NVFP4, 0.7), False)
     assert "Conflicts=ollama.service" in unit
     assert "StartLimitBurst=3" in unit and "StartLimitIntervalSec=900" in unit and "Restart=on-failure" in unit
     assert "ExecStartPre=-/usr/bin/podman rm -f vllm-diffusiongemma" in unit
@@ -66,7 +69,7 @@ def test_podman_unit_is_on_demand_with_conflicts_and_bounded_restarts():
 
 def test_docker_unit_uses_gpus_all_and_the_docker_service():
     v = hostvars("spark01")
-    unit = render_unit(v, "vllm/vllm-openai:gemma-aarch64-cu130", "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7, True)
+    unit = render_unit(v, "vllm/vllm-openai:gemma-aarch64-cu130", Served(0, NVFP4, 0.7), True)
     assert "Requires=docker.service" in unit and "--gpus all" in unit and "/usr/bin/docker run --rm" in unit
     assert "-e HF_TOKEN " in unit and "Conflicts=" not in unit
 
@@ -79,8 +82,8 @@ def test_the_unit_hands_over_only_the_placements_gpus_by_uuid():
     gpus = ["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec"]
     model = "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic"
 
-    def argv(v, *args):
-        unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", model, 0.7, False, *args)
+    def argv(v, gpus, size=1, index=0):
+        unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", Served(index, model, 0.7, tuple(gpus), size), False)
         return unquote_systemd(next(line for line in unit.splitlines() if line.startswith("ExecStart="))[10:])
     podman = argv(hostvars("rtx01"), gpus[1:])
     assert [podman[i + 1] for i, a in enumerate(podman) if a == "--device"] == [f"nvidia.com/gpu={gpus[1]}"]
@@ -91,3 +94,27 @@ def test_the_unit_hands_over_only_the_placements_gpus_by_uuid():
     assert docker[docker.index("--tensor-parallel-size") + 1] == "2"
     assert argv(hostvars("spark01"), gpus[:1])[argv(hostvars("spark01"), gpus[:1]).index("--gpus") + 1] == \
         f"device={gpus[0]}"
+
+
+def test_replica_n_has_its_own_name_port_and_environment_note():
+    v = hostvars("rtx01")
+    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", Served(2, NVFP4, 0.8, ("GPU-x",)), False)
+    argv = unquote_systemd(next(line for line in unit.splitlines() if line.startswith("ExecStart="))[10:])
+    assert argv[argv.index("--name") + 1] == "vllm-diffusiongemma-2"
+    assert argv[argv.index("--port") + 1] == "8102" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "ExecStop=/usr/bin/podman stop -t 30 vllm-diffusiongemma-2" in unit
+    assert "/run/dgemma/vllm-diffusiongemma-2.env-started" in unit
+    # every replica reads the one environment file
+    assert "EnvironmentFile=/etc/dgemma/vllm-diffusiongemma.env" in unit
+
+
+def test_replica_units_are_told_from_other_units():
+    v = {"container_runtime": "docker", "service_name": "dg"}
+    assert replica_unit(v, 0) == "docker-dg.service" and replica_unit(v, 3) == "docker-dg-3.service"
+    assert [index_of(v, u) for u in ("docker-dg.service", "/etc/systemd/system/docker-dg-12.service",
+                                     "docker-dg-0.service", "docker-dg-x.service", "podman-dg-1.service",
+                                     "docker-dg-frontdoor.service")] == [0, 12, None, None, None, None]
+    found = installed(v, {"LoadState": "loaded", "ActiveState": "active"},
+                      {"/etc/systemd/system/docker-dg-2.service": {"state": {"ActiveState": "failed"}}})
+    assert found == {0: {"LoadState": "loaded", "ActiveState": "active"}, 2: {"ActiveState": "failed"}}
+    assert installed(v, {"LoadState": "not-found"}, {}) == {}

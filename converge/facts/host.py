@@ -97,6 +97,18 @@ class Commands(Fact):
         return found
 
 
+def file_state_command(q: str, secret: bool = False) -> str:
+    """FileState's shell for a path already quoted for the shell (``q``)."""
+    content = "" if secret else f"; base64 {q}"
+    return f"if [ -f {q} ]; then stat -c '%a %U %G %s' {q}; sha256sum < {q}{content}; else echo absent; fi"
+
+
+def unit_state_command(q: str) -> str:
+    """UnitState's shell for a unit name already quoted for the shell (``q``)."""
+    return (f"systemctl show {q} -p LoadState -p ActiveState -p SubState -p UnitFileState -p NRestarts "
+            f"-p MainPID -p ActiveEnterTimestampMonotonic -p ExecMainStatus -p NeedDaemonReload -p Result")
+
+
 class FileState(Fact):
     """A file's mode, owner, size, sha256 and (unless ``secret``) its content.
 
@@ -108,9 +120,7 @@ class FileState(Fact):
     def __init__(self, path: str, secret: bool = False):
         self.path = path
         self.secret = secret
-        q = shlex.quote(path)
-        content = "" if secret else f"; base64 {q}"
-        self.command = f"if [ -f {q} ]; then stat -c '%a %U %G %s' {q}; sha256sum < {q}{content}; else echo absent; fi"
+        self.command = file_state_command(shlex.quote(path), secret)
 
     def process(self, output, rc):
         lines = output.splitlines()
@@ -129,9 +139,7 @@ class UnitState(Fact):
 
     def __init__(self, unit: str):
         self.unit = unit
-        self.command = (f"systemctl show {shlex.quote(unit)} -p LoadState -p ActiveState -p SubState "
-                        f"-p UnitFileState -p NRestarts -p MainPID -p ActiveEnterTimestampMonotonic "
-                        f"-p ExecMainStatus -p NeedDaemonReload -p Result")
+        self.command = unit_state_command(shlex.quote(unit))
 
     def process(self, output, rc):
         props = {}
@@ -182,3 +190,32 @@ class HttpHeader(Fact):
             if sep and name.strip().lower() == self.header:
                 return value.strip()
         return None
+
+
+class UnitFiles(Fact):
+    """The unit files a shell glob names (e.g. /etc/systemd/system/foo-[0-9]*.service),
+    each with its FileState and its UnitState: ``{path: {"file": ..., "state": ...}}``,
+    empty when none match. For a family of units whose members are not known in advance."""
+
+    def __init__(self, pattern: str):
+        if any(c in pattern for c in "'\"`$;&|<>\n "):
+            raise ValueError(f"not a plain glob: {pattern!r}")
+        self.pattern = pattern
+        self.command = (f"for f in {pattern}; do [ -f \"$f\" ] || continue; printf '@unit %s\\n' \"$f\"; "
+                        f"{file_state_command(chr(34) + '$f' + chr(34))}; printf '@state\\n'; "
+                        f"{unit_state_command(chr(34) + '${f##*/}' + chr(34))}; done; true")
+
+    def process(self, output, rc):
+        found: dict[str, dict] = {}
+        path, part, chunks = None, None, {}
+        for line in output.splitlines() + ["@unit"]:
+            if line.startswith("@unit"):
+                if path is not None:
+                    found[path] = {"file": FileState(path).process("\n".join(chunks["file"]), 0),
+                                   "state": UnitState(path).process("\n".join(chunks["state"]), 0)}
+                path, part, chunks = line[6:], "file", {"file": [], "state": []}
+            elif line == "@state" and path is not None:
+                part = "state"
+            elif path is not None:
+                chunks[part].append(line)
+        return found

@@ -5,22 +5,31 @@ The steps are proxy.py's, shared with the gateway."""
 from __future__ import annotations
 
 from converge.changes import File, Role
+from converge.facts.host import UnitFiles, UnitState
 
 from roles.fleet import is_serving
-from roles.service.role import env_path
+from roles.service.replicas import installed, more_units_glob, replica_port
+from roles.service.role import env_path, unit_name
 
 from . import proxy, tls
 from .render import FRONTDOOR, Server
 
 
 def facts(v):
-    return proxy.facts(v, FRONTDOOR, "frontdoor")
+    # which replicas the host has, for a run that does not place them (keys add, revoke)
+    return {**proxy.facts(v, FRONTDOOR, "frontdoor"), "unit": UnitState(unit_name(v)),
+            "replica_units": UnitFiles(more_units_glob(v))}
 
 
 def servers(ctx) -> list[Server]:
-    """vLLM's replicas on this host, on loopback."""
-    port = int(ctx.vars.get("replica_base_port", 8100))
-    return [Server("replica0", f"127.0.0.1:{port}")]
+    """vLLM's replicas on this host, on loopback: those this deploy places, or else
+    those the host has (replica 0 alone on a host that has none yet)."""
+    v = ctx.vars
+    if "replicas" in ctx.desired:
+        indices = [r["index"] for r in ctx.desired["replicas"]]
+    else:
+        indices = list(installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units"))) or [0]
+    return [Server(f"replica{i}", f"127.0.0.1:{replica_port(v, i)}") for i in indices]
 
 
 def wanted(ctx) -> proxy.Wanted:

@@ -11,6 +11,7 @@ from converge.facts.host import FileState
 from relay.probe import fallback_note, relay_steps, usable_relay
 
 from roles.fleet import is_serving
+from roles.service.role import restart_all
 
 from .pull_progress import pull_reader
 
@@ -119,7 +120,7 @@ def plan(ctx):
 
         yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
                       describe=f"{runtime} pull {ref} (image_pull: always)", progress=pull_reader(),
-                      timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=("restart",),
+                      timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=restart_all(ctx),
                       maybe=True, background=True)
         return
     relayed = None
@@ -131,7 +132,7 @@ def plan(ctx):
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v), relayed=relayed),
                   when=reason is not None,
                   describe=f"{runtime} pull {ref} ({reason})" if reason else ref, progress=pull_reader(),
-                  timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=("restart",),
+                  timeout=v.get("image_pull_timeout", 3600), interpret=interpret, notify=restart_all(ctx),
                   background=True)
 
 

@@ -29,3 +29,21 @@ def deployed_gpus(declared: str, gpus: list[dict]) -> dict:
         if uuid not in uuids:
             uuids.append(uuid)
     return {uuid: float(utilization.group(1)) for uuid in uuids}
+
+
+# a container of the NixOS module: `virtualisation.oci-containers.containers."NAME" = {`
+_MODULE_CONTAINER = re.compile(r'oci-containers\.containers\.("?)([A-Za-z0-9_.-]+)\1 = \{')
+
+
+def module_containers(module: str) -> dict[str, str]:
+    """Container name -> its part of a NixOS module's text."""
+    marks = list(_MODULE_CONTAINER.finditer(module))
+    return {m.group(2): module[m.start():marks[i + 1].start() if i + 1 < len(marks) else len(module)]
+            for i, m in enumerate(marks)}
+
+
+def deployed_replicas(declared: dict[int, str], gpus: list[dict]) -> dict[int, dict]:
+    """Replica index -> {GPU uuid: utilization} for each replica's declaration (its unit,
+    or its container in the NixOS module) that hands it GPUs."""
+    found = {index: deployed_gpus(text, gpus) for index, text in declared.items()}
+    return {index: held for index, held in found.items() if held}

@@ -40,7 +40,7 @@ class Replica:
     memory: GpuMemory | None = None  # its first GPU's, as vLLM's check reads it
 
     def as_dict(self) -> dict:
-        return {"gpus": [g["uuid"] for g in self.gpus], "gpu_indices": [g["index"] for g in self.gpus],
+        return {"index": self.index, "gpus": [g["uuid"] for g in self.gpus], "gpu_indices": [g["index"] for g in self.gpus],
                 "tensor_parallel_size": self.tensor_parallel_size, "model": self.model,
                 "quantization": self.quantization, "gpu_memory_utilization": self.utilization, "port": self.port,
                 "reason": self.reason, "utilization_reason": self.utilization_reason}
@@ -151,11 +151,9 @@ def _first_fit(variants: list, mem: GpuMemory, util: float, cc: str, hostvars: d
     return None, None, "; ".join(shortfalls)
 
 
-def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = None,
-          max_replicas: int | None = None) -> Placement:
+def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = None) -> Placement:
     """``nvidia``: the NvidiaSmi fact; ``running``: GPU uuid -> the utilization our replica
-    that runs there started with; ``max_replicas``: the most replicas the caller can run
-    (the rest of the plan is left out, with the reason)."""
+    that runs there started with."""
     running = running or {}
     apps = nvidia.get("compute_apps", [])
     candidates, named = selected(nvidia["gpus"], hostvars.get("gpus", "all"))
@@ -196,12 +194,6 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
                                               reason, why, mem))
         _tensor_parallel(alone, variants, name, placement)
     placement.replicas.sort(key=lambda r: r.gpus[0]["index"])
-    if max_replicas is not None:
-        for replica in placement.replicas[max_replicas:]:
-            for gpu in replica.gpus:
-                placement.skipped.append({"uuid": gpu["uuid"], "index": gpu["index"],
-                                          "reason": f"this release runs {max_replicas} vLLM per host"})
-        del placement.replicas[max_replicas:]
     port = int(hostvars.get("replica_base_port", 8100))
     for index, replica in enumerate(placement.replicas):
         replica.index, replica.port = index, port + index
@@ -209,6 +201,25 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
     if named and placement.skipped:
         first = placement.skipped[0]
         raise Refused(f"GPU {first['index']} ({first['uuid']}): {first['reason']}")
+    return placement
+
+
+def keep_indices(placement: Placement, previous: dict[str, int], base_port: int) -> Placement:
+    """Number the replicas so that one on the GPUs a deployed replica holds keeps that
+    replica's index (and so its unit, container and port): a GPU that becomes busy stops
+    its own replica alone, and the others are not renamed. ``previous``: GPU uuid -> index."""
+    taken: set[int] = set()
+    for replica in placement.replicas:
+        index = previous.get(replica.gpus[0]["uuid"])
+        replica.index = index if index is not None and index not in taken else None
+        if replica.index is not None:
+            taken.add(replica.index)
+    free = (i for i in range(len(placement.replicas) + len(previous) + 1) if i not in taken)
+    for replica in placement.replicas:
+        if replica.index is None:
+            replica.index = next(free)
+        replica.port = base_port + replica.index
+    placement.replicas.sort(key=lambda r: r.index)
     return placement
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 from converge.changes import Check, Role
 from converge.facts import FactError
 from converge.facts.containers import Runtimes
-from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd, UnitState
+from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd, UnitFiles, UnitState
 from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.service.nixos import module_path
+from roles.service.replicas import index_of_container, installed, more_units_glob, replica_unit_path
 from roles.service.role import unit_name, unit_path
 
 from . import catalog
-from .deployed import deployed_gpus
+from .deployed import deployed_replicas, module_containers
+from .placement import keep_indices
 from .select import Refused, choose
 
 CONTAINER_STORAGE = {"podman": "/var/lib/containers", "docker": "/var/lib/docker"}
@@ -30,9 +32,10 @@ def facts(hostvars):
         "commands": Commands("flock", "base64", "sha256sum", "sha1sum", "curl", "timeout", "awk", "tee"),
         "disk_cache": DiskFree(hostvars.get("model_cache", "/srv/models/hf-cache")),
         "disk_images": DiskFree(CONTAINER_STORAGE[hostvars.get("container_runtime", "podman")]),
-        # whether our own service runs (its memory is then not free), and what it started with
+        # whether our own replicas run (their memory is then not free), and what they started with
         "unit": UnitState(unit_name(hostvars)),
         "unit_file": FileState(unit_path(hostvars)),
+        "replica_units": UnitFiles(more_units_glob(hostvars)),
         "nixos_module": FileState(module_path(hostvars)),
     }
 
@@ -66,31 +69,50 @@ def plan_choice(ctx):
     except FactError as exc:
         yield Check("GPU facts", ok=False, message=str(exc))
         return
-    running = {}
-    if (ctx.facts.get("unit") or {}).get("ActiveState") in ("active", "activating", "reloading"):
-        # our own server holds its memory now: the GPUs it was handed keep their utilization
-        declared = (ctx.facts.get("unit_file") or ctx.facts.get("nixos_module") or {}).get("content", "")
-        running = deployed_gpus(declared, gathered["nvidia"]["gpus"])
+    v = ctx.vars
+    states = installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units"))
+    held = deployed_replicas(_declared(ctx, states), gathered["nvidia"]["gpus"])
+    # our own replicas hold their memory now: the GPUs they were handed keep their utilization
+    running = {uuid: utilization for index, gpus in held.items()
+               if states.get(index, {}).get("ActiveState") in ("active", "activating", "reloading")
+               for uuid, utilization in gpus.items()}
     try:
-        # one vLLM per host until units per replica land: the plan says so for the GPUs left out
-        choice = choose(gathered, ctx.vars, running, max_replicas=1)
+        choice = choose(gathered, v, running)
     except Refused as exc:
         yield Check("image, model and memory", ok=False, message=str(exc))
         return
-    replica = choice.replicas[0]
+    # a replica on the GPUs a deployed one holds keeps its index (its unit, container and port)
+    keep_indices(choice.placement, {uuid: index for index, gpus in held.items() for uuid in gpus},
+                 int(v.get("replica_base_port", 8100)))
     ctx.desired["choice"] = choice
     ctx.desired["image"] = choice.image
     ctx.desired["model"] = choice.model
     ctx.desired["utilization"] = choice.utilization
-    ctx.desired["gpus"] = [gpu["uuid"] for gpu in replica.gpus]
-    ctx.desired["tensor_parallel_size"] = replica.tensor_parallel_size
     yield Check("image", ok=True, message=f"{choice.image} ({choice.image_reason})")
     yield Check("model", ok=True, message=f"{choice.model} ({choice.model_reason})")
-    on = ", ".join(f"GPU {gpu['index']} ({gpu['uuid']})" for gpu in replica.gpus)
-    yield Check("memory precheck", ok=True,
-                message=f"gpu_memory_utilization {choice.utilization} on {on} ({choice.utilization_reason})")
+    for replica in choice.replicas:
+        on = ", ".join(f"GPU {gpu['index']} ({gpu['uuid']})" for gpu in replica.gpus)
+        yield Check("memory precheck" if len(choice.replicas) == 1 else f"memory precheck (replica {replica.index})",
+                    ok=True, message=f"{replica.model}, gpu_memory_utilization {replica.utilization} on {on} "
+                                     f"({replica.utilization_reason})")
     if choice.notes:
         yield Check("GPUs left out", ok=True, message="; ".join(choice.notes))
+
+
+def _declared(ctx, states: dict) -> dict[int, str]:
+    """Replica index -> the text that declares it: its unit file, or its container in our
+    NixOS module."""
+    v = ctx.vars
+    module = (ctx.facts.get("nixos_module") or {}).get("content")
+    if module:
+        by_index = {index_of_container(v, name): text for name, text in module_containers(module).items()}
+        return {index: text for index, text in by_index.items() if index is not None}
+    found = {0: (ctx.facts.get("unit_file") or {}).get("content", "")}
+    for index in states:
+        unit = (ctx.facts.get("replica_units") or {}).get(replica_unit_path(v, index)) or {}
+        if index:
+            found[index] = (unit.get("file") or {}).get("content", "")
+    return found
 
 
 def plan(ctx):

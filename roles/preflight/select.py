@@ -121,14 +121,14 @@ def _candidates(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
     raise Refused(f"compute capability {cc} is older than any DiffusionGemma variant supports (8.0)")
 
 
-def choose(facts: dict, hostvars: dict, running: dict | None = None, max_replicas: int | None = None) -> Choice:
+def choose(facts: dict, hostvars: dict, running: dict | None = None) -> Choice:
     """facts: ``arch``, ``nvidia`` (NvidiaSmi), ``meminfo``; ``running``: GPU uuid -> the
     utilization our replica there started with. The first replica's choice is the host's."""
     from .placement import place
     arch = facts["arch"]
     nvidia = facts["nvidia"]
     image, image_reason = choose_image(arch, nvidia.get("cuda_version"), hostvars)
-    placement = place(nvidia, facts["meminfo"], hostvars, running, max_replicas)
+    placement = place(nvidia, facts["meminfo"], hostvars, running)
     if not placement.replicas:
         raise Refused(_nothing_serves(placement.skipped, len(nvidia["gpus"])))
     return Choice(image, image_reason, placement)

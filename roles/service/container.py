@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .replicas import Served, replica_name, replica_port
 from .serve import serve_args
 
 CONTAINER_CACHE = "/root/.cache/huggingface"
@@ -41,15 +42,16 @@ def gpu_handover(runtime: str, gpus: list[str] | None) -> list[str]:
     return ["--gpus", f"device={gpus[0]}" if len(gpus) == 1 else f'"device={",".join(gpus)}"']
 
 
-def container_spec(v: dict, image: str, model: str, utilization: float, has_token: bool,
-                   gpus: list[str] | None = None, tensor_parallel_size: int = 1) -> ContainerSpec:
+def container_spec(v: dict, image: str, served: Served, has_token: bool) -> ContainerSpec:
+    """One replica's container: its own name and loopback port, handed only its GPUs."""
     runtime = v.get("container_runtime", "podman")
     return ContainerSpec(
-        runtime=runtime, name=v.get("service_name", "vllm-diffusiongemma"), image=image,
-        cmd=serve_args(v, model, utilization, tensor_parallel_size),
+        runtime=runtime, name=replica_name(v, served.index), image=image,
+        cmd=serve_args(v, served.model, served.utilization, served.tensor_parallel_size,
+                       replica_port(v, served.index)),
         volumes=[f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
                  f"{v.get('compile_cache', '/var/cache/vllm')}:/root/.cache/vllm"],
-        gpu=gpu_handover(runtime, gpus),
+        gpu=gpu_handover(runtime, list(served.gpus) or None),
         secret_names=["VLLM_API_KEY"] + (["HF_TOKEN"] if has_token else []))
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from converge.changes import Role
 
 from .nixos import module_path
-from .role import read_secret, render_module, render_unit, unit_path
+from .replicas import Served, replica_unit_path
+from .role import read_secret, render_module, render_unit
 
 FORMATS = ("systemd", "nixos")
 
@@ -16,9 +17,11 @@ def _summary(ctx) -> dict:
     if "model" not in d:
         return {}  # the preflight choice failed: the report says why
     has_token = bool(read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name))
-    args = (v, d["image"], d["model"], d["utilization"], has_token, d.get("gpus"), d.get("tensor_parallel_size", 1))
-    return {"render": {"systemd": (unit_path(v), render_unit(*args)),
-                       "nixos": (module_path(v), render_module(*args))}}
+    served = [Served.of(replica) for replica in d["choice"].replicas]
+    # a unit per replica; one module declares them all
+    return {"render": {"systemd": [(replica_unit_path(v, s.index), render_unit(v, d["image"], s, has_token))
+                                   for s in served],
+                       "nixos": [(module_path(v), render_module(v, d["image"], served, has_token))]}}
 
 
 RENDER_ROLE = Role("render", lambda v: {}, lambda ctx: iter(()), summary=_summary)

@@ -9,42 +9,46 @@ from pathlib import Path
 import jinja2
 
 from converge.changes import Check, Command, File, Role
-from converge.facts.host import FileState, OsRelease, TextFiles, UnitState
+from converge.facts.host import FileState, OsRelease, TextFiles, UnitFiles, UnitState
 from converge.secrets import read_secret_file
 
 from roles.fleet import is_serving
 
 from .container import RUNTIME_PATHS, container_spec, run_command
 from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
+from .replicas import (Served, installed, more_units_glob, replica_name, replica_port, replica_unit,
+                       replica_unit_path, service)
 from .serve import command_line
 
 HERE = Path(__file__).parent
 
 
 def unit_name(v: dict) -> str:
-    return f"{v.get('container_runtime', 'podman')}-{v.get('service_name', 'vllm-diffusiongemma')}.service"
+    """Replica 0's unit: the service's own name, as before replicas existed."""
+    return replica_unit(v, 0)
 
 
 def unit_path(v: dict) -> str:
-    return f"/etc/systemd/system/{unit_name(v)}"
+    return replica_unit_path(v, 0)
 
 
 def env_path(v: dict) -> str:
-    return f"/etc/dgemma/{v.get('service_name', 'vllm-diffusiongemma')}.env"
+    """Every replica's secrets: one file, the same keys."""
+    return f"/etc/dgemma/{service(v)}.env"
 
 
 STAMP_DIR = "/run/dgemma"
 
 
-def env_stamp_path(v: dict) -> str:
-    """Where the unit notes, as it starts, the sha256 of the environment file it read."""
-    return f"{STAMP_DIR}/{v.get('service_name', 'vllm-diffusiongemma')}.env-started"
+def env_stamp_path(v: dict, index: int = 0) -> str:
+    """Where a replica's unit notes, as it starts, the sha256 of the environment file it read."""
+    return f"{STAMP_DIR}/{replica_name(v, index)}.env-started"
 
 
-def env_stamp_command(v: dict) -> str:
+def env_stamp_command(v: dict, index: int = 0) -> str:
     """The shell that writes that note (systemd reads EnvironmentFile just before)."""
     return (f"mkdir -p {STAMP_DIR} && sha256sum < {shlex.quote(env_path(v))} > "
-            f"{shlex.quote(env_stamp_path(v))}")
+            f"{shlex.quote(env_stamp_path(v, index))}")
 
 
 def facts(hostvars):
@@ -53,6 +57,9 @@ def facts(hostvars):
             # which environment the running service was started with (a sha256, never the file)
             "env_started": FileState(env_stamp_path(hostvars)),
             "unit": UnitState(unit_name(hostvars)),
+            # replicas 1 and up: their unit files and states, and their environment notes
+            "replica_units": UnitFiles(more_units_glob(hostvars)),
+            "replica_env_started": TextFiles(f"{STAMP_DIR}/{service(hostvars)}-[0-9]*.env-started"),
             "os": OsRelease(),
             # NixOS declares units: our module and whether the configuration imports it
             "nixos_module": FileState(module_path(hostvars)),
@@ -77,27 +84,27 @@ def _templates() -> jinja2.Environment:
     return env
 
 
-def render_unit(v: dict, image: str, model: str, utilization: float, has_token: bool,
-                gpus: list[str] | None = None, tensor_parallel_size: int = 1) -> str:
-    spec = container_spec(v, image, model, utilization, has_token, gpus, tensor_parallel_size)
+def render_unit(v: dict, image: str, served: Served, has_token: bool) -> str:
+    """One replica's unit."""
+    spec = container_spec(v, image, served, has_token)
     return _templates().get_template("unit.j2").render(
-        model=model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
+        model=served.model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
         conflicts=v.get("conflicts") or [], burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), env_file=env_path(v),
-        env_stamp=shlex.quote(env_stamp_command(v)),
+        env_stamp=shlex.quote(env_stamp_command(v, served.index)),
         exec_start=command_line(run_command(spec)), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900))
 
 
-def render_module(v: dict, image: str, model: str, utilization: float, has_token: bool,
-                  gpus: list[str] | None = None, tensor_parallel_size: int = 1) -> str:
-    """The same service as a NixOS module (oci-containers), for hosts whose units are declared,
-    with the front door's container beside it."""
+def render_module(v: dict, image: str, replicas: list[Served], has_token: bool) -> str:
+    """Every replica as a NixOS module (oci-containers), for hosts whose units are declared,
+    with the front door's container beside them."""
     from roles.frontdoor.render import nixos_container
-    spec = container_spec(v, image, model, utilization, has_token, gpus, tensor_parallel_size)
+    containers = [{"spec": container_spec(v, image, served, has_token), "model": served.model,
+                   "unit": replica_unit(v, served.index), "env_stamp": env_stamp_command(v, served.index)}
+                  for served in replicas]
     return _templates().get_template("module.nix.j2").render(
-        spec=spec, frontdoor=nixos_container(v), model=model, unit=unit_name(v), env_file=env_path(v),
-        env_stamp=env_stamp_command(v), conflicts=v.get("conflicts") or [],
+        containers=containers, frontdoor=nixos_container(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
         autostart=bool(v.get("autostart", False)), burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900), path=module_path(v))
@@ -111,61 +118,121 @@ def render_env(api_key: str | None, hf_token: str | None) -> str:
     return "".join(lines)
 
 
+def unit_state(ctx, index: int) -> dict:
+    """A replica's UnitState as gathered (empty when the host has no such unit)."""
+    if index == 0:
+        return ctx.facts.get("unit") or {}
+    found = (ctx.facts.get("replica_units") or {}).get(replica_unit_path(ctx.vars, index)) or {}
+    return found.get("state") or {}
+
+
+def _unit_file(ctx, index: int) -> dict | None:
+    if index == 0:
+        return ctx.facts.get("unit_file")
+    return ((ctx.facts.get("replica_units") or {}).get(replica_unit_path(ctx.vars, index)) or {}).get("file")
+
+
+def _env_stamp(ctx, index: int) -> list[str]:
+    if index == 0:
+        return (ctx.facts.get("env_started") or {}).get("content", "").split()
+    return ((ctx.facts.get("replica_env_started") or {}).get(env_stamp_path(ctx.vars, index)) or "").split()
+
+
 def plan(ctx):
     v = ctx.vars
     api_key = read_secret(v.get("api_key_file"), "api_key_file", ctx.name)
     hf_token = read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name)
-    # the GPUs the placement gave this replica, by uuid: vLLM sees those alone
-    args = (v, ctx.desired["image"], ctx.desired["model"], ctx.desired["utilization"], bool(hf_token),
-            ctx.desired.get("gpus"), ctx.desired.get("tensor_parallel_size", 1))
+    # each replica the placement gave, handed its GPUs by uuid: vLLM sees those alone
+    served = [Served.of(replica) for replica in ctx.desired["choice"].replicas]
+    image = ctx.desired["image"]
     nixos = is_nixos(ctx)
-    # what declares the service: our unit file, or on NixOS our module
+    module = render_module(v, image, served, bool(hf_token)) if nixos else None
+    replicas = [{"index": s.index, "unit": replica_unit(v, s.index), "container": replica_name(v, s.index),
+                 "port": replica_port(v, s.index), "model": s.model, "gpus": list(s.gpus),
+                 "unit_path": module_path(v) if nixos else replica_unit_path(v, s.index),
+                 "unit_text": module or render_unit(v, image, s, bool(hf_token))} for s in served]
+    ctx.desired["replicas"] = replicas
+    # what declares the service: our unit files, or on NixOS our module
     ctx.desired["declared_by"] = "nixos" if nixos else "unit"
-    ctx.desired["unit_path"] = module_path(v) if nixos else unit_path(v)
-    ctx.desired["unit_text"] = render_module(*args) if nixos else render_unit(*args)
     current = ctx.facts.get("nixos_module" if nixos else "unit_file")
     dirs = [v.get("model_cache", "/srv/models/hf-cache"), v.get("compile_cache", "/var/cache/vllm"), "/etc/dgemma"]
     yield Command("directories", script="mkdir -p " + " ".join(shlex.quote(d) for d in dirs) + "\n",
                   when=current is None, describe="mkdir -p " + " ".join(dirs))
     env = File("environment file", path=env_path(v), content=render_env(api_key, hf_token), mode="0600",
-               secret=True, current=ctx.facts.get("env_file"), notify=("restart",))
+               secret=True, current=ctx.facts.get("env_file"), notify=tuple(restart(r["unit"]) for r in replicas))
     yield env
-    yield from _environment_in_force(ctx, env)
+    for replica in replicas:
+        yield from _environment_in_force(ctx, env, replica)
     if nixos:
-        yield from _nixos(ctx, current)
+        yield from _nixos(ctx, current, module)
         return
-    yield File("unit file", path=unit_path(v), content=ctx.desired["unit_text"], mode="0644", current=current,
-               notify=("daemon-reload", "restart"))
-    unit = ctx.facts.get("unit") or {}
-    enabled = unit.get("UnitFileState") == "enabled"
-    name = shlex.quote(unit_name(v))
+    # replicas no longer planned go first: a GPU they hold may be another replica's now
+    yield from _unplanned(ctx, {r["index"] for r in replicas})
     want = bool(v.get("autostart", False))
-    yield Command("enabled at boot" if want else "not enabled at boot",
-                  script=f"systemctl daemon-reload\nsystemctl {'enable' if want else 'disable'} {name}\n",
-                  when=enabled != want and not (not want and unit.get("LoadState") == "not-found"),
-                  describe=f"systemctl {'enable' if want else 'disable'} {unit_name(v)}")
+    for replica in replicas:
+        index, unit = replica["index"], replica["unit"]
+        yield File(step_name("unit file", index), path=replica["unit_path"], content=replica["unit_text"], mode="0644",
+                   current=_unit_file(ctx, index), notify=("daemon-reload", restart(unit)))
+        state = unit_state(ctx, index)
+        enabled = state.get("UnitFileState") == "enabled"
+        yield Command(step_name("enabled at boot" if want else "not enabled at boot", index),
+                      script=f"systemctl daemon-reload\nsystemctl {'enable' if want else 'disable'} "
+                             f"{shlex.quote(unit)}\n",
+                      when=enabled != want and not (not want and state.get("LoadState") in (None, "not-found")),
+                      describe=f"systemctl {'enable' if want else 'disable'} {unit}")
 
 
-def _environment_in_force(ctx, env: File):
-    """A running service started with an environment other than its file's (a run
+def restart(unit: str) -> str:
+    """The handler that restarts one replica's unit (the start role waits for those that ran)."""
+    return f"restart {unit}"
+
+
+def restart_all(ctx) -> tuple:
+    """The handlers that restart every planned replica (a new image, new weights for all)."""
+    return tuple(restart(replica_unit(ctx.vars, r.index)) for r in ctx.desired["choice"].replicas)
+
+
+def step_name(step: str, index: int) -> str:
+    """Replica 0's steps keep the names they had before replicas existed."""
+    return step if index == 0 else f"{step} (replica {index})"
+
+
+def _unplanned(ctx, planned: set[int]):
+    """Replica units the placement no longer gives (a GPU now busy, ``gpus`` reduced):
+    stopped, disabled and removed with their environment note."""
+    v = ctx.vars
+    for index in installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units")):
+        if index in planned:
+            continue
+        unit, path = replica_unit(v, index), replica_unit_path(v, index)
+        q = shlex.quote(unit)
+        yield Command(f"replica {index} removed", script=(
+            f"systemctl disable --now {q} 2>/dev/null; systemctl reset-failed {q} 2>/dev/null\n"
+            f"rm -f {shlex.quote(path)} {shlex.quote(path + '.previous')} "
+            f"{shlex.quote(env_stamp_path(v, index))}\nsystemctl daemon-reload\n"),
+            describe=f"systemctl disable --now {unit}; rm {path} (replica {index} is no longer planned)")
+
+
+def _environment_in_force(ctx, env: File, replica: dict):
+    """A running replica started with an environment other than its file's (a run
     killed between writing the file and restarting, a file put back by hand) is
     restarted: the files alone would say nothing is to do."""
-    unit = ctx.facts.get("unit") or {}
-    stamp = (ctx.facts.get("env_started") or {}).get("content", "").split()
+    index, unit = replica["index"], replica["unit"]
+    stamp = _env_stamp(ctx, index)
     on_disk = (ctx.facts.get("env_file") or {}).get("sha256")
-    stale = (unit.get("ActiveState") == "active" and not env.needed() and bool(stamp) and bool(on_disk)
-             and stamp[0] != on_disk)
-    yield Command("environment in force", script="true\n", when=stale, notify=("restart",),
-                  describe=f"restart: {unit_name(ctx.vars)} runs with another environment than "
+    stale = (unit_state(ctx, index).get("ActiveState") == "active" and not env.needed() and bool(stamp)
+             and bool(on_disk) and stamp[0] != on_disk)
+    yield Command(step_name("environment in force", index), script="true\n", when=stale, notify=(restart(unit),),
+                  describe=f"restart: {unit} runs with another environment than "
                            f"{env_path(ctx.vars)} (it changed since the service started)")
 
 
-def _nixos(ctx, current):
-    """On NixOS: the module, atomically; then the host stops unless the
+def _nixos(ctx, current, text: str):
+    """On NixOS: the module (every replica), atomically; then the host stops unless the
     configuration imports it and it is applied (nixos-rebuild, when allowed)."""
     v = ctx.vars
     rebuild = bool(v.get("nixos_rebuild", False))
-    module = File("NixOS module", path=module_path(v), content=ctx.desired["unit_text"], mode="0644",
+    module = File("NixOS module", path=module_path(v), content=text, mode="0644",
                   current=current, notify=("nixos-rebuild",) if rebuild else ())
     yield module
     configuration = ctx.facts.get("nixos_configuration") or {}
@@ -181,16 +248,18 @@ def _nixos(ctx, current):
 
 
 def handlers(ctx):
-    name = shlex.quote(unit_name(ctx.vars))
+    units = [replica["unit"] for replica in ctx.desired.get("replicas") or []]
+    # only a running replica restarts here; a stopped one is started (or not) by the start role
+    restarts = {restart(unit): Command("restart" if unit == unit_name(ctx.vars) else f"restart {unit}",
+                                       script=f"systemctl try-restart {shlex.quote(unit)}\n",
+                                       describe=f"systemctl try-restart {unit}") for unit in units}
     return {
         "daemon-reload": Command("daemon-reload", script="systemctl daemon-reload\n",
                                  describe="systemctl daemon-reload"),
         # NixOS applies its own configuration: it restarts the units whose definition changed
         "nixos-rebuild": Command("nixos-rebuild switch", script="nixos-rebuild switch\n",
                                  describe="nixos-rebuild switch", timeout=3600, progress=True),
-        # only a running service restarts here; a stopped one is started (or not) by the start role
-        "restart": Command("restart", script=f"systemctl try-restart {name}\n",
-                           describe=f"systemctl try-restart {unit_name(ctx.vars)}"),
+        **restarts,
     }
 
 

@@ -18,14 +18,16 @@ def known_options() -> frozenset:
     return frozenset((HERE / "vllm-serve-options.txt").read_text().split())
 
 
-def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: int = 1) -> list[str]:
+def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: int = 1,
+               port: int | None = None) -> list[str]:
+    """``port``: the replica's loopback port (replica 0's, ``replica_base_port``, when None)."""
     dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
     args = [model,
             # one name on every host, whatever variant it serves (the gateway balances over all of
             # them); the variant's own name too, so that clients that ask for it still get it
             "--served-model-name", v.get("served_model_name", "diffusiongemma"), model,
             # loopback only: the front door (roles/frontdoor) is the way in from the network
-            "--host", "127.0.0.1", "--port", str(v.get("replica_base_port", 8100)),
+            "--host", "127.0.0.1", "--port", str(port or v.get("replica_base_port", 8100)),
             "--gpu-memory-utilization", f"{utilization:g}",
             "--max-num-seqs", str(v.get("max_num_seqs", 4)),
             "--max-num-batched-tokens", str(v.get("max_num_batched_tokens", 8192)),

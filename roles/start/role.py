@@ -9,32 +9,44 @@ from converge.changes import Command, Role
 from converge.errors import StepFailed
 
 from roles.fleet import is_serving
-from roles.service.role import env_path, unit_name
+from roles.service.replicas import service
+from roles.service.role import env_path, restart, step_name, unit_state
 
 
-def wait_script(v: dict, unit: str, timeout: int) -> str:
-    base = f"http://127.0.0.1:{v.get('replica_base_port', 8100)}"  # vLLM on loopback
-    u = shlex.quote(unit)
+def wait_script(v: dict, units: list[tuple[str, int]], timeout: int) -> str:
+    """Start every ``(unit, loopback port)`` at once, then wait until each answers /health
+    and /v1/models (replicas on separate GPUs start side by side)."""
+    names = " ".join(shlex.quote(unit) for unit, _ in units)
+    pending = " ".join(shlex.quote(f"{unit}={int(port)}") for unit, port in units)
     env = shlex.quote(env_path(v))
     return f"""
-journal() {{ journalctl -u {u} -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
-systemctl reset-failed {u} 2>/dev/null
-systemctl start {u} || {{ echo "@failed start"; journal; exit 3; }}
+journal() {{ [ $# -gt 1 ] && echo "  | -- $1"; journalctl -u "$1" -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
+for u in {names}; do systemctl reset-failed "$u" 2>/dev/null; done
+systemctl start {names} || {{ echo "@failed start"; for u in {names}; do journal "$u" {len(units)}; done; exit 3; }}
 # the key is read into a variable and given to curl on stdin: never on a command line
 key=$(sed -n 's/^VLLM_API_KEY=//p' {env} 2>/dev/null)
 start=$(date +%s)
+pending="{pending}"
 while :; do
-  now=$(date +%s); elapsed=$((now - start))
-  state=$(systemctl is-active {u})
-  if [ "$state" = failed ] || [ "$state" = inactive ]; then
-    echo "@failed $state after $elapsed s"; journal; exit 3
-  fi
-  if curl -fsS -o /dev/null --max-time 5 {base}/health 2>/dev/null; then
-    if printf 'header = "Authorization: Bearer %s"\\n' "$key" | curl -fsS --max-time 5 -K - -o /dev/null {base}/v1/models 2>/dev/null; then
-      echo "@ready $elapsed"; exit 0
+  now=$(date +%s); elapsed=$((now - start)); left=""
+  for entry in $pending; do
+    u=${{entry%=*}}; base="http://127.0.0.1:${{entry##*=}}"  # vLLM on loopback
+    state=$(systemctl is-active "$u")
+    if [ "$state" = failed ] || [ "$state" = inactive ]; then
+      echo "@failed $u $state after $elapsed s"; journal "$u" {len(units)}; exit 3
     fi
+    if curl -fsS -o /dev/null --max-time 5 "$base/health" 2>/dev/null &&
+       printf 'header = "Authorization: Bearer %s"\\n' "$key" | curl -fsS --max-time 5 -K - -o /dev/null "$base/v1/models" 2>/dev/null; then
+      echo "@replica-ready $u $elapsed"
+    else
+      left="$left $entry"
+    fi
+  done
+  pending=$left
+  if [ -z "$pending" ]; then echo "@ready $elapsed"; exit 0; fi
+  if [ $elapsed -ge {int(timeout)} ]; then
+    echo "@timeout $elapsed$pending"; for entry in $pending; do journal "${{entry%=*}}" {len(units)}; done; exit 4
   fi
-  if [ $elapsed -ge {int(timeout)} ]; then echo "@timeout $elapsed $state"; journal; exit 4; fi
   sleep 0.5
 done
 """
@@ -55,49 +67,64 @@ def parse_wait(result) -> tuple[str | None, bool, str]:
 
 def plan(ctx):
     v = ctx.vars
-    unit = unit_name(v)
-    facts_unit = ctx.facts.get("unit") or {}
-    active = is_running(facts_unit)
+    replicas = ctx.desired["replicas"]
+    states = {r["index"]: unit_state(ctx, r["index"]) for r in replicas}
     if v.get("state", "started") == "stopped":
-        yield Command("stopped", script=f"systemctl stop {shlex.quote(unit)}\n", when=active,
-                      describe=f"systemctl stop {unit}")
+        for replica in replicas:
+            yield Command(step_name("stopped", replica["index"]), script=f"systemctl stop {shlex.quote(replica['unit'])}\n",
+                          when=is_running(states[replica["index"]]), describe=f"systemctl stop {replica['unit']}")
         return
-    restarted = "restart" in ctx.handlers_run
     timeout = int(v.get("ready_timeout", 600))
+    # a replica that is not running, or that a handler restarted, is waited for
+    wanted = [r for r in replicas if not is_running(states[r["index"]]) or restart(r["unit"]) in ctx.handlers_run]
+    units = [r["unit"] for r in wanted]
+    named = ", ".join(units)
 
     def interpret(result):
         seconds, timed_out, journal = parse_wait(result)
         if seconds is not None:
-            return f"{unit} ready: /health and /v1/models answer after {seconds} s"
+            return f"{named} ready: /health and /v1/models answer after {seconds} s"
         if timed_out:
-            raise StepFailed(f"{unit} did not answer /health and /v1/models within {timeout} s "
-                             f"(ready_timeout). Last log lines:\n{journal}\nSee: invoke logs --hosts {ctx.name}")
+            late = result.stdout.split("@timeout", 1)[1].split("\n", 1)[0].split()[1:]
+            raise StepFailed(f"{', '.join(e.split('=')[0] for e in late) or named} did not answer /health and "
+                             f"/v1/models within {timeout} s (ready_timeout). Last log lines:\n{journal}\n"
+                             f"See: invoke logs --hosts {ctx.name}")
         out = result.stdout
-        raise StepFailed(f"{unit} failed to start ({out.splitlines()[0] if out else result.rc}). "
-                         f"Last log lines:\n{journal}")
+        failed = next((line for line in out.splitlines() if line.startswith("@failed")), "")
+        raise StepFailed(f"{failed.split()[1] if len(failed.split()) > 2 else named} failed to start "
+                         f"({failed or result.rc}). Last log lines:\n{journal}")
 
-    why = "restarted after a change" if restarted and active else f"was {facts_unit.get('ActiveState', 'absent')}"
-    yield Command("started and ready", script=wait_script(v, unit, timeout), when=not active or restarted,
-                  describe=f"systemctl start {unit}; wait for /health and /v1/models ({why})",
-                  timeout=timeout + 60, interpret=interpret, changes=not active)
+    whys = []
+    for r in wanted:
+        state = states[r["index"]]
+        whys.append(f"{r['unit']} restarted after a change" if is_running(state) else
+                    f"{r['unit']} was {state.get('ActiveState', 'absent')}")
+    yield Command("started and ready", script=wait_script(v, [(r["unit"], r["port"]) for r in wanted], timeout),
+                  when=bool(wanted), describe=f"systemctl start {named}; wait for /health and /v1/models "
+                                              f"({'; '.join(whys)})",
+                  timeout=timeout + 60, interpret=interpret,
+                  changes=any(not is_running(states[r["index"]]) for r in wanted))
 
 
 def summary(ctx) -> dict:
     """What verify checks each host against (no secret in here: it may go to --json)."""
     from roles.image.role import record_path
     d, v = ctx.desired, ctx.vars
-    if "unit_text" not in d:
+    if "replicas" not in d:
         return {}
+    replicas = [{"index": r["index"], "unit": r["unit"], "unit_path": r["unit_path"], "unit_text": r["unit_text"],
+                 "container": r["container"], "vllm_port": r["port"], "model": r["model"], "gpus": r["gpus"]}
+                for r in d["replicas"]]
     return {"expected": {
-        # what declares the service: our unit file, or on NixOS our module (its unit NixOS generates)
-        "unit": unit_name(v), "unit_path": d["unit_path"], "unit_text": d["unit_text"],
-        "declared_by": d["declared_by"], "env_path": env_path(v),
+        # what declares each replica: its unit file, or on NixOS our module (the units NixOS generates)
+        "replicas": replicas, "declared_by": d["declared_by"], "env_path": env_path(v),
         "autostart": bool(v.get("autostart", False)), "conflicts": list(v.get("conflicts") or []),
         "state": v.get("state", "started"), "api_host": v.get("api_host", "0.0.0.0"),
-        "api_port": v.get("api_port", 8000), "vllm_port": v.get("replica_base_port", 8100),
-        "served_model_name": v.get("served_model_name", "diffusiongemma"), "model": d["model"], "image": d["image"],
+        "api_port": v.get("api_port", 8000),
+        "served_model_name": v.get("served_model_name", "diffusiongemma"),
+        "models": sorted({r["model"] for r in replicas}), "image": d["image"],
         "image_record": record_path(v), "arch": ctx.facts.get("arch"),
-        "runtime": v.get("container_runtime", "podman"),
+        "runtime": v.get("container_runtime", "podman"), "service_name": service(v),
         "model_cache": v.get("model_cache", "/srv/models/hf-cache"),
         "model_revision": v.get("model_revision", "main")}}
 

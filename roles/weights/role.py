@@ -8,12 +8,17 @@ from converge.errors import StepFailed
 
 from relay.probe import relay_steps, usable_relay
 from roles.fleet import is_serving
-from roles.service.role import read_secret
+from roles.service.replicas import replica_unit
+from roles.service.role import read_secret, restart
 
 from .cache import HfCache, status
 from .download import Manifest, fetch_script, manifest_script, parse_fetch, parse_manifest, progress_reader
 
-MANIFEST = Output("the model's file list", Manifest)
+
+
+def manifest_of(model: str) -> Output:
+    """The file list of one model, as its manifest step produces it."""
+    return Output(f"the file list of {model}", Manifest)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -27,15 +32,25 @@ def _mib(n: int) -> str:
 
 
 def plan(ctx):
+    """Every model the host's replicas serve (mixed GPUs may serve more than one)."""
+    replicas = ctx.desired["choice"].replicas
+    relayed = False
+    for model in dict.fromkeys(r.model for r in replicas):
+        # new weights restart the replicas that serve them
+        restarts = tuple(restart(replica_unit(ctx.vars, r.index)) for r in replicas if r.model == model)
+        relayed = yield from _model(ctx, model, restarts, relayed)
+
+
+def _model(ctx, model: str, restarts: tuple, relayed: bool):
+    """One model's steps; returns whether the run's relay has been probed (once per host)."""
     v = ctx.vars
-    model = ctx.desired["model"]
     revision = v.get("model_revision", "main")
     cache = v.get("model_cache", "/srv/models/hf-cache")
     endpoint = v.get("hf_endpoint") or DEFAULT_ENDPOINT
     complete, why = status(ctx.facts["weights"], model, revision)
     if complete:
         yield Command(f"download {model}", when=False, describe=f"{model} in {cache} ({why})")
-        return
+        return relayed
     token = read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name)
 
     def read_manifest(result):
@@ -46,9 +61,10 @@ def plan(ctx):
     # read-only: it runs in check mode too, so that --check says what a download would fetch
     yield Command(f"manifest of {model}", script=manifest_script(endpoint, model, revision, token),
                   describe=f"ask {endpoint} for the files of {model}@{revision}", changes=False, probe=True,
-                  timeout=300, interpret=read_manifest, produces=MANIFEST)
-    manifest = ctx.results[MANIFEST]
-    yield from relay_steps(ctx)
+                  timeout=300, interpret=read_manifest, produces=manifest_of(model))
+    manifest = ctx.results[manifest_of(model)]
+    if not relayed:
+        yield from relay_steps(ctx)
     relay = usable_relay(ctx)
 
     def interpret(result):
@@ -81,7 +97,8 @@ def plan(ctx):
                                                            relay=relay.url if relay else None),
                   describe=f"fetch {model} into {cache} ({why}): {len(manifest.files)} files, {_mib(manifest.total)}",
                   progress=progress_reader(manifest.total), timeout=v.get("weights_timeout", 7200),
-                  interpret=interpret, notify=("restart",))
+                  interpret=interpret, notify=restarts)
+    return True
 
 
 ROLE = Role("weights", facts, plan, overlaps=True, hosts=is_serving)  # beside the image pull

@@ -1,11 +1,24 @@
-"""The service role's state on the host."""
+"""The service role's state on the host: every replica's unit as rendered."""
 
 
 def test_unit_file_is_the_rendered_one(host, expected, fix):
-    unit = host.file(expected["unit_path"])
-    assert unit.exists, f"{expected['unit_path']} is missing; {fix}"
-    assert unit.content_string == expected["unit_text"], \
-        f"{expected['unit_path']} differs from what the service role renders (edited by hand?); {fix}"
+    for replica in expected["replicas"]:
+        unit = host.file(replica["unit_path"])
+        assert unit.exists, f"replica {replica['index']}: {replica['unit_path']} is missing; {fix}"
+        assert unit.content_string == replica["unit_text"], \
+            f"replica {replica['index']}: {replica['unit_path']} differs from what the service role renders " \
+            f"(edited by hand?); {fix}"
+
+
+def test_no_replica_left_that_is_not_planned(host, expected, fix):
+    """A replica the placement no longer gives (a GPU now busy, `gpus` reduced) is gone."""
+    planned = {replica["unit"] for replica in expected["replicas"]}
+    runtime, service = expected["runtime"], expected["service_name"]
+    found = host.run(f"systemctl list-units --all --plain --no-legend '{runtime}-{service}*.service' "
+                     f"| awk '{{print $1}}'; ls /etc/systemd/system | grep '^{runtime}-{service}.*\\.service$'")
+    left = {u for u in found.stdout.split() if u.endswith(".service") and u not in planned and
+            u.removeprefix(f"{runtime}-{service}").removeprefix("-").removesuffix(".service").isdigit()}
+    assert not left, f"{', '.join(sorted(left))}: not planned on this host any more but still installed; {fix}"
 
 
 def test_environment_file_is_0600_root(host, expected, fix):
@@ -17,13 +30,15 @@ def test_environment_file_is_0600_root(host, expected, fix):
 
 
 def test_enabled_exactly_when_autostart(host, expected, fix):
-    enabled = host.service(expected["unit"]).is_enabled
-    assert enabled == expected["autostart"], \
-        f"{expected['unit']} is {'enabled' if enabled else 'not enabled'} at boot but autostart is " \
-        f"{str(expected['autostart']).lower()}; {fix}"
+    for replica in expected["replicas"]:
+        enabled = host.service(replica["unit"]).is_enabled
+        assert enabled == expected["autostart"], \
+            f"{replica['unit']} is {'enabled' if enabled else 'not enabled'} at boot but autostart is " \
+            f"{str(expected['autostart']).lower()}; {fix}"
 
 
 def test_conflicts_as_declared(host, expected, fix):
-    line = host.run(f"systemctl show -p Conflicts --value {expected['unit']}").stdout.split()
-    for unit in expected["conflicts"]:
-        assert unit in line, f"{expected['unit']} does not conflict with {unit}; {fix}"
+    for replica in expected["replicas"]:
+        line = host.run(f"systemctl show -p Conflicts --value {replica['unit']}").stdout.split()
+        for unit in expected["conflicts"]:
+            assert unit in line, f"{replica['unit']} does not conflict with {unit}; {fix}"

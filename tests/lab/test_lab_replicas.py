@@ -88,6 +88,12 @@ def test_status_and_day2_per_replica(four, tmp_path):
     assert ssh(HOST, f"systemctl show -p MainPID --value {UNITS[0]} {UNITS[3]}").stdout.split() == before
     logs = invoke("logs", "--hosts", HOST, "--replica", "1", "--lines", "3", check=True).stdout
     assert [line for line in logs.splitlines() if line.startswith(f"{HOST} | ")]
+    # bench: the host over its front door, then each replica alone
+    js, cs = tmp_path / "bench.json", tmp_path / "bench.csv"
+    invoke("bench", "--hosts", HOST, "--json", js, "--csv", cs, "--repeats", "1", "--concurrency", "2", check=True)
+    benched = json.loads(js.read_text())["hosts"]
+    assert [b["replica"] for b in benched] == [None, 0, 1, 2, 3]
+    assert all(f["errors"] == 0 and f["mean_output_tokens"] > 0 for b in benched for f in b["figures"])
     wrong = invoke("stop", "--hosts", HOST, "--replica", "7")
     assert wrong.returncode != 0 and "has no replica 7 (it has 0, 1, 2, 3)" in wrong.stdout + wrong.stderr
     assert set(active(UNITS).values()) == {"active"}

@@ -101,3 +101,32 @@ def test_invoke_facts_local_on_two_h200s_places_gpu_0_and_leaves_the_busy_gpu_ou
     assert skipped["uuid"] == GPU1 and "Free memory on device cuda:0 (100.04/139.80 GiB)" in skipped["reason"]
     table = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120).stdout
     assert "replica 0" in table and "GPU left out" in table and GPU1 in table
+
+
+def test_facts_of_an_8_gpu_host_come_in_one_round_trip(tmp_path, monkeypatch):
+    """Every role's facts, the stand-in answering for eight H200s (BUILT from the 4-GPU
+    profile): one script, one run on the connection, eight GPUs read."""
+    import roles
+    from converge.facts import gather
+    from converge.transport.local import LocalTransport
+    env = standin_on_path(tmp_path, "h200x4")
+    profile = json.loads((tmp_path / "stub" / "profile.json").read_text())
+    profile["gpus"] += [{"uuid": f"GPU-b1117000-0000-4000-8000-00000000000{i}", "pci_bus_id": f"00000000:00:0{i + 6}.0",
+                         "power": "120W /  700W"} for i in range(4, 8)]
+    (tmp_path / "stub" / "profile.json").write_text(json.dumps(profile))
+    monkeypatch.setenv("PATH", env["PATH"])
+    facts = {}
+    for role in roles.load():
+        facts.update(role.facts({}))
+    runs = []
+
+    class Counting(LocalTransport):
+        def run(self, *args, **kwargs):
+            runs.append(args[0][:40])
+            return super().run(*args, **kwargs)
+
+    got = gather(Counting(), facts)
+    assert len(runs) == 1
+    gpus = got["nvidia"]["gpus"]
+    assert [g["index"] for g in gpus] == list(range(8)) and len({g["uuid"] for g in gpus}) == 8
+    assert "replica_units" in got.values and got["replica_units"] == {}

@@ -27,7 +27,7 @@ case "${1:-}" in
     setup
     export DGEMMA_INVENTORY=/var/lib/dgemma-lab/inventory
     .venv/bin/invoke lab.up
-    .venv/bin/invoke deploy --hosts spark01,rtx01,h100-01,gateway01
+    .venv/bin/invoke deploy
     .venv/bin/invoke verify
     ;;
   test)

@@ -19,7 +19,7 @@ CHAT = {"model": "diffusiongemma", "max_tokens": 8, "messages": [{"role": "user"
 
 @pytest.fixture(scope="module")
 def deployed(lab):
-    proc, _ = deploy_json("--hosts", "spark01,rtx01,h100-01,gateway01")
+    proc, _ = deploy_json("--hosts", "spark01,rtx01,h100-01,hgx01,gateway01")
     assert proc.returncode == 0, proc.stdout[-3000:]
     return lab
 
@@ -63,7 +63,7 @@ def test_one_address_for_the_fleet_with_the_same_keys(deployed):
         if served.stdout.strip() not in ("", "0"):
             seen.add(host)
     assert len(seen) >= 2, seen
-    assert set(states()) == {"spark01", "rtx01", "h100-01"}
+    assert set(states()) == {"spark01", "rtx01", "h100-01", "hgx01"}
     doc = json.loads(invoke("endpoints", "--json", "-", check=True).stdout)
     assert doc["gateway"] == f"https://{GATEWAY.address}:8000/v1"
 

@@ -157,3 +157,12 @@ def test_serial_batches_stop_after_a_failed_host(four, lab_copy):
                              inventory=lab_copy)
     assert proc.returncode == 1 and "halted" not in data
     assert data["hosts"]["hgx01"]["recap"]["failed"] == 0 and len(data["hosts"]["hgx01"]["tasks"]) > 5
+
+
+def test_render_prints_a_unit_per_replica_or_one_module(four):
+    units = invoke("render", "--hosts", HOST, check=True).stdout
+    assert [line.split(": ", 1)[1] for line in units.splitlines() if line.startswith("# ---- ")] == \
+        [f"{UNIT_DIR}/{u}" for u in UNITS]
+    assert ssh(HOST, f"cat {UNIT_DIR}/{UNITS[2]}").stdout in units  # what deploy wrote, byte for byte
+    module = invoke("render", "--hosts", HOST, "--format", "nixos", check=True).stdout
+    assert module.count("# ---- ") == 1 and all(f'containers."{c}"' in module for c in CONTAINERS)

@@ -149,3 +149,20 @@ def test_fabric_reads_the_included_host_and_its_proxyjump(tmp_path, monkeypatch)
         assert conn.client._policy.__class__.__name__ == "RejectPolicy"  # never Fabric's AutoAddPolicy
     finally:
         ssh_config.shared_config.cache_clear()
+
+
+def test_making_a_connection_leaves_the_shared_fabric_config_alone(monkeypatch):
+    """Fabric's Connection.__init__ assigns inline_ssh_env, which invoke's DataProxy turned
+    into a merge() of the config every host thread shares (a thread reading it meanwhile
+    saw half a config). Ours declares the attribute: no merge, the config as it was."""
+    from converge.transport import connect
+    config = ssh_config.shared_config()
+    before = dict(config._config)
+    merged = []
+    original = type(config).merge
+    monkeypatch.setattr(type(config), "merge", lambda self: merged.append(self) or original(self))
+    settings = SSHSettings.from_vars("rtx01", {"ansible_host": "10.0.0.2"})
+    conns = [connect.for_host(settings) for _ in range(3)]
+    assert not [c for c in merged if c is config]
+    assert dict(config._config) == before and "inline_ssh_env" not in config._modifications
+    assert all(c.inline_ssh_env == config.inline_ssh_env for c in conns)

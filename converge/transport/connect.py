@@ -11,7 +11,8 @@ carried by a ``direct-tcpip`` channel of the bastion's). What we change:
   and the same AutoAddPolicy (fabric #1852), and a new connection to the
   bastion for every host. We build the hops (``JumpHosts``), strict like the
   hosts, and share one connection per bastion among all hosts of a run; hops
-  open under a lock, as several host threads may reach one at once.
+  open under a lock, as several host threads may reach one at once;
+- the one Fabric config every connection shares is left untouched (``Connection``).
 """
 from __future__ import annotations
 
@@ -33,13 +34,25 @@ from ..ssh_settings import Hop, SSHSettings
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
+class Connection(fabric.Connection):
+    """Fabric's connection, with ``inline_ssh_env`` declared. Fabric 3 assigns it in
+    ``__init__`` without declaring it, so invoke's DataProxy takes the assignment for a
+    change of the config: ``Config.merge()`` then empties and refills the dict that every
+    connection of the run shares, and a host thread reading it meanwhile (``open()`` reads
+    ``authentication``) finds half a config: "AttributeError: No attribute or config key
+    found for 'authentication'", seen on 2 of 16 hosts in a fleet benchmark. Declared,
+    it is a plain attribute of this connection."""
+
+    inline_ssh_env = None
+
+
 def connection(host: str, user: str | None, port: int | None, settings: SSHSettings, gateway) -> fabric.Connection:
     """A Fabric connection (not yet open) that checks host keys against known_hosts."""
     key, timeout = settings.key_file, settings.connect_timeout
     # an explicit key is the key: no agent, no ~/.ssh guessing
     kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": key is None,
               "look_for_keys": key is None, **({"key_filename": [key]} if key else {})}
-    conn = fabric.Connection(host, user=user, port=port, config=ssh_config.shared_config(), gateway=gateway,
+    conn = Connection(host, user=user, port=port, config=ssh_config.shared_config(), gateway=gateway,
                              connect_timeout=int(max(timeout, 1)), connect_kwargs=kwargs)
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     hostkeys.load(hostkeys.files(settings.known_hosts), into=conn.client.get_host_keys())

@@ -9,21 +9,15 @@ import threading
 
 from converge.group import stream
 
-from roles.service.replicas import replica_unit
+from roles.service.replicas import replica_unit, units_shell
 
 
 def journal_command(lines: int, follow: bool, replica: int | None = None):
     """Every replica unit the host has (or the one ``replica`` names) in one journalctl;
     with several, each line names its unit (``-o with-unit``)."""
     def command(hostvars: dict) -> str:
-        first = replica_unit(hostvars, 0)
-        if replica is not None:
-            units = f"units={shlex.quote(replica_unit(hostvars, replica))}"
-        else:
-            # unit names are schema-checked (no pattern characters): an exact grep of the folder
-            pattern = shlex.quote(f"^{first.removesuffix('.service')}(-[1-9][0-9]*)?[.]service$")
-            units = (f"units=$(ls /etc/systemd/system 2>/dev/null | grep -E {pattern}); "
-                     f"[ -n \"$units\" ] || units={shlex.quote(first)}")
+        units = (units_shell(hostvars) if replica is None else
+                 f"units={shlex.quote(replica_unit(hostvars, replica))}")
         return (f"{units}; set --; for u in $units; do set -- \"$@\" -u \"$u\"; done; "
                 f"format=short-iso; [ $# -gt 2 ] && format=with-unit; "
                 f"exec journalctl \"$@\" -n {int(lines)} --no-pager -o $format" + (" -f" if follow else "") + "\n")

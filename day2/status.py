@@ -11,7 +11,7 @@ from converge.facts import Fact
 from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
 from roles.image.role import record_path
-from roles.service.replicas import installed, replica_name, replica_unit
+from roles.service.replicas import installed, replica_name, replica_unit, units_shell
 
 
 class ServiceProbe(Fact):
@@ -19,14 +19,11 @@ class ServiceProbe(Fact):
     {"container", "health"}, for every replica unit the host has (replica 0 when none)."""
 
     def __init__(self, v):
-        runtime = v.get("container_runtime", "podman")
-        rt, first = shlex.quote(runtime), shlex.quote(replica_unit(v, 0))
+        rt = shlex.quote(v.get("container_runtime", "podman"))
         service = shlex.quote(replica_name(v, 0))
         base = int(v.get("replica_base_port", 8100))
-        # unit names are schema-checked (no pattern characters): an exact grep of the folder
-        pattern = shlex.quote(f"^{runtime}-{replica_name(v, 0)}(-[1-9][0-9]*)?[.]service$")
         self.command = (
-            f"units=$(ls /etc/systemd/system 2>/dev/null | grep -E {pattern}); [ -n \"$units\" ] || units={first}; "
+            f"{units_shell(v)}; "
             f"for u in $units; do i=${{u%.service}}; i=${{i#{rt}-}}; i=${{i#{service}}}; i=${{i#-}}; "
             f"name={service}${{i:+-$i}}; port=$(({base} + ${{i:-0}})); "
             f"printf '%s %s %s\\n' \"${{i:-0}}\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "

@@ -10,8 +10,8 @@ from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.service.nixos import module_path
-from roles.service.replicas import index_of_container, installed, more_units_glob, replica_unit_path
-from roles.service.role import unit_name, unit_path
+from roles.service.replicas import index_of_container, installed, more_units_glob
+from roles.service.role import unit_file, unit_name, unit_path
 
 from . import catalog
 from .deployed import deployed_replicas, module_containers
@@ -107,12 +107,7 @@ def _declared(ctx, states: dict) -> dict[int, str]:
     if module:
         by_index = {index_of_container(v, name): text for name, text in module_containers(module).items()}
         return {index: text for index, text in by_index.items() if index is not None}
-    found = {0: (ctx.facts.get("unit_file") or {}).get("content", "")}
-    for index in states:
-        unit = (ctx.facts.get("replica_units") or {}).get(replica_unit_path(v, index)) or {}
-        if index:
-            found[index] = (unit.get("file") or {}).get("content", "")
-    return found
+    return {index: (unit_file(ctx, index) or {}).get("content", "") for index in {0, *states}}
 
 
 def plan(ctx):

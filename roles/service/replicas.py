@@ -6,6 +6,7 @@ existed, keeps its unit as it is; replica N is ``<service_name>-N`` on
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 DEFAULT_SERVICE = "vllm-diffusiongemma"
@@ -53,6 +54,16 @@ def replica_port(v: dict, index: int) -> int:
 def more_units_glob(v: dict) -> str:
     """The unit files of replicas 1 and up (service_name is schema-checked: no glob in it)."""
     return f"{UNIT_DIR}/{v.get('container_runtime', 'podman')}-{service(v)}-[0-9]*.service"
+
+
+def units_shell(v: dict) -> str:
+    """Shell that sets ``$units`` to the replica units the host has (replica 0's when it has
+    none), for day-2 commands that run without facts."""
+    first = replica_unit(v, 0)
+    # unit names are schema-checked (no pattern characters): an exact grep of the folder
+    pattern = shlex.quote(f"^{first.removesuffix('.service')}(-[1-9][0-9]*)?[.]service$")
+    return (f"units=$(ls {UNIT_DIR} 2>/dev/null | grep -E {pattern}); "
+            f"[ -n \"$units\" ] || units={shlex.quote(first)}")
 
 
 def index_of(v: dict, unit: str) -> int | None:

@@ -118,18 +118,19 @@ def render_env(api_key: str | None, hf_token: str | None) -> str:
     return "".join(lines)
 
 
+def _more(ctx, index: int) -> dict:
+    """Replica ``index``'s entry (1 and up) of the UnitFiles fact: its file and unit state."""
+    return (ctx.facts.get("replica_units") or {}).get(replica_unit_path(ctx.vars, index)) or {}
+
+
 def unit_state(ctx, index: int) -> dict:
     """A replica's UnitState as gathered (empty when the host has no such unit)."""
-    if index == 0:
-        return ctx.facts.get("unit") or {}
-    found = (ctx.facts.get("replica_units") or {}).get(replica_unit_path(ctx.vars, index)) or {}
-    return found.get("state") or {}
+    return (ctx.facts.get("unit") or {}) if index == 0 else _more(ctx, index).get("state") or {}
 
 
-def _unit_file(ctx, index: int) -> dict | None:
-    if index == 0:
-        return ctx.facts.get("unit_file")
-    return ((ctx.facts.get("replica_units") or {}).get(replica_unit_path(ctx.vars, index)) or {}).get("file")
+def unit_file(ctx, index: int) -> dict | None:
+    """A replica's unit file (FileState) as gathered (None when absent)."""
+    return ctx.facts.get("unit_file") if index == 0 else _more(ctx, index).get("file")
 
 
 def _env_stamp(ctx, index: int) -> list[str]:
@@ -172,7 +173,7 @@ def plan(ctx):
     for replica in replicas:
         index, unit = replica["index"], replica["unit"]
         yield File(step_name("unit file", index), path=replica["unit_path"], content=replica["unit_text"], mode="0644",
-                   current=_unit_file(ctx, index), notify=("daemon-reload", restart(unit)))
+                   current=unit_file(ctx, index), notify=("daemon-reload", restart(unit)))
         state = unit_state(ctx, index)
         enabled = state.get("UnitFileState") == "enabled"
         yield Command(step_name("enabled at boot" if want else "not enabled at boot", index),

@@ -178,6 +178,15 @@ class Results:
         self._values[output.name] = value
 
 
+@dataclass(frozen=True)
+class Throttle:
+    """A run-wide limit on a kind of step: ``limit`` at once (0: no limit across hosts;
+    a host runs its steps one after another anyway)."""
+
+    name: str
+    limit: int = 1
+
+
 @dataclass
 class Command(Step):
     """A command to run when ``when`` is true. ``describe`` is what check mode shows.
@@ -205,6 +214,13 @@ class Command(Step):
     # pull beside a weights download); it is waited for before any other role
     background: bool = False
     produces: Output | None = None
+    # what check mode and --diff show beside it (a file the command itself writes)
+    diff: str = ""
+    # at most ``throttle.limit`` steps of this name run at once in the whole run, across hosts
+    # (Ansible's `throttle`); after one fails, the others are not started
+    throttle: "Throttle | None" = None
+    # handlers whose work this step does when it runs: they are not run again at the flush
+    satisfies: tuple = ()
 
     def needed(self) -> bool:
         return self.when
@@ -230,7 +246,7 @@ class HostContext:
     """What a role sees: the host's name, its variables, its facts, what earlier
     roles decided from them (``desired``), the values earlier steps produced
     (``results``), the run's services as this host sees them (``services``: name ->
-    object or None) and which handlers have run."""
+    object or None), which handlers were notified and which have run."""
 
     name: str
     vars: dict
@@ -241,3 +257,9 @@ class HostContext:
     handlers_run: set = field(default_factory=set)
     changed_steps: list = field(default_factory=list)
     check: bool = False
+    # handlers notified so far and not yet run (the runner keeps it; a plan may read it)
+    notified: list = field(default_factory=list)
+
+    def pending(self, handler: str) -> bool:
+        """Whether a step that ran has notified ``handler`` and it has not run yet."""
+        return handler in self.notified and handler not in self.handlers_run

@@ -82,13 +82,42 @@ class RunControl:
             self._connections.discard(conn)
 
 
+class Throttles:
+    """The run's throttled kinds of step (`Command.throttle`): a slot each may hold, and
+    why a kind stopped (its first failure), shared by every host of the run."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._slots: dict[str, threading.Semaphore] = {}
+        self.halted: dict[str, str] = {}
+
+    def _slot(self, name: str, limit: int) -> threading.Semaphore | None:
+        if limit <= 0:
+            return None
+        with self._lock:  # the first step of a kind sets its limit for the run
+            return self._slots.setdefault(name, threading.Semaphore(limit))
+
+    def acquire(self, name: str, limit: int, stopping: threading.Event) -> threading.Semaphore | None:
+        """Wait for a slot (None: no limit); raise Interrupted when the run stops meanwhile."""
+        slot = self._slot(name, limit)
+        while slot is not None and not slot.acquire(timeout=0.2):
+            if stopping.is_set():
+                raise Interrupted("waiting for its turn")
+        return slot
+
+    def halt(self, name: str, why: str):
+        with self._lock:
+            self.halted.setdefault(name, why)
+
+
 class Interrupted(ConvergeError):
     """The run was stopped from outside before this step."""
 
 
 class HostRun:
     def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str,
-                 lock_wait: float, fact_timeout: float, control: RunControl | None = None, services=()):
+                 lock_wait: float, fact_timeout: float, control: RunControl | None = None, services=(),
+                 throttles: Throttles | None = None):
         self.target = target
         self.roles = [role for role in roles if role.hosts is None or role.hosts(target.vars)]
         self.report = report
@@ -100,6 +129,7 @@ class HostRun:
         self.failed = False
         self.lock: HostLock | None = None
         self.services = services
+        self.throttles = throttles or Throttles()
         self._background: list = []  # (step, role, label, started, thread, outcome) still running
 
     def _result(self, role, task, status, message="", diff="", started=None):
@@ -175,7 +205,6 @@ class HostRun:
         ctx.facts = gathering.parse(output)
         ctx.services = {service.name: service.for_host(conn, self.target.vars) for service in self.services}
         self._result("facts", f"gathered {len(wanted)} facts", "ok", started=started)
-        self.notified = []
         try:
             for role in self.roles:
                 if not self._role(conn, role, ctx):
@@ -198,7 +227,7 @@ class HostRun:
                 if not self._step(conn, role.name, step, ctx):
                     return False
                 if ctx.changed_steps and ctx.changed_steps[-1] is step:
-                    self.notified.extend(n for n in step.notify if n not in self.notified)
+                    ctx.notified.extend(n for n in step.notify if n not in ctx.notified)
         except (StepFailed, factlib.FactError) as exc:
             self._result(role.name, "plan", "failed", str(exc))
             return False
@@ -220,14 +249,14 @@ class HostRun:
                 continue
             if self._done(step, role, label, ctx, started, outcome["result"]):
                 if ctx.changed_steps and ctx.changed_steps[-1] is step:
-                    self.notified.extend(n for n in step.notify if n not in self.notified)
+                    ctx.notified.extend(n for n in step.notify if n not in ctx.notified)
             else:
                 ok = False
         return ok
 
     def _flush(self, conn, ctx: HostContext) -> bool:
         """Run notified handlers once each, in the order their roles declare them."""
-        pending, self.notified = self.notified, []
+        pending, ctx.notified[:] = list(ctx.notified), []
         if not pending:
             return True
         for role in self.roles:
@@ -280,8 +309,11 @@ class HostRun:
                     ctx.changed_steps.append(step)
                 self._result(role, label, "changed" if step.changes and not step.maybe else "skipped",
                              f"would run: {step.describe or step.script.strip()}"
-                             f"{' (changes only if it finds something new)' if step.maybe else ''}", started=started)
+                             f"{' (changes only if it finds something new)' if step.maybe else ''}", step.diff,
+                             started=started)
                 return True
+            if step.throttle is not None:
+                return self._throttled(conn, role, label, step, ctx, started)
             on_line = (lambda line: self.report.progress(self.target.name, role, line, step.progress)) \
                 if step.progress else None
             if step.background and not self.check:
@@ -308,6 +340,37 @@ class HostRun:
             return self._done(step, role, label, ctx, started, result)
         raise TypeError(f"unknown step {step!r}")
 
+    def _throttled(self, conn, role: str, label: str, step: Command, ctx: HostContext, started: float) -> bool:
+        """A step of a throttled kind: run when a slot is free, unless an earlier one of its
+        kind failed (then neither it nor anything after it on this host runs)."""
+        name = step.throttle.name
+        try:
+            slot = self.throttles.acquire(name, step.throttle.limit, self.control.stopping)
+        except Interrupted as exc:
+            raise Interrupted(f"{role} | {label} ({exc})") from None
+        started = time.monotonic()  # its time is its own, not its wait for a turn
+        try:
+            why = self.throttles.halted.get(name)
+            if why is not None:
+                self._result(role, label, "skipped", f"not done: {why}; nothing more was done on this host",
+                             started=started)
+                return False
+            try:
+                result = conn.run(step.script, timeout=step.timeout)
+            except RemoteCommandError as exc:
+                self.throttles.halt(name, f"{name} stopped after {self.target.name} | {label} failed")
+                self._result(role, label, "failed", str(exc), started=started)
+                return False
+            ok = self._done(step, role, label, ctx, started, result)
+            if ok:
+                ctx.handlers_run.update(step.satisfies)
+            else:
+                self.throttles.halt(name, f"{name} stopped after {self.target.name} | {label} failed")
+            return ok
+        finally:
+            if slot is not None:
+                slot.release()
+
     def _done(self, step: Command, role: str, label: str, ctx: HostContext, started: float, result) -> bool:
         """Report a command that ran: its interpretation, failure or change."""
         try:
@@ -329,7 +392,8 @@ class HostRun:
             message, changed = message
         if changed:
             ctx.changed_steps.append(step)
-        self._result(role, label, "changed" if changed else "ok", message or step.describe, started=started)
+        self._result(role, label, "changed" if changed else "ok", message or step.describe, step.diff,
+                     started=started)
         return True
 
 
@@ -340,11 +404,13 @@ def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool
     """``serial``: hosts in batches of N (or N%), each batch done before the next starts;
     the run stops after a batch where more than ``max_fail`` hosts failed (None: any)."""
     control = control or RunControl()
+    throttles = Throttles()
     for service in services:
         service.start([t.name for t in targets])
 
     def one(target):
-        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control, services).run()
+        HostRun(target, roles, report, check, lock_name, lock_wait, fact_timeout, control, services,
+                throttles).run()
 
     groups = batches(targets, serial)
     with ThreadPoolExecutor(max_workers=max(1, min(forks, max(map(len, groups), default=1)))) as pool:

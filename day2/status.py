@@ -85,9 +85,15 @@ def parse_stats_csv(text: str) -> list[dict]:
     """HAProxy's stats page as CSV (``/stats;csv``): each server of the backend with
     its state (UP, DOWN, DRAIN, MAINT, ...), last check and seconds since it changed."""
     rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-    return [{"server": r["svname"], "state": r["status"], "check": r.get("check_status") or "",
+    return [{"server": r["svname"], "state": gateway_state(r["status"]), "check": r.get("check_status") or "",
              "since_s": int(r["lastchg"]) if (r.get("lastchg") or "").isdigit() else None}
             for r in rows if r.get("pxname") == "servers" and r.get("svname") not in ("FRONTEND", "BACKEND")]
+
+
+def gateway_state(status: str) -> str:
+    """HAProxy's NOLB (a front door whose /health says 404: every replica of its host drained
+    by a rolling deploy) is a drain as people call it; the rest as HAProxy says it."""
+    return "DRAIN" + status[4:] if status.startswith("NOLB") else status
 
 
 class GatewayServers(Fact):

@@ -160,6 +160,37 @@ def ensure_images(cold_start: float = 5.0, log=print):
         stamp.write_text(fp + "\n")
 
 
+FAULTS = ("exits", "500")
+
+
+def fault_tag(arch: str, fault: str) -> str:
+    return f"{config.IMAGE_TAGS[arch][0]}-fault-{fault}"
+
+
+def ensure_fault_image(fault: str, log=print) -> dict[str, str]:
+    """A bad release of each arch's image (the stand-in with ``VLLM_STANDIN_FAULT``: it
+    starts and exits, or answers 500 to generation), pushed beside the good tags; returns
+    arch -> the reference hosts pull it by (through the lab's registry)."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault {fault!r}: one of {', '.join(FAULTS)}")
+    refs = {}
+    for arch in config.IMAGE_TAGS:
+        stamp = config.CACHE / f"image-{arch}.pushed"
+        good = f"localhost/dglab-vllm:{arch}-{stamp.read_text().strip()}" if stamp.exists() else None
+        if good is None or not sh.ok("podman", "image", "exists", good):
+            raise RuntimeError(f"the lab's {arch} image is not built: run invoke lab.up first")
+        tag = fault_tag(arch, fault)
+        local = f"localhost/dglab-vllm:{tag}"
+        # one layer of configuration over the good image: nothing runs, so either arch builds here
+        sh.run("podman", "build", "-q", "--pull=never", "--arch", config.DEB_ARCH[arch], "-t", local, "-f", "-",
+               input=f"FROM {good}\nENV VLLM_STANDIN_FAULT={fault}\n", timeout=300)
+        log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")
+        sh.run("podman", "push", "-q", "--tls-verify=false", local, f"{config.REGISTRY_LOCAL}/{config.REPOSITORY}:{tag}",
+               timeout=900)
+        refs[arch] = f"{config.REGISTRY}/{config.REPOSITORY}:{tag}"
+    return refs
+
+
 def _in_registry(tag: str) -> bool:
     return sh.ok("skopeo", "inspect", "--tls-verify=false", "--raw",
                  f"docker://{config.REGISTRY_LOCAL}/{config.REPOSITORY}:{tag}")

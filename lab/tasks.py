@@ -1,4 +1,4 @@
-"""invoke lab.up | lab.status | lab.down | lab.gpu | lab.uplink | lab.hub"""
+"""invoke lab.up | lab.status | lab.down | lab.gpu | lab.uplink | lab.hub | lab.image"""
 from __future__ import annotations
 
 import json
@@ -236,4 +236,19 @@ def hub(c, size_mib=None, corrupt=None, reset=False):
             if knobs.get("corrupt") else ""))
 
 
-ns = Collection(up, status, down, gpu, uplink, hub)
+@task(help={"fault": "the bad release to push: 'exits' (loads, then exits) or '500' (answers 500 to every "
+                     "generation)"})
+def image(c, fault):
+    """Push a bad release of the vLLM stand-in beside the good tags, for rollout tests:
+    prints, per arch, the reference to deploy (--set image=REF)."""
+    if fault not in images.FAULTS:
+        raise Exit(f"--fault: {fault!r} is not one of {', '.join(images.FAULTS)}", code=2)
+    try:
+        refs = images.ensure_fault_image(fault, _say)
+    except (RuntimeError, sh.LabError) as exc:
+        raise Exit(str(exc), code=1) from None
+    for arch, ref in refs.items():
+        _say(f"{arch}: {ref}")
+
+
+ns = Collection(up, status, down, gpu, uplink, hub, image)

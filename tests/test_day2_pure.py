@@ -1,4 +1,6 @@
 """Day-2 pieces that need no host: endpoints lines, benchmark arithmetic."""
+from pathlib import Path
+
 from day2 import benchmark as bench
 from day2.endpoints import HIDDEN, YOUR_KEY, api_key, endpoints, open_webui_lines
 
@@ -43,3 +45,12 @@ def test_bench_figures_follow_the_seeds_method():
     assert body["stream"] is False and body["ignore_eos"] is True
     assert bench.published_for("NVIDIA GB10")["concurrency_4"] == "257.3"
     assert bench.published_for("NVIDIA GeForce RTX 5090")["full_canvas"] == "700+"
+
+
+def test_the_gateway_view_calls_a_draining_host_drain():
+    """A capture of the lab's gateway while rtx01's only replica was drained in its front door
+    (its /health said 404; the gateway's disable-on-404 made it NOLB)."""
+    from day2.status import parse_stats_csv
+    text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
+    states = {row["server"]: row["state"] for row in parse_stats_csv(text)}
+    assert states == {"spark01": "UP", "rtx01": "DRAIN", "h100-01": "UP", "hgx01": "UP"}

@@ -124,7 +124,8 @@ def _front_door(tmp_path, replicas: int):
     port = _free_port()
     v = {"api_host": "127.0.0.1", "api_port": port}
     servers = [Server(f"replica{i}", f"127.0.0.1:{b.server_address[1]}") for i, b in enumerate(backends)]
-    config = render_config("rtx01", v, servers, "gen1", files=str(tmp_path), socket=str(tmp_path / "admin.sock"))
+    config = render_config("rtx01", v, servers, "gen1", files=str(tmp_path), socket=str(tmp_path / "admin.sock"),
+                           admin=str(tmp_path / "admin-http.sock"))
     config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
     (tmp_path / "haproxy.cfg").write_text(config)
     proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
@@ -140,7 +141,11 @@ def _front_door(tmp_path, replicas: int):
             with urllib.request.urlopen(req, timeout=10, context=context) as resp:
                 return resp.status, json.loads(resp.read()), resp.headers
         except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null"), exc.headers
+            raw = exc.read() or b"null"
+            try:
+                return exc.code, json.loads(raw), exc.headers
+            except ValueError:  # HAProxy's own pages (503: no server) are HTML
+                return exc.code, raw.decode(errors="replace"), exc.headers
 
     deadline = time.monotonic() + 10
     while True:
@@ -152,6 +157,7 @@ def _front_door(tmp_path, replicas: int):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
         time.sleep(0.1)
     call.ports = [b.server_address[1] for b in backends]
+    call.admin = str(tmp_path / "admin-http.sock")
     yield call
     proc.terminate()
     proc.wait(10)
@@ -228,6 +234,48 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
     os.chmod(files["key.pem"], 0o644)
     with pytest.raises(StepFailed, match="chmod 600"):
         tls.bundle("rtx01", v)
+
+
+def _roll_shell(door, index: int, command: str) -> str:
+    """The rolling deploy's own shell (drain, ready, state) against this front door."""
+    from roles.service.rollout import FRONTDOOR_SHELL
+    script = f"ADMIN={door.admin}; I={index}\n{FRONTDOOR_SHELL}\n{command}\n"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+def test_a_drained_replica_gets_no_new_request_but_its_gate_reaches_it(front_door_of_three):
+    door = front_door_of_three
+    time.sleep(2.5)  # every server's first health check has passed (inter 2s)
+    assert _roll_shell(door, 1, "fd_state") == "0 UP"
+    assert _roll_shell(door, 1, "admin drain && echo drained") == "drained"
+    assert _roll_shell(door, 1, "fd_state") == "0 DRAIN"
+    seen = {door("/v1/models", "Bearer alice-key")[2]["x-backend-port"] for _ in range(12)}
+    assert seen == {str(door.ports[0]), str(door.ports[2])}
+    # the gate: a keyed request that names the drained replica reaches it
+    pinned = door("/v1/models", "Bearer alice-key", headers={"X-Dgemma-Replica": "1"})
+    assert pinned[0] == 200 and pinned[2]["x-backend-port"] == str(door.ports[1])
+    assert door("/health")[0] == 200  # the host still serves: the gateway keeps it
+    for index in (0, 2):
+        _roll_shell(door, index, "admin drain")
+    # every replica drained but up: /health says 404 (the gateway's disable-on-404 takes the
+    # host out of balancing), and a request no replica may take gets 503 (the gateway retries it)
+    status, body, _ = door("/health")
+    assert (status, body) == (404, {"status": "draining"})
+    assert door("/v1/models", "Bearer alice-key")[0] == 503
+    for index in range(3):
+        assert _roll_shell(door, index, "admin ready && fd_state") == "0 UP"
+    assert door("/health")[0] == 200
+
+
+def test_the_gateway_takes_a_draining_front_door_out_of_balancing():
+    from roles.frontdoor.render import GATEWAY
+    from roles.gateway.role import BACKEND
+    config = render_config("gateway01", {}, [Server("rtx01", "10.213.0.12:8000")], "g", proxy=GATEWAY, backend=BACKEND)
+    backend = config.split("backend servers", 1)[1].split("\nfrontend", 1)[0]
+    assert "http-check disable-on-404" in backend
+    assert "draining" not in config.split("backend servers", 1)[0]  # a gateway's /health is its own servers'
 
 
 def test_the_front_door_balances_its_replicas_and_a_request_may_name_one(front_door_of_three):

@@ -29,18 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def in_toolkit_env():
-    """Go on under the toolkit's own environment (./run.sh makes .venv) when started
-    with a python3 that lacks its dependencies; say how to make it when there is none."""
-    import importlib.util
-    if importlib.util.find_spec("invoke") and importlib.util.find_spec("fabric"):
-        return
-    python = ROOT / ".venv" / "bin" / "python"
-    if not python.exists():
-        raise SystemExit("the toolkit's environment is missing: run ./run.sh main (or ./run.sh test) once first")
-    os.execv(python, [str(python), *sys.argv])
-
+from bench.toolkit import in_toolkit_env  # noqa: E402
 
 in_toolkit_env()
 

@@ -27,16 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-
-def in_toolkit_env():
-    import importlib.util
-    if importlib.util.find_spec("invoke") and importlib.util.find_spec("fabric"):
-        return
-    python = ROOT / ".venv" / "bin" / "python"
-    if not python.exists():
-        raise SystemExit("the toolkit's environment is missing: run ./run.sh main (or ./run.sh test) once first")
-    os.execv(python, [str(python), *sys.argv])
-
+from bench.toolkit import in_toolkit_env, write_section  # noqa: E402
 
 in_toolkit_env()
 
@@ -215,8 +206,6 @@ def report(rows: list[dict]) -> str:
 
 
 def write(table: str, host: str, gateway: str):
-    doc = ROOT / "docs" / "PERFORMANCE.md"
-    text = doc.read_text()
     section = (f"{MARK_BEGIN}\n## The front door and the gateway: what they add to a request\n\n"
                f"`python3 bench/gateway/run.py --write`, {time.strftime('%Y-%m-%d')}, on {platform.node()} "
                f"({os.cpu_count()} cores), the lab deployed. The load runs on {host} (its python3, one kept-alive "
@@ -229,12 +218,7 @@ def write(table: str, host: str, gateway: str):
                f"figures measure that contention more than the path. The second table is each proxy's own time per "
                f"request from its access log (`Ta - Tr`: all but the time waiting for the server, whole "
                f"milliseconds), free of the load generator's share of the CPUs.\n\n{table}\n{MARK_END}")
-    if MARK_BEGIN in text:
-        start, end = text.index(MARK_BEGIN), text.index(MARK_END) + len(MARK_END)
-        text = text[:start] + section + text[end:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(text)
+    write_section(MARK_BEGIN, MARK_END, section)
 
 
 if __name__ == "__main__":

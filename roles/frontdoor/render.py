@@ -47,6 +47,12 @@ DIR = FRONTDOOR.dir
 SOCKET_DIR = FRONTDOOR.socket_dir
 
 
+def admin_socket(proxy: Proxy) -> str:
+    """The instance's stats page with its admin actions (drain, ready), over HTTP on a unix
+    socket that only root on the host reaches (curl --unix-socket)."""
+    return f"{proxy.socket_dir}/admin-http.sock"
+
+
 @dataclass(frozen=True)
 class Server:
     name: str
@@ -88,12 +94,15 @@ def _templates() -> jinja2.Environment:
 
 
 def render_config(host: str, v: dict, servers: list[Server], generation: str, *, proxy: Proxy = FRONTDOOR,
-                  files: str = CONTAINER_DIR, socket: str | None = None, backend: dict | None = None) -> str:
+                  files: str = CONTAINER_DIR, socket: str | None = None, admin: str | None = None,
+                  backend: dict | None = None) -> str:
     """``files``: where HAProxy reads tls.pem, ca.crt and keys.sha256 (the container's
-    view of the proxy's folder); ``backend``: how servers are checked and retried."""
+    view of the proxy's folder); ``socket``, ``admin``: its runtime API and its stats page
+    with admin actions (both unix sockets); ``backend``: how servers are checked and retried."""
     return _templates().get_template("haproxy.cfg.j2").render(
         host=host, kind=proxy.kind, bind=bind_address(v), dir=files,
-        socket=socket or f"{proxy.socket_dir}/admin.sock", allowed=ALLOWED, servers=servers,
+        socket=socket or f"{proxy.socket_dir}/admin.sock", admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
+        servers=servers,
         request_timeout=int(v.get("request_timeout_sec", 600)), metrics_port=proxy.metrics_port,
         generation=generation, upstream_key=proxy.upstream_key, backend=backend or {})
 

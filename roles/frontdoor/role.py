@@ -4,7 +4,9 @@ but /health (the host holds only the keys' sha256), vLLM's replicas on loopback.
 The steps are proxy.py's, shared with the gateway."""
 from __future__ import annotations
 
-from converge.changes import File, Role
+import shlex
+
+from converge.changes import Command, File, Role
 from converge.facts.host import UnitFiles, UnitState
 
 from roles.fleet import is_serving
@@ -12,13 +14,16 @@ from roles.service.replicas import installed, more_units_glob, replica_port
 from roles.service.role import env_path, unit_name
 
 from . import proxy, tls
-from .render import FRONTDOOR, Server
+from .render import FRONTDOOR, Server, admin_socket
+from .stats import ServerStates
 
 
 def facts(v):
     # which replicas the host has, for a run that does not place them (keys add, revoke)
     return {**proxy.facts(v, FRONTDOOR, "frontdoor"), "unit": UnitState(unit_name(v)),
-            "replica_units": UnitFiles(more_units_glob(v))}
+            "replica_units": UnitFiles(more_units_glob(v)),
+            # replicas it holds out of service (a rolling deploy's drain that did not end)
+            "frontdoor_servers": ServerStates(admin_socket(FRONTDOOR))}
 
 
 def servers(ctx) -> list[Server]:
@@ -46,7 +51,23 @@ def plan(ctx):
     # the unit reads vLLM's key from vLLM's environment file: a new key there is a restart
     env_changed = any(isinstance(s, File) and s.path == env_path(v) and s.content_changed()
                       for s in ctx.changed_steps)
+    yield back_in_service(ctx)
     yield from proxy.steps(ctx, FRONTDOOR, "frontdoor", want, env_path(v), env_changed)
+
+
+def back_in_service(ctx) -> Command:
+    """A replica the front door still holds drained (a roll cut short by a reboot or SIGKILL of
+    its script, which otherwise puts it back itself) is put back: deploy never leaves one out."""
+    from roles.service.rollout import FRONTDOOR_SHELL
+    states = ctx.facts.get("frontdoor_servers") or {}
+    drained = [name for name, state in states.items() if state["status"].startswith("DRAIN")]
+    indices = [name.removeprefix("replica") for name in drained if name.removeprefix("replica").isdigit()]
+    script = (f"ADMIN={shlex.quote(admin_socket(FRONTDOOR))}\n{FRONTDOOR_SHELL}\n"
+              + "".join(f"I={int(i)}; admin ready || {{ echo \"replica{int(i)} is still drained\"; exit 1; }}\n"
+                        for i in indices))
+    return Command("replicas in service", script=script, when=bool(indices),
+                   describe=f"{', '.join(drained)} left drained in the front door (a rolling deploy cut short): "
+                            f"back in service")
 
 
 def plan_keys(ctx):

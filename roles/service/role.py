@@ -1,6 +1,8 @@
-"""service: the systemd unit that runs vLLM in a container, its 0600
-environment file for secrets, and boot enablement; handlers reload systemd and
-restart the service only when the unit, the environment or the image changed."""
+"""service: the systemd unit that runs vLLM in a container (one per replica), its
+0600 environment file for secrets, and boot enablement. A running replica whose
+unit, environment, image or weights changed is rolled (rollout.py: drained, changed,
+restarted, gated, rolled back on failure); one that does not run gets its files,
+and handlers reload systemd and restart only what changed."""
 from __future__ import annotations
 
 import shlex
@@ -18,6 +20,7 @@ from .container import RUNTIME_PATHS, container_spec, run_command
 from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
 from .replicas import (Served, installed, more_units_glob, replica_name, replica_port, replica_unit,
                        replica_unit_path, service)
+from .rollout import Roll, interpret as roll_interpret, is_running, script as roll_script, throttle
 from .serve import command_line
 
 HERE = Path(__file__).parent
@@ -45,10 +48,20 @@ def env_stamp_path(v: dict, index: int = 0) -> str:
     return f"{STAMP_DIR}/{replica_name(v, index)}.env-started"
 
 
-def env_stamp_command(v: dict, index: int = 0) -> str:
-    """The shell that writes that note (systemd reads EnvironmentFile just before)."""
+def image_stamp_path(v: dict, index: int = 0) -> str:
+    """Where a replica's unit notes, as it starts, the image record it started under (which
+    image the tag named then: roles/image writes the record when it pulls)."""
+    return f"{STAMP_DIR}/{replica_name(v, index)}.image-started"
+
+
+def start_notes_command(v: dict, index: int = 0) -> str:
+    """The shell that writes both notes as the replica starts (systemd reads EnvironmentFile
+    just before), so a deploy sees a replica still running an older environment or image."""
+    from roles.image.role import record_path
+    image_stamp = shlex.quote(image_stamp_path(v, index))
     return (f"mkdir -p {STAMP_DIR} && sha256sum < {shlex.quote(env_path(v))} > "
-            f"{shlex.quote(env_stamp_path(v, index))}")
+            f"{shlex.quote(env_stamp_path(v, index))} && {{ cp -f {shlex.quote(record_path(v))} {image_stamp} "
+            f"2>/dev/null || rm -f {image_stamp}; }}")
 
 
 def facts(hostvars):
@@ -60,6 +73,8 @@ def facts(hostvars):
             # replicas 1 and up: their unit files and states, and their environment notes
             "replica_units": UnitFiles(more_units_glob(hostvars)),
             "replica_env_started": TextFiles(f"{STAMP_DIR}/{service(hostvars)}-[0-9]*.env-started"),
+            # which image record each replica started under (the image role reads the record)
+            "images_started": TextFiles(f"{STAMP_DIR}/{service(hostvars)}*.image-started"),
             "os": OsRelease(),
             # NixOS declares units: our module and whether the configuration imports it
             "nixos_module": FileState(module_path(hostvars)),
@@ -91,7 +106,7 @@ def render_unit(v: dict, image: str, served: Served, has_token: bool) -> str:
         model=served.model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
         conflicts=v.get("conflicts") or [], burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), env_file=env_path(v),
-        env_stamp=shlex.quote(env_stamp_command(v, served.index)),
+        start_notes=shlex.quote(start_notes_command(v, served.index)),
         exec_start=command_line(run_command(spec)), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900))
 
@@ -101,7 +116,7 @@ def render_module(v: dict, image: str, replicas: list[Served], has_token: bool) 
     with the front door's container beside them."""
     from roles.frontdoor.render import nixos_container
     containers = [{"spec": container_spec(v, image, served, has_token), "model": served.model,
-                   "unit": replica_unit(v, served.index), "env_stamp": env_stamp_command(v, served.index)}
+                   "unit": replica_unit(v, served.index), "start_notes": start_notes_command(v, served.index)}
                   for served in replicas]
     return _templates().get_template("module.nix.j2").render(
         containers=containers, frontdoor=nixos_container(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
@@ -164,6 +179,7 @@ def plan(ctx):
     yield env
     for replica in replicas:
         yield from _environment_in_force(ctx, env, replica)
+        yield _image_in_force(ctx, replica)
     if nixos:
         yield from _nixos(ctx, current, module)
         return
@@ -172,15 +188,53 @@ def plan(ctx):
     want = bool(v.get("autostart", False))
     for replica in replicas:
         index, unit = replica["index"], replica["unit"]
-        yield File(step_name("unit file", index), path=replica["unit_path"], content=replica["unit_text"], mode="0644",
-                   current=unit_file(ctx, index), notify=("daemon-reload", restart(unit)))
+        written = File(step_name("unit file", index), path=replica["unit_path"], content=replica["unit_text"],
+                       mode="0644", current=unit_file(ctx, index), notify=("daemon-reload", restart(unit)))
         state = unit_state(ctx, index)
+        # notified so far: a new environment, image or weights for it, or one not in force
+        # (a replica about to be stopped, state: stopped, is not worth a roll)
+        if (v.get("rolling", True) and v.get("state", "started") == "started" and is_running(state)
+                and (written.content_changed() or ctx.pending(restart(unit)))):
+            yield _rolled(ctx, replica, written if written.needed() else None, image, len(replicas))
+        else:
+            yield written
         enabled = state.get("UnitFileState") == "enabled"
         yield Command(step_name("enabled at boot" if want else "not enabled at boot", index),
                       script=f"systemctl daemon-reload\nsystemctl {'enable' if want else 'disable'} "
                              f"{shlex.quote(unit)}\n",
                       when=enabled != want and not (not want and state.get("LoadState") in (None, "not-found")),
                       describe=f"systemctl {'enable' if want else 'disable'} {unit}")
+
+
+def _rolled(ctx, replica: dict, written: File | None, image: str, count: int) -> Command:
+    """A running replica whose change needs a restart, rolled (roles/service/rollout.py)."""
+    from roles.frontdoor.proxy import connect_address
+    v = ctx.vars
+    fleet = ctx.services.get("fleet")
+    has_gateway = bool(fleet and fleet.has_gateway)
+    index, unit = replica["index"], replica["unit"]
+    current = unit_file(ctx, index) or {}
+    roll = Roll(host=ctx.name, runtime=v.get("container_runtime", "podman"), index=index, unit=unit,
+                unit_path=replica["unit_path"], container=replica["container"], port=replica["port"],
+                gpus=tuple(replica["gpus"]), env_path=env_path(v), unit_file=written, image=image,
+                same_image_ref=image in current.get("content", ""),
+                served_model_name=v.get("served_model_name", "diffusiongemma"),
+                api_port=int(v.get("api_port", 8000)), frontdoor_address=connect_address(v),
+                drain_timeout=int(v.get("drain_timeout", 120)), ready_timeout=int(v.get("ready_timeout", 600)),
+                alone=count == 1 and not has_gateway)
+    limit = throttle(v, has_gateway)
+    why = "a new unit" if written is not None and written.content_changed() else "a new environment, image or weights"
+    at_once = (f"{limit.limit} replica{'s' if limit.limit > 1 else ''} of the fleet at a time" if limit.limit
+               else "one replica of this host at a time")
+    return Command(step_name("rolled", index), script=roll_script(roll), interpret=roll_interpret(roll),
+                   describe=f"roll {unit} ({why}): out of service in the front door"
+                            f"{' (and the gateway)' if has_gateway and count == 1 else ''}, "
+                            f"{'write the unit, ' if written is not None else ''}restart, gate (ready, a completion "
+                            f"through the front door, its checks), back in service; on failure back to what it ran; "
+                            f"{at_once}",
+                   diff=written.diff() if written is not None else "", throttle=limit,
+                   satisfies=(restart(unit),),
+                   timeout=roll.drain_timeout + 2 * (roll.ready_timeout + 160) + 60)
 
 
 def restart(unit: str) -> str:
@@ -210,7 +264,8 @@ def _unplanned(ctx, planned: set[int]):
         yield Command(f"replica {index} removed", script=(
             f"systemctl disable --now {q} 2>/dev/null; systemctl reset-failed {q} 2>/dev/null\n"
             f"rm -f {shlex.quote(path)} {shlex.quote(path + '.previous')} "
-            f"{shlex.quote(env_stamp_path(v, index))}\nsystemctl daemon-reload\n"),
+            f"{shlex.quote(env_stamp_path(v, index))} {shlex.quote(image_stamp_path(v, index))}\n"
+            f"systemctl daemon-reload\n"),
             describe=f"systemctl disable --now {unit}; rm {path} (replica {index} is no longer planned)")
 
 
@@ -226,6 +281,18 @@ def _environment_in_force(ctx, env: File, replica: dict):
     yield Command(step_name("environment in force", index), script="true\n", when=stale, notify=(restart(unit),),
                   describe=f"restart: {unit} runs with another environment than "
                            f"{env_path(ctx.vars)} (it changed since the service started)")
+
+
+def _image_in_force(ctx, replica: dict) -> Command:
+    """A running replica started under another image record than the host's (a run stopped
+    after the pull, before its turn to roll) is restarted (rolled): the image alone would
+    say nothing is to do."""
+    index, unit = replica["index"], replica["unit"]
+    stamp = (ctx.facts.get("images_started") or {}).get(image_stamp_path(ctx.vars, index))
+    record = (ctx.facts.get("image_record") or {}).get("content")
+    stale = unit_state(ctx, index).get("ActiveState") == "active" and bool(stamp) and bool(record) and stamp != record
+    return Command(step_name("image in force", index), script="true\n", when=stale, notify=(restart(unit),),
+                   describe=f"restart: {unit} runs the image the tag named before the last pull")
 
 
 def _nixos(ctx, current, text: str):

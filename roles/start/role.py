@@ -10,6 +10,7 @@ from converge.errors import StepFailed
 
 from roles.fleet import is_serving
 from roles.service.replicas import service
+from roles.service.rollout import is_running
 from roles.service.role import env_path, restart, step_name, unit_state
 
 
@@ -50,11 +51,6 @@ while :; do
   sleep 0.5
 done
 """
-
-
-def is_running(unit_state: dict | None) -> bool:
-    unit_state = unit_state or {}
-    return unit_state.get("ActiveState") == "active" and unit_state.get("SubState") == "running"
 
 
 def parse_wait(result) -> tuple[str | None, bool, str]:

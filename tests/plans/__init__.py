@@ -80,6 +80,10 @@ def describe(step) -> dict:
             out["read_only"] = True
         if step.produces:
             out["produces"] = step.produces.name
+        if step.throttle:
+            out["throttle"] = {"name": step.throttle.name, "limit": step.throttle.limit}
+        if step.satisfies:
+            out["satisfies"] = list(step.satisfies)
         if step.needed():
             out["script"] = step.script.splitlines()
     return out
@@ -108,11 +112,17 @@ def plan(case: dict) -> list[dict]:
         # the fleet as the run offers it: the case's hosts (by default this one, serving)
         ctx.services["fleet"] = fleet_of(case.get("fleet") or {host: v})
         ctx.handlers_run = set(case.get("handlers_run", []))
+        # handlers the steps before it notified (a new image, new weights)
+        ctx.notified = list(case.get("notified", []))
         steps = []
         for role in [r for r in roles.load(order) if r.hosts is None or r.hosts(v)]:
             for step in role.plan(ctx):
                 if role.name == case["role"]:
                     steps.append(describe(step))
+                # what the runner does in check mode: a step that would change notifies its handlers
+                if step.notify and step.needed() and (isinstance(step, File) or (
+                        isinstance(step, Command) and step.changes and not step.maybe and not step.probe)):
+                    ctx.notified.extend(n for n in step.notify if n not in ctx.notified)
                 if isinstance(step, Check) and not step.ok:  # the runner stops the host here
                     return steps if role.name == case["role"] else [{"stopped": f"{role.name} | {step.name}: "
                                                                                  f"{step.message}"}]

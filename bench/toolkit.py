@@ -1,0 +1,33 @@
+"""What every benchmark script does first and last: go on under the toolkit's own
+environment, and put its table into docs/PERFORMANCE.md between its markers."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def in_toolkit_env():
+    """Go on under the toolkit's own environment (./run.sh makes .venv) when started
+    with a python3 that lacks its dependencies; say how to make it when there is none."""
+    import importlib.util
+    if importlib.util.find_spec("invoke") and importlib.util.find_spec("fabric"):
+        return
+    python = ROOT / ".venv" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit("the toolkit's environment is missing: run ./run.sh main (or ./run.sh test) once first")
+    os.execv(python, [str(python), *sys.argv])
+
+
+def write_section(begin: str, end: str, section: str, doc: Path = ROOT / "docs" / "PERFORMANCE.md"):
+    """``section`` (which starts with ``begin`` and ends with ``end``) in place of the one
+    the document has between those markers, or at its end."""
+    text = doc.read_text()
+    if begin in text:
+        start, stop = text.index(begin), text.index(end) + len(end)
+        text = text[:start] + section + text[stop:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(text)

@@ -1,0 +1,278 @@
+"""Rolling deploys on the lab (roles/service/rollout.py): a setting that restarts
+vLLM changes on every replica of the fleet (7 replicas on 4 hosts) while 4 clients
+send requests through the gateway; Ctrl-C mid-rollout, then the same deploy
+again; a streaming request on a replica being drained; a bad release (one that
+answers 500, one that exits) fails its gate, goes back to the image it replaced,
+and the rollout stops."""
+import csv
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from lab import config, images
+from tests import reliability
+from tests.conftest import ROOT
+from tests.lab.conftest import LAB_INVENTORY, deploy_json, front_door, invoke, ssh
+
+ALL = "spark01,rtx01,h100-01,hgx01,gateway01"
+SERVING = ("spark01", "rtx01", "h100-01", "hgx01")
+GATEWAY = config.host("gateway01")
+CHAT = {"model": "diffusiongemma", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def api_key():
+    return (config.STATE / "secrets" / "api-key").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def fleet(lab):
+    proc, _ = deploy_json("--hosts", ALL)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    yield lab
+    # back to the lab's own settings for the tests after these (a rollout too)
+    proc, _ = deploy_json("--hosts", ALL)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def running_settings(host) -> dict[int, str]:
+    """Loopback port -> --max-num-seqs of each vLLM process that runs on the host now."""
+    out = ssh(host, "ps -eo args | grep '[v]llm serve' || true").stdout
+    found = {}
+    for line in out.splitlines():
+        port = re.search(r"--port (\d+)", line)
+        seqs = re.search(r"--max-num-seqs (\d+)", line)
+        if port and seqs:
+            found[int(port.group(1))] = seqs.group(1)
+    return found
+
+
+def main_pids(host) -> dict[str, str]:
+    out = ssh(host, "for u in $(ls /etc/systemd/system | grep -E '^(podman|docker)-vllm-diffusiongemma(-[0-9]+)?"
+                    "[.]service$'); do echo \"$u $(systemctl show -p MainPID --value $u)\"; done").stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def drained_anywhere() -> dict[str, list[str]]:
+    """Host -> replicas its front door has drained (none may be left so)."""
+    left = {}
+    for host in SERVING:
+        out = ssh(host, "curl -sS --max-time 3 --unix-socket /run/dgemma-frontdoor/admin-http.sock "
+                        "'http://x/;csv'", check=False).stdout
+        rows = csv.DictReader(io.StringIO(out.lstrip("# ")))
+        drained = [r["svname"] for r in rows if r["pxname"] == "servers" and r["status"].startswith("DRAIN")]
+        if drained:
+            left[host] = drained
+    return left
+
+
+def gateway_states() -> dict:
+    out = ssh("gateway01", "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'", check=False).stdout
+    rows = csv.DictReader(io.StringIO(out.lstrip("# ")))
+    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "servers"
+            and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+
+class Load:
+    """4 clients sending non-streaming chat completions through the gateway, and a watcher
+    of the gateway's server states, for as long as the block lasts."""
+
+    def __init__(self, clients=4):
+        self.clients, self.stop, self.lock = clients, threading.Event(), threading.Lock()
+        self.outcomes, self.gateway_seen = [], set()
+
+    def _client(self):
+        key = api_key()
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                status, body, _ = front_door("gateway01", "/v1/chat/completions", key, CHAT, timeout=90,
+                                             address=GATEWAY.address)
+                result = status if status == 200 else f"{status} {body[:160]!r}"
+            except OSError as exc:
+                result = f"{type(exc).__name__}: {exc}"
+            with self.lock:
+                self.outcomes.append((started, time.monotonic() - started, result))
+
+    def _watch(self):
+        while not self.stop.is_set():
+            for server, state in gateway_states().items():
+                self.gateway_seen.add((server, state.split(" ")[0]))
+            time.sleep(0.3)
+
+    def __enter__(self):
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        self.threads.append(threading.Thread(target=self._watch, daemon=True))
+        for t in self.threads:
+            t.start()
+        time.sleep(2)
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(2)
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+    @property
+    def failed(self):
+        return [o for o in self.outcomes if o[2] != 200]
+
+
+def rolled(data) -> list[dict]:
+    return [t for h in data["hosts"].values() for t in h["tasks"] if t["task"].startswith("rolled")]
+
+
+def test_a_setting_rolls_through_the_fleet_one_replica_at_a_time_with_no_failed_request(fleet):
+    before = {host: running_settings(host) for host in SERVING}
+    assert sum(map(len, before.values())) == 7 and {v for s in before.values() for v in s.values()} == {"4"}
+    started = time.monotonic()
+    with Load() as load:
+        proc, data = deploy_json("--hosts", ALL, "--set", "max_num_seqs=5")
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    after = {host: running_settings(host) for host in SERVING}
+    assert {host: set(s) for host, s in after.items()} == {host: set(s) for host, s in before.items()}
+    assert {v for s in after.values() for v in s.values()} == {"5"}, after
+    steps = rolled(data)
+    assert len(steps) == 7 and all(t["status"] == "changed" for t in steps), steps
+    assert all("gate passed (the front door" in t["message"] for t in steps), [t["message"] for t in steps]
+    assert len(load.outcomes) > 50 and not load.failed, (len(load.outcomes), load.failed[:10])
+    # the one-replica hosts were taken out of the gateway while they restarted
+    assert {s for s in load.gateway_seen if s[1] in ("NOLB", "DRAIN")} >= {("rtx01", "NOLB"), ("h100-01", "NOLB")}, \
+        load.gateway_seen
+    assert not drained_anywhere()
+    # one at a time: the rolls' own durations add up to no more than the rollout took
+    floor = sum(t["seconds"] for t in steps)
+    assert floor <= data["seconds"] + 1, (floor, data["seconds"])
+    saw = (f"7 replicas on 4 hosts rolled one at a time in {data['seconds']:.0f} s (their rolls alone: "
+           f"{floor:.0f} s); {len(load.outcomes)} requests from 4 clients through the gateway, 0 failed; "
+           f"the gateway showed rtx01 and h100-01 NOLB while they restarted")
+    print(saw)
+    reliability.record("rollout-setting", "rollout", "a setting that restarts vLLM changes on every replica",
+                       "invoke deploy --set max_num_seqs=5 over 7 replicas on 4 hosts, 4 clients through the gateway",
+                       took, saw, "every replica on the new setting, one at a time", True, failed_requests=0,
+                       requests=len(load.outcomes))
+
+
+def test_ctrl_c_mid_rollout_leaves_no_replica_drained_and_the_same_deploy_carries_on(fleet):
+    args = [sys.executable, "-m", "invoke", "deploy", "--hosts", ALL, "--set", "max_num_seqs=6"]
+    env = {"DGEMMA_INVENTORY": str(LAB_INVENTORY), "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+    with Load() as load:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = []
+        for line in proc.stdout:  # the first replica rolled: the next is in flight or waiting
+            out.append(line)
+            if re.search(r"changed\s+\S+\s+service \| rolled", line):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=300)
+        out.append(rest)
+        text = "".join(out)
+        assert proc.returncode == 130, text[-3000:]
+        assert "interrupted" in text and "rolled" in text, text[-3000:]
+        assert not drained_anywhere()
+        settings = [v for host in SERVING for v in running_settings(host).values()]
+        assert 1 <= settings.count("6") < 7, settings
+        again, data = deploy_json("--hosts", ALL, "--set", "max_num_seqs=6")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert {v for host in SERVING for v in running_settings(host).values()} == {"6"}
+    assert len(rolled(data)) == 7 - settings.count("6")
+    assert not load.failed, load.failed[:10]
+    assert not drained_anywhere()
+
+
+def test_a_streaming_request_in_flight_on_a_draining_replica_completes(fleet):
+    import ssl
+    import urllib.request
+    from tests.lab.conftest import CA_FILE
+    # about 100 canvases: the stand-in sends one every ~0.1 s, so the stream lasts ~10 s
+    body = {"model": "diffusiongemma", "max_tokens": 25600, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    req = urllib.request.Request(f"https://{config.host('rtx01').address}:8000/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {api_key()}", "Content-Type": "application/json"})
+    got = {}
+
+    def stream():
+        with urllib.request.urlopen(req, timeout=120, context=ssl.create_default_context(cafile=str(CA_FILE))) as resp:
+            got["status"], got["body"] = resp.status, resp.read().decode()
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(1.5)
+    proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=7")
+    reader.join(120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert got.get("status") == 200 and got["body"].rstrip().endswith("data: [DONE]"), str(got)[-500:]
+    tokens = sum(len(json.loads(line[6:])["choices"][0]["delta"].get("content", "").split())
+                 for line in got["body"].splitlines() if line.startswith("data: {"))
+    assert tokens == 25600
+    message = rolled(data)[0]["message"]
+    drained = float(re.search(r"drained in ([0-9.]+) s", message).group(1))
+    assert drained >= 3, message  # it waited for the stream
+    assert running_settings("rtx01") == {8100: "7"}
+
+
+@pytest.mark.parametrize("fault", ["500", "exits"])
+def test_a_bad_release_fails_its_gate_goes_back_to_the_old_image_and_stops_the_rollout(fleet, fault):
+    hosts = ("rtx01", "h100-01", "hgx01")  # x86_64: the bad release is built for each arch; one arch is enough
+    proc = invoke("lab.image", "--fault", fault, check=True)
+    ref = re.search(r"x86_64: (\S+)", proc.stdout).group(1)
+    pids = {host: main_pids(host) for host in hosts}
+    images_before = {host: ssh(host, "podman ps --format '{{.Names}} {{.ImageID}}'").stdout for host in hosts}
+    with Load() as load:
+        proc, data = deploy_json("--hosts", ",".join(hosts) + ",gateway01", "--set", f"image={ref}")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    steps = rolled(data)
+    failed = [t for t in steps if t["status"] == "failed"]
+    assert len(failed) == 1 and not [t for t in steps if t["status"] == "changed"], steps
+    message = failed[0]["message"]
+    assert "failed its gate" in message and "rolled back" in message and "in service again" in message, message
+    back = float(re.search(r"again ([0-9.]+) s after the failure", message).group(1))
+    assert back < 60, message
+    assert ("answered 500" in message) if fault == "500" else ("exited" in message), message
+    # every replica runs what it ran: the failed one a new process on the old image, the others untouched
+    failed_host = next(h for h, d in data["hosts"].items() if any(t in failed for t in d["tasks"]))
+    after = {host: main_pids(host) for host in hosts}
+    changed = {(h, u) for h in hosts for u in after[h] if after[h][u] != pids[h].get(u)}
+    assert len(changed) == 1 and next(iter(changed))[0] == failed_host, changed
+    for host in hosts:
+        assert ssh(host, "podman ps --format '{{.Names}} {{.ImageID}}'").stdout.split() and \
+            sorted(ssh(host, "podman ps --format '{{.Names}} {{.ImageID}}'").stdout.split()) == \
+            sorted(images_before[host].split())
+        assert ref not in ssh(host, "cat /etc/systemd/system/podman-vllm-diffusiongemma*.service").stdout
+    assert not load.failed, load.failed[:10]
+    assert not drained_anywhere()
+    skipped = [t for h in data["hosts"].values() for t in h["tasks"] if t["status"] == "skipped"
+               and t["task"].startswith("rolled")]
+    assert all("rollout stopped" in t["message"] for t in skipped), skipped
+    saw = (f"bad release ({fault}): {failed[0]['task']} on {failed_host} failed its gate and was back on the old "
+           f"image, ready and in service {back:.1f} s after the failure; the rollout stopped ({len(skipped)} "
+           f"replicas not started); {len(load.outcomes)} requests through the gateway, 0 failed")
+    print(saw)
+    reliability.record(f"rollout-bad-release-{fault}", "rollout", f"a bad release ({fault}) rolled out",
+                       f"invoke deploy --set image=<{images.fault_tag('x86_64', fault)}> on 3 hosts, 4 clients "
+                       "through the gateway", back, saw, "rolled back, the rollout stopped", True,
+                       failed_requests=0, requests=len(load.outcomes))
+
+
+def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_was_down(fleet, lab_copy):
+    import yaml
+    hosts = yaml.safe_load((lab_copy / "hosts.yml").read_text())
+    del hosts["all"]["children"]["gateway"]  # an inventory with no gateway: each host its own endpoint
+    (lab_copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (lab_copy / "group_vars" / "gateway.yml").unlink(missing_ok=True)
+    proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=3", inventory=lab_copy)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    message = rolled(data)[0]["message"]
+    assert "gate passed (the front door" in message and "rtx01 served no request while it restarted" in message, message
+    assert running_settings("rtx01") == {8100: "3"}
+    assert not drained_anywhere()
+    proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
+    assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)

@@ -1,0 +1,80 @@
+"""A replica's roll (roles/service/rollout.py) without hosts: its limit across the
+fleet, its script as the host's /bin/sh reads it, and what the report says of each
+way it can end (the lab runs it for real: tests/lab/test_lab_rollout.py)."""
+import shutil
+import subprocess
+
+import pytest
+
+from converge.changes import File
+from converge.errors import StepFailed
+from converge.transport import Result
+from roles.service.rollout import Roll, interpret, script, throttle
+
+
+def _roll(**changes) -> Roll:
+    unit = File("unit file", path="/etc/systemd/system/podman-vllm-diffusiongemma-1.service",
+                content="[Service]\nExecStart=/usr/bin/podman run x\n", current=None)
+    fields = dict(host="hgx01", runtime="podman", index=1, unit="podman-vllm-diffusiongemma-1.service",
+                  unit_path=unit.path, container="vllm-diffusiongemma-1", port=8101, gpus=("GPU-b", "GPU-a"),
+                  env_path="/etc/dgemma/vllm-diffusiongemma.env", unit_file=unit,
+                  image="10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130", same_image_ref=True,
+                  served_model_name="diffusiongemma", api_port=8000, frontdoor_address="127.0.0.1",
+                  drain_timeout=120, ready_timeout=600, alone=False)
+    fields.update(changes)
+    return Roll(**fields)
+
+
+def test_one_replica_of_the_fleet_at_a_time_behind_a_gateway():
+    assert throttle({}, has_gateway=True).limit == 1
+    assert throttle({}, has_gateway=False).limit == 0  # each host one at a time, hosts side by side
+    assert throttle({"rollout_concurrency": 3}, has_gateway=True).limit == 3
+
+
+@pytest.mark.parametrize("shell", ["sh", "dash", "bash"])
+@pytest.mark.parametrize("write", [True, False])
+def test_the_script_is_one_the_hosts_shell_reads(shell, write):
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed")
+    text = script(_roll(unit_file=_roll().unit_file if write else None))
+    proc = subprocess.run([shell, "-n"], input=text, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # the key never reaches a command line: read from the 0600 file, given to curl on stdin
+    assert "Authorization: Bearer %s" in text and "-K -" in text
+    # the GPUs it must see, sorted as the check compares them
+    assert "WANT_GPUS='GPU-a GPU-b'" in text
+
+
+def _out(*lines, rc=0):
+    return Result(rc, "\n".join(lines) + "\n", "")
+
+
+def test_a_roll_that_passed_says_how_long_the_replica_was_out():
+    said = interpret(_roll())(_out("@begin 1000", "@drained 400 0", "@ready 5300", "@gate-passed the front door",
+                                   "@in-service 8500", "@done 8500"))
+    assert said == ("podman-vllm-diffusiongemma-1.service rolled: drained in 0.4 s; new unit, restarted, ready in "
+                    "5.3 s; gate passed (the front door, its checks); out of service 7.5 s")
+    alone = interpret(_roll(alone=True, unit_file=None))(
+        _out("@begin 0", "@no-frontdoor", "@ready 5000", "@gate-passed loopback", "@done 6000"))
+    assert "nothing to drain; restarted" in alone and "served no request while it restarted" in alone
+
+
+def test_a_replica_that_failed_its_gate_and_went_back_says_so_with_its_log():
+    out = _out("@begin 0", "@drained 10 0", "@gate-failed 9000 a chat completion through the front door answered 500",
+               "  | ERROR EngineCore encountered an issue", "@retagged", "@ready 5000",
+               "@gate-passed the front door", "@in-service 16000", "@rolled-back 16000", rc=5)
+    with pytest.raises(StepFailed) as failed:
+        interpret(_roll())(out)
+    message = str(failed.value)
+    assert "failed its gate: a chat completion through the front door answered 500" in message
+    assert "rolled back to what it ran before (its unit, and the image it ran, retagged)" in message
+    assert "in service again 7.0 s after the failure" in message and "The rollout stops here" in message
+    assert "  | ERROR EngineCore encountered an issue" in message
+
+
+def test_a_rollback_that_failed_too_says_what_to_run():
+    out = _out("@begin 0", "@no-frontdoor", "@gate-failed 100 its container exited after 5 s (activating/auto-restart)",
+               "@rollback-failed its container exited after 5 s (failed/failed)", rc=6)
+    with pytest.raises(StepFailed, match="(?s)going back to what it ran failed too .*invoke recover --hosts hgx01 "
+                                         "--replica 1"):
+        interpret(_roll())(out)

@@ -111,7 +111,8 @@ class Load:
 def rollout(setting: int) -> dict:
     with Load() as load:
         _, data, took = deploy("--set", f"max_num_seqs={setting}")
-    rolls = [t for h in data["hosts"].values() for t in h["tasks"] if t["task"].startswith("rolled")]
+    rolls = [t for h in data["hosts"].values() for t in h["tasks"]
+             if t["task"].startswith("rolling restart")]
     out_of_service = [float(m.group(1)) for t in rolls if (m := re.search(r"out of service ([0-9.]+) s", t["message"]))]
     return {"setting": setting, "seconds": took, "run_seconds": data["seconds"], "rolled": len(rolls),
             "rolls_seconds": sum(t["seconds"] for t in rolls), "out_of_service": out_of_service,

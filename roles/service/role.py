@@ -180,6 +180,10 @@ def plan(ctx):
     for replica in replicas:
         yield from _environment_in_force(ctx, env, replica)
         yield _image_in_force(ctx, replica)
+    # a new environment is not rolled: it carries vLLM's own key, which the front door sends from
+    # its environment; they restart together (the handlers, then the frontdoor role), as a
+    # replica rolled alone would refuse the key the front door still sends
+    new_environment = env.content_changed() or any(_environment_stale(ctx, env, r["index"]) for r in replicas)
     if nixos:
         yield from _nixos(ctx, current, module)
         return
@@ -194,6 +198,7 @@ def plan(ctx):
         # notified so far: a new environment, image or weights for it, or one not in force
         # (a replica about to be stopped, state: stopped, is not worth a roll)
         if (v.get("rolling", True) and v.get("state", "started") == "started" and is_running(state)
+                and not new_environment
                 and (written.content_changed() or ctx.pending(restart(unit)))):
             yield _rolled(ctx, replica, written if written.needed() else None, image, len(replicas))
         else:
@@ -226,7 +231,8 @@ def _rolled(ctx, replica: dict, written: File | None, image: str, count: int) ->
     why = "a new unit" if written is not None and written.content_changed() else "a new environment, image or weights"
     at_once = (f"{limit.limit} replica{'s' if limit.limit > 1 else ''} of the fleet at a time" if limit.limit
                else "one replica of this host at a time")
-    return Command(step_name("rolled", index), script=roll_script(roll), interpret=roll_interpret(roll),
+    return Command(step_name("rolling restart", index), script=roll_script(roll),
+                   interpret=roll_interpret(roll),
                    describe=f"roll {unit} ({why}): out of service in the front door"
                             f"{' (and the gateway)' if has_gateway and count == 1 else ''}, "
                             f"{'write the unit, ' if written is not None else ''}restart, gate (ready, a completion "
@@ -274,11 +280,8 @@ def _environment_in_force(ctx, env: File, replica: dict):
     killed between writing the file and restarting, a file put back by hand) is
     restarted: the files alone would say nothing is to do."""
     index, unit = replica["index"], replica["unit"]
-    stamp = _env_stamp(ctx, index)
-    on_disk = (ctx.facts.get("env_file") or {}).get("sha256")
-    stale = (unit_state(ctx, index).get("ActiveState") == "active" and not env.needed() and bool(stamp)
-             and bool(on_disk) and stamp[0] != on_disk)
-    yield Command(step_name("environment in force", index), script="true\n", when=stale, notify=(restart(unit),),
+    yield Command(step_name("environment in force", index), script="true\n",
+                  when=_environment_stale(ctx, env, index), notify=(restart(unit),),
                   describe=f"restart: {unit} runs with another environment than "
                            f"{env_path(ctx.vars)} (it changed since the service started)")
 
@@ -293,6 +296,13 @@ def _image_in_force(ctx, replica: dict) -> Command:
     stale = unit_state(ctx, index).get("ActiveState") == "active" and bool(stamp) and bool(record) and stamp != record
     return Command(step_name("image in force", index), script="true\n", when=stale, notify=(restart(unit),),
                    describe=f"restart: {unit} runs the image the tag named before the last pull")
+
+
+def _environment_stale(ctx, env: File, index: int) -> bool:
+    stamp = _env_stamp(ctx, index)
+    on_disk = (ctx.facts.get("env_file") or {}).get("sha256")
+    return (unit_state(ctx, index).get("ActiveState") == "active" and not env.needed() and bool(stamp)
+            and bool(on_disk) and stamp[0] != on_disk)
 
 
 def _nixos(ctx, current, text: str):

@@ -36,7 +36,7 @@ def test_status_shows_the_fleet_and_drift(deployed, lab_copy, tmp_path):
     (lab_copy / "host_vars").mkdir(exist_ok=True)
     (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 3\n")
     invoke("status", "--hosts", "rtx01", "--json", out, inventory=lab_copy)
-    assert json.loads(out.read_text())["hosts"]["rtx01"]["drift"] == ["service: unit file"]
+    assert json.loads(out.read_text())["hosts"]["rtx01"]["drift"] == ["service: rolling restart"]
 
 
 def test_start_stops_conflicting_units_and_stop_resume_brings_them_back(deployed):

@@ -148,7 +148,7 @@ def test_the_link_drops_as_the_unit_is_written(clean_links, lab_copy):
     (lab_copy / "host_vars").mkdir(exist_ok=True)
     (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 7\n")
     run = Run("--hosts", "rtx01", "--set", "image_pull=missing", inventory=lab_copy)
-    run.until("environment file")  # the next step is the unit's write
+    run.until("image in force")  # the next step is the rolling restart, which writes the unit
     dropped = time.monotonic()
     sh.run("ip", "link", "set", RTX.veth, "down")
     rc, out, data = run.finish(300)
@@ -200,7 +200,7 @@ def test_the_host_reboots_mid_deploy(clean_links):
 
 
 @pytest.mark.parametrize("sig,boundary", [
-    (signal.SIGINT, "facts | gathered"), (signal.SIGINT, "unit file"), (signal.SIGINT, "handler: restart"),
+    (signal.SIGINT, "facts | gathered"), (signal.SIGINT, "image in force"), (signal.SIGINT, "rolling restart"),
     (signal.SIGTERM, "image | pull"), (signal.SIGTERM, "environment file"),
 ])
 def test_interrupted_at_a_step_boundary(clean_links, lab_copy, sig, boundary):

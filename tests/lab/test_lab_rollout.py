@@ -126,7 +126,8 @@ class Load:
 
 
 def rolled(data) -> list[dict]:
-    return [t for h in data["hosts"].values() for t in h["tasks"] if t["task"].startswith("rolled")]
+    return [t for h in data["hosts"].values() for t in h["tasks"]
+            if t["task"].startswith("rolling restart")]
 
 
 def test_a_setting_rolls_through_the_fleet_one_replica_at_a_time_with_no_failed_request(fleet):
@@ -169,14 +170,14 @@ def test_ctrl_c_mid_rollout_leaves_no_replica_drained_and_the_same_deploy_carrie
         out = []
         for line in proc.stdout:  # the first replica rolled: the next is in flight or waiting
             out.append(line)
-            if re.search(r"changed\s+\S+\s+service \| rolled", line):
+            if re.search(r"changed\s+\S+\s+service \| rolling restart", line):
                 break
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=300)
         out.append(rest)
         text = "".join(out)
         assert proc.returncode == 130, text[-3000:]
-        assert "interrupted" in text and "rolled" in text, text[-3000:]
+        assert "interrupted" in text and "rolling restart" in text, text[-3000:]
         assert not drained_anywhere()
         settings = [v for host in SERVING for v in running_settings(host).values()]
         assert 1 <= settings.count("6") < 7, settings
@@ -250,7 +251,7 @@ def test_a_bad_release_fails_its_gate_goes_back_to_the_old_image_and_stops_the_r
     assert not load.failed, load.failed[:10]
     assert not drained_anywhere()
     skipped = [t for h in data["hosts"].values() for t in h["tasks"] if t["status"] == "skipped"
-               and t["task"].startswith("rolled")]
+               and t["task"].startswith("rolling restart")]
     assert all("rollout stopped" in t["message"] for t in skipped), skipped
     saw = (f"bad release ({fault}): {failed[0]['task']} on {failed_host} failed its gate and was back on the old "
            f"image, ready and in service {back:.1f} s after the failure; the rollout stopped ({len(skipped)} "

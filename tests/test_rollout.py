@@ -45,6 +45,16 @@ def test_the_script_is_one_the_hosts_shell_reads(shell, write):
     assert "WANT_GPUS='GPU-a GPU-b'" in text
 
 
+def test_a_script_cut_short_on_its_way_runs_nothing():
+    """A link lost while the script is sent leaves the host's sh with part of it: none of it runs
+    (unwrapped, sh would run the drain, or the write, and stop there)."""
+    text = script(_roll())
+    assert text.index("@begin") < len(text) // 3
+    for cut in (len(text) // 3, len(text) // 2, len(text) - 40):
+        ran = subprocess.run(["sh", "-s"], input=text[:cut], capture_output=True, text=True, timeout=30)
+        assert "@" not in ran.stdout and ran.returncode != 0, (cut, ran.stdout)
+
+
 def _out(*lines, rc=0):
     return Result(rc, "\n".join(lines) + "\n", "")
 

@@ -87,6 +87,9 @@ def script(roll: Roll) -> str:
     resolve = q(f"{roll.host}:{roll.api_port}:{roll.frontdoor_address}")
     url = q(f"https://{roll.host}:{roll.api_port}/v1/chat/completions")
     return f"""
+# one group: sh reads all of it before running any of it, so a script cut short on its way
+# (a link lost mid-send) runs nothing, rather than a drain or a write without what follows
+{{
 # what happens here must finish even if the control machine goes away
 trap '' HUP PIPE
 U={q(roll.unit)}; C={q(roll.container)}; P={int(roll.port)}; I={int(roll.index)}; RT={q(roll.runtime)}
@@ -200,6 +203,7 @@ fi
 say "@rollback-failed $why"
 journal $failed_at
 exit 6
+}}
 """
 
 

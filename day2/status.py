@@ -1,8 +1,6 @@
 """`invoke status`: what runs where, and whether it drifted from the inventory."""
 from __future__ import annotations
 
-import csv
-import io
 import shlex
 
 from converge.changes import Role
@@ -10,6 +8,7 @@ from converge.facts import Fact
 
 from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
+from roles.frontdoor.stats import server_rows
 from roles.image.role import record_path
 from roles.service.replicas import installed, replica_name, replica_unit, units_shell
 
@@ -84,10 +83,9 @@ def status_role() -> Role:
 def parse_stats_csv(text: str) -> list[dict]:
     """HAProxy's stats page as CSV (``/stats;csv``): each server of the backend with
     its state (UP, DOWN, DRAIN, MAINT, ...), last check and seconds since it changed."""
-    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
     return [{"server": r["svname"], "state": gateway_state(r["status"]), "check": r.get("check_status") or "",
              "since_s": int(r["lastchg"]) if (r.get("lastchg") or "").isdigit() else None}
-            for r in rows if r.get("pxname") == "servers" and r.get("svname") not in ("FRONTEND", "BACKEND")]
+            for r in server_rows(text)]
 
 
 def gateway_state(status: str) -> str:

@@ -54,3 +54,13 @@ def test_the_gateway_view_calls_a_draining_host_drain():
     text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
     states = {row["server"]: row["state"] for row in parse_stats_csv(text)}
     assert states == {"spark01": "UP", "rtx01": "DRAIN", "h100-01": "UP", "hgx01": "UP"}
+
+
+def test_the_front_door_fact_reads_the_same_stats_page():
+    """The frontdoor role's fact of its servers' states reads the same CSV, per server."""
+    from roles.frontdoor.stats import ServerStates
+    text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
+    states = ServerStates("/run/x.sock").process(text, 0)
+    assert states["rtx01"] == {"status": "NOLB", "in_flight": 0} and set(states) == {"spark01", "rtx01", "h100-01",
+                                                                                      "hgx01"}
+    assert ServerStates("/run/x.sock").process("", 0) == {}

@@ -9,6 +9,12 @@ import shlex
 from converge.facts import Fact
 
 
+def server_rows(text: str, backend: str = "servers") -> list[dict]:
+    """The rows of HAProxy's stats CSV (``/stats;csv``) for each server of ``backend``."""
+    return [row for row in csv.DictReader(io.StringIO(text.lstrip("# ")))
+            if row.get("pxname") == backend and row.get("svname") not in (None, "FRONTEND", "BACKEND")]
+
+
 class ServerStates(Fact):
     """``{server: {"status": "UP"|"DRAIN"|"DOWN"|..., "in_flight": n}}`` of one backend
     (empty when the instance does not answer: not running, or older than its admin socket)."""
@@ -19,9 +25,6 @@ class ServerStates(Fact):
                         f"'http://proxy/;csv' 2>/dev/null; true")
 
     def process(self, output, rc):
-        states = {}
-        for row in csv.DictReader(io.StringIO(output.lstrip("# "))):
-            if row.get("pxname") == self.backend and row.get("svname") not in (None, "FRONTEND", "BACKEND"):
-                states[row["svname"]] = {"status": row.get("status", ""),
-                                         "in_flight": int(row.get("scur") or 0) + int(row.get("qcur") or 0)}
-        return states
+        return {row["svname"]: {"status": row.get("status", ""),
+                                 "in_flight": int(row.get("scur") or 0) + int(row.get("qcur") or 0)}
+                for row in server_rows(output, self.backend)}

@@ -76,6 +76,9 @@ def test_the_units_hold_no_secret_and_name_vllms_key_only():
     assert "ExecReload=/usr/bin/docker kill --signal USR2 dgemma-frontdoor" in unit
     run = run_command({"registry": "10.213.0.1:5000"})
     assert "10.213.0.1:5000/library/haproxy:2.6" in run and "--network=host" in run
+    # each access-log line once, straight into the unit's journal (podman); docker has no such mode
+    assert run[run.index("--log-driver") + 1] == "passthrough"
+    assert "--log-driver" not in run_command({"container_runtime": "docker"})
 
 
 class Backend(BaseHTTPRequestHandler):

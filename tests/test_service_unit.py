@@ -63,6 +63,8 @@ def test_podman_unit_is_on_demand_with_conflicts_and_bounded_restarts():
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     argv = unquote_systemd(exec_start[len("ExecStart="):])
     assert argv[:5] == ["/usr/bin/podman", "run", "--rm", "--name", "vllm-diffusiongemma"]
+    # the container's lines go straight to the unit's journal stream, once (not through conmon too)
+    assert argv[5:7] == ["--log-driver", "passthrough"]
     assert "nvidia.com/gpu=all" in argv and "HF_HUB_OFFLINE=1" in argv and "VLLM_API_KEY" in argv
     assert not any(a.startswith("VLLM_API_KEY=") for a in argv)
 
@@ -71,6 +73,7 @@ def test_docker_unit_uses_gpus_all_and_the_docker_service():
     v = hostvars("spark01")
     unit = render_unit(v, "vllm/vllm-openai:gemma-aarch64-cu130", Served(0, NVFP4, 0.7), True)
     assert "Requires=docker.service" in unit and "--gpus all" in unit and "/usr/bin/docker run --rm" in unit
+    assert "--log-driver" not in unit  # docker has no passthrough: its attached client relays the lines
     assert "-e HF_TOKEN " in unit and "Conflicts=" not in unit
 
 

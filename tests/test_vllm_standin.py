@@ -6,6 +6,7 @@ import importlib.machinery
 import importlib.util
 import json
 import threading
+import time
 
 import pytest
 
@@ -20,8 +21,7 @@ def standin():
     loader = importlib.machinery.SourceFileLoader("vllm_standin", str(STUBS / "vllm"))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader("vllm_standin", loader))
     loader.exec_module(module)
-    server = module.ThreadingHTTPServer(("127.0.0.1", 0), module.Handler)
-    server.daemon_threads = True
+    server = module.EventLoopServer(("127.0.0.1", 0), module.Handler)
     server.api_key, server.model, server.served_name = KEY, "google/diffusiongemma-26B-A4B-it", "gemma"
     server.served_names, server.steps = ["gemma"], 48
     server.routes = module.read_routes(STUBS / "vllm-routes.txt")
@@ -77,3 +77,47 @@ def test_the_guard_is_vllms(standin):
     assert call(standin, "OPTIONS", "/v1/models")[0] != 401  # OPTIONS passes with no key
     assert call(standin, "GET", "/invocations")[0] == 405  # a route of another method
     assert call(standin, "GET", "/nothing-here")[0] == 404
+
+
+@pytest.fixture
+def slow_canvases(standin):
+    standin.canvas_seconds = 0.4
+    yield 0.4
+    standin.canvas_seconds = 0.0
+
+
+def test_generations_wait_side_by_side_on_the_one_event_loop(standin, slow_canvases):
+    """As uvicorn: a generation's wait blocks no other connection; while two wait, /load says 2."""
+    results, loads = [], []
+
+    def chat():
+        results.append(call(standin, "POST", "/v1/chat/completions", CHAT, key=KEY)[0])
+
+    started = time.perf_counter()
+    clients = [threading.Thread(target=chat) for _ in range(2)]
+    for client in clients:
+        client.start()
+    time.sleep(slow_canvases / 2)
+    loads.append(json.loads(call(standin, "GET", "/load")[1])["server_load"])
+    for client in clients:
+        client.join()
+    elapsed = time.perf_counter() - started
+    assert results == [200, 200] and loads == [2]
+    assert slow_canvases <= elapsed < 2 * slow_canvases, elapsed  # side by side, not one after the other
+    assert json.loads(call(standin, "GET", "/load")[1])["server_load"] == 0
+
+
+def test_a_stream_arrives_canvas_by_canvas_on_a_kept_alive_connection(standin, slow_canvases):
+    conn = http.client.HTTPConnection("127.0.0.1", standin.server_address[1], timeout=10)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    body = dict(CHAT, stream=True, max_tokens=600, messages=[{"role": "user", "content": "write a long story"}])
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+    response = conn.getresponse()
+    started, arrivals = time.perf_counter(), []
+    for line in response:
+        if line.startswith(b"data: ") and b'"content": "token' in line:
+            arrivals.append(time.perf_counter() - started)
+    assert response.status == 200 and len(arrivals) == 3  # 600 tokens: three 256-token canvases
+    assert arrivals[1] - arrivals[0] >= slow_canvases * 0.8 and arrivals[2] - arrivals[1] >= slow_canvases * 0.8
+    conn.request("GET", "/v1/models", headers=headers)  # the same connection serves the next request
+    assert conn.getresponse().status == 200

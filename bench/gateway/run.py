@@ -4,12 +4,13 @@ completion sent straight to vLLM on loopback, through the host's front door (TLS
 key check, allowlist), and through the fleet's gateway (TLS to it, then TLS to a
 front door), p50 and p99 at concurrency 1 and 64.
 
-The load runs on one serving host (its own python3; nothing is installed there), so
-the direct call is a real loopback call. The stand-in's time per denoising step is
-set to 0 for the run (a lab knob in the host's model cache) and put back after, so
-the figures are the path's own cost. Run on a deployed lab:
+The load comes from wrk (C, one event loop: a Python load generator spent more of the
+2 cores than the path it measured), run in the serving host's own network namespace,
+so the direct call is a real loopback call. The stand-in's time per denoising step is
+set to 0 for the run (a lab knob in the host's model cache) and put back after, so the
+figures are the path's own cost. Run as root on a deployed lab:
 
-    python3 bench/gateway/run.py [--host rtx01] [--requests 2000] [--write]
+    python3 bench/gateway/run.py [--host rtx01] [--seconds 10] [--write]
 
 --write puts the table into docs/PERFORMANCE.md (between its gateway markers)."""
 from __future__ import annotations
@@ -20,7 +21,10 @@ import os
 import platform
 import re
 import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +37,7 @@ in_toolkit_env()
 
 import roles  # noqa: E402
 from converge.play import Play  # noqa: E402
+from lab import config as lab_config  # noqa: E402
 from roles.fleet import is_gateway  # noqa: E402
 from roles.frontdoor.render import FRONTDOOR, GATEWAY  # noqa: E402
 from roles.service.role import read_secret  # noqa: E402
@@ -40,6 +45,9 @@ from roles.service.role import read_secret  # noqa: E402
 KNOB_DIR = ".vllm-standin"
 MARK_BEGIN = "<!-- bench/gateway: begin -->"
 MARK_END = "<!-- bench/gateway: end -->"
+BODY = json.dumps({"model": "{model}", "max_tokens": 16, "temperature": 0,
+                   "messages": [{"role": "user", "content": "Say hi."}],
+                   "chat_template_kwargs": {"enable_thinking": False}})
 
 
 def percentile(values, q):
@@ -68,20 +76,69 @@ def runtime_api_script(commands: list[str]) -> str:
             f"    print(s.recv(4096).decode().strip()); s.close()' {sock}\n")
 
 
-def script(settings: dict) -> str:
-    client = (Path(__file__).parent / "client.py").read_text()
-    # the settings (the key among them) reach python3 on its stdin through printf, a shell
-    # builtin: on no command line
-    return (f"d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT\n"
-            f"cat > \"$d/client.py\" <<'__CLIENT__'\n{client}__CLIENT__\n"
-            f"printf '%s\\n' {shlex.quote(json.dumps(settings))} | python3 \"$d/client.py\"\n")
+def lua_string(text: str) -> str:
+    """``text`` as a Lua long string, whatever it holds."""
+    level = 0
+    while f"]{'=' * level}]" in text:
+        level += 1
+    return f"[{'=' * level}[{text}]{'=' * level}]"
+
+
+def wrk_script(key: str, model: str) -> str:
+    """wrk's script: the request (the key in its header: the script is a 0600 file, so the key
+    is on no command line) and one JSON line of what wrk measured (HdrHistogram, microseconds)."""
+    return (f"wrk.method = \"POST\"\n"
+            f"wrk.body = {lua_string(BODY.replace('{model}', model))}\n"
+            f"wrk.headers[\"Content-Type\"] = \"application/json\"\n"
+            f"wrk.headers[\"Authorization\"] = {lua_string('Bearer ' + key)}\n"
+            "done = function(summary, latency, requests)\n"
+            "  local e = summary.errors\n"
+            "  io.write(string.format('{\"requests\": %.0f, \"errors\": %.0f, \"p50_us\": %.0f, "
+            "\"p99_us\": %.0f, \"max_us\": %.0f, \"duration_us\": %.0f}\\n', summary.requests, "
+            "e.connect + e.read + e.write + e.status + e.timeout, latency:percentile(50), "
+            "latency:percentile(99), latency.max, summary.duration))\n"
+            "end\n")
+
+
+def cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies of the whole machine: every lab host shares its cores."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+def load(netns: str, script: Path, url: str, concurrency: int, seconds: int) -> dict:
+    """One wrk run from the host's network namespace: one thread, ``concurrency`` kept-alive
+    connections, each sending its next request as soon as the last is answered."""
+    idle0, total0 = cpu_times()
+    since = time.time()
+    run = subprocess.run(["ip", "netns", "exec", netns, "wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s",
+                          "--timeout", "30s", "-s", str(script), url], capture_output=True, text=True)
+    until = time.time()
+    idle1, total1 = cpu_times()
+    found = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not found:
+        raise SystemExit(f"wrk against {url} failed (exit {run.returncode}): {(run.stderr or run.stdout)[-1000:]}")
+    out = json.loads(found[-1])
+    out.update(since=since, until=until, cpu_idle=100 * (idle1 - idle0) / max(total1 - total0, 1))
+    return out
+
+
+def need_wrk():
+    """Debian's wrk, installed on first need (as the fleet benchmark installs its tools)."""
+    if shutil.which("wrk"):
+        return
+    print("installing Debian's wrk (the load generator) ...", file=sys.stderr)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if subprocess.run(["apt-get", "install", "-y", "-q", "wrk"], env=env, capture_output=True).returncode != 0 \
+            or not shutil.which("wrk"):
+        raise SystemExit("bench/gateway needs wrk: apt-get install wrk (as root), then run it again")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inventory", default=os.environ.get(roles.INVENTORY_VARIABLE, "/var/lib/dgemma-lab/inventory"))
     parser.add_argument("--host", default="rtx01", help="the serving host the load runs on")
-    parser.add_argument("--requests", type=int, default=2000, help="requests per target and concurrency")
+    parser.add_argument("--seconds", type=int, default=10, help="how long each path is loaded, per concurrency")
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--write", action="store_true", help="write the table into docs/PERFORMANCE.md")
     args = parser.parse_args()
@@ -94,21 +151,29 @@ def main():
     key = read_secret(v.get("api_key_file"), "api_key_file", args.host)
     if not key:
         raise SystemExit(f"{args.host}: the bench needs api_key_file (a key the front doors accept)")
+    try:
+        netns = lab_config.host(args.host).netns
+    except (KeyError, ValueError, LookupError):
+        netns = ""
+    if not netns or not Path(f"/run/netns/{netns}").exists():
+        raise SystemExit(f"{args.host}: not a host of the running lab (no network namespace {netns or '?'}): "
+                         f"bench/gateway runs on the lab (invoke lab.up, invoke deploy)")
+    need_wrk()
     targets = [
-        {"label": "direct (vLLM on loopback)", "kind": "direct", "tls": False, "connect": "127.0.0.1",
-         "port": int(v.get("replica_base_port", 8100)), "name": args.host, "ca": ""},
-        {"label": "front door (same host)", "kind": "frontdoor", "tls": True, "connect": "127.0.0.1", "port": int(v.get("api_port", 8000)),
-         "name": args.host, "ca": f"{FRONTDOOR.dir}/ca.crt"},
-        {"label": f"gateway ({gateways[0]})", "kind": "gateway", "tls": True, "connect": gw.get("ansible_host", gateways[0]),
-         "port": int(gw.get("api_port", 8000)), "name": gateways[0], "ca": f"{FRONTDOOR.dir}/ca.crt"},
+        ("direct (vLLM on loopback)", "direct", f"http://127.0.0.1:{int(v.get('replica_base_port', 8100))}"),
+        ("front door (same host)", "frontdoor", f"https://127.0.0.1:{int(v.get('api_port', 8000))}"),
+        (f"gateway ({gateways[0]})", "gateway",
+         f"https://{gw.get('ansible_host', gateways[0])}:{int(gw.get('api_port', 8000))}"),
     ]
+    levels = [int(c) for c in args.concurrency.split(",")]
     # the one name every host serves: the gateway may send the request to any of them
-    settings = {"key": key, "model": v.get("served_model_name", "diffusiongemma"), "targets": targets,
-                "requests": args.requests, "concurrency": [int(c) for c in args.concurrency.split(",")]}
+    model = v.get("served_model_name", "diffusiongemma")
     rows = []
-    # every serving host: the gateway sends the requests to any of them
     serving = [h for h in play.inventory.host_names if h not in gateways]
-    with play.connections() as connections:
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as scratch, play.connections() as connections:
+        script = Path(scratch) / "request.lua"
+        script.touch(mode=0o600)
+        script.write_text(wrk_script(key, model))
         # the gateway sends to the load's host alone for the run (the others in MAINT), so that
         # its figure compares with that host's direct call (spark01's stand-in runs under qemu)
         others = [h for h in serving if h != args.host]
@@ -118,22 +183,22 @@ def main():
             for h in serving:
                 connections.get(h).run(knob_script(play.hostvars(h).get("model_cache", "/srv/models/hf-cache"), True),
                                        timeout=60)
-            result = connections.get(args.host).run(script(settings), timeout=3600)
-            windows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-            own = proxy_times(windows, connections.get(args.host), FRONTDOOR.unit_name(v),
+            for label, kind, url in targets:
+                for concurrency in levels:
+                    load(netns, script, f"{url}/v1/chat/completions", 1, 1)  # connections and caches warm
+                    result = load(netns, script, f"{url}/v1/chat/completions", concurrency, args.seconds)
+                    rows.append({"target": label, "kind": kind, "concurrency": concurrency, **result})
+            own = proxy_times(rows, connections.get(args.host), FRONTDOOR.unit_name(v),
                               gateway_host, GATEWAY.unit_name(gw))
         finally:
             gateway_host.run(runtime_api_script([f"set server servers/{h} state ready" for h in others]), timeout=60)
             for h in serving:
                 connections.get(h).run(knob_script(play.hostvars(h).get("model_cache", "/srv/models/hf-cache"), False),
                                        timeout=60)
-    if result.rc != 0:
-        raise SystemExit(f"the load failed on {args.host} (exit {result.rc}): {result.stderr[-2000:]}")
-    rows = windows
     table = report(rows) + "\n\n" + report_own(own)
     print(table)
     if args.write:
-        write(table, args.host, gateways[0])
+        write(table, args.host, gateways[0], args.seconds)
     if any(r["errors"] for r in rows):
         raise SystemExit("some requests failed: see the errors column")
 
@@ -144,8 +209,8 @@ TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\+?-?\d+) \d{3} ")
 def own_ms(lines: list[str], path: str = "/v1/chat/completions") -> list[int]:
     """HAProxy's own time for each request in its access log (httplog: TR/Tw/Tc/Tr/Ta),
     ``Ta - Tr``: receiving the request, queueing, connecting, sending the answer; all
-    of it but the server's time. A line logged twice (podman's log driver and the
-    unit's stdout both reach the journal) counts once."""
+    of it but the server's time. A line logged twice (units written before the
+    passthrough log driver logged each line twice) counts once."""
     out = []
     for line in dict.fromkeys(lines):
         if f" {path} " not in line:
@@ -191,33 +256,36 @@ def report_own(rows: list[dict]) -> str:
 
 
 def report(rows: list[dict]) -> str:
-    direct = {r["concurrency"]: r for r in rows if r["target"].startswith("direct")}
-    lines = ["| path | concurrency | requests | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    direct = {r["concurrency"]: r for r in rows if r["kind"] == "direct"}
+    lines = ["| path | concurrency | requests | p50 ms | p99 ms | added p50 ms | added p99 ms | errors | CPU idle % |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        p50, p99 = percentile(r["latencies"], 0.5) * 1000, percentile(r["latencies"], 0.99) * 1000
+        p50, p99 = r["p50_us"] / 1000, r["p99_us"] / 1000
         base = direct.get(r["concurrency"])
-        b50 = percentile(base["latencies"], 0.5) * 1000 if base else 0
-        b99 = percentile(base["latencies"], 0.99) * 1000 if base else 0
-        added = ("-", "-") if r is base else (f"{p50 - b50:.2f}", f"{p99 - b99:.2f}")
-        lines.append(f"| {r['target']} | {r['concurrency']} | {len(r['latencies'])} | {p50:.2f} | {p99:.2f} | "
-                     f"{added[0]} | {added[1]} | {len(r['errors'])} |")
+        added = ("-", "-") if r is base or not base else \
+            (f"{p50 - base['p50_us'] / 1000:.2f}", f"{p99 - base['p99_us'] / 1000:.2f}")
+        lines.append(f"| {r['target']} | {r['concurrency']} | {r['requests']} | {p50:.2f} | {p99:.2f} | "
+                     f"{added[0]} | {added[1]} | {r['errors']} | {r['cpu_idle']:.0f} |")
     return "\n".join(lines)
 
 
-def write(table: str, host: str, gateway: str):
+def write(table: str, host: str, gateway: str, seconds: int):
     section = (f"{MARK_BEGIN}\n## The front door and the gateway: what they add to a request\n\n"
                f"`python3 bench/gateway/run.py --write`, {time.strftime('%Y-%m-%d')}, on {platform.node()} "
-               f"({os.cpu_count()} cores), the lab deployed. The load runs on {host} (its python3, one kept-alive "
-               f"connection per client, non-streaming chat completions of 16 tokens); the stand-in's time per "
-               f"denoising step is 0, so each figure is the path's own cost. *Added* is the path minus the direct "
-               f"loopback call at the same concurrency. The gateway path crosses the lab network to {gateway}, "
-               f"then TLS again to {host}'s front door (the other servers are in MAINT for the run, through the "
-               f"gateway's runtime API, so that the figure compares with {host}'s direct call). On 2 cores the load "
-               f"generator (Python threads), the Python stand-in and HAProxy share the CPUs: at concurrency 64 the "
-               f"figures measure that contention more than the path. The second table is each proxy's own time per "
-               f"request from its access log (`Ta - Tr`: all but the time waiting for the server, whole "
-               f"milliseconds), free of the load generator's share of the CPUs.\n\n{table}\n{MARK_END}")
+               f"({os.cpu_count()} cores), the lab deployed. The load is wrk (one thread, one kept-alive "
+               f"connection per client, each sending its next request when the last is answered, {seconds} s per "
+               f"row), run in {host}'s network namespace; non-streaming chat completions of 16 tokens; the "
+               f"stand-in's time per denoising step is 0, so each figure is the path's own cost. *Added* is the "
+               f"path minus the direct loopback call at the same concurrency. The gateway path crosses the lab "
+               f"network to {gateway}, then TLS again to {host}'s front door (the other servers are in MAINT for "
+               f"the run, through the gateway's runtime API, so that the figure compares with {host}'s direct "
+               f"call). *CPU idle* is the whole machine's during the row: every lab host, the load generator and "
+               f"the journal share its {os.cpu_count()} cores. At concurrency 64 a closed loop keeps the stand-in "
+               f"busy (it is CPU-bound once its time per step is 0), so a path's *added* time there is the CPU "
+               f"its proxies take from it, times the requests queued: the figure of a machine with no core to "
+               f"spare, not of the path alone. The second table is each proxy's own time per request from its "
+               f"access log (`Ta - Tr`: all but the time waiting for the server, whole milliseconds).\n\n"
+               f"{table}\n{MARK_END}")
     write_section(MARK_BEGIN, MARK_END, section)
 
 

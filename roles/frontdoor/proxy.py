@@ -89,7 +89,8 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, f
   fi
 """ if fallback else "")
     return f"""
-# what the instance said besides its access log (each line once: podman logs it twice)
+# what the instance said besides its access log (each line once: units older than the
+# passthrough log driver logged each line twice)
 journal() {{ journalctl -u {u} -n 400 --no-pager -o cat 2>/dev/null | grep -v 'HTTP/[0-9.]*"$' | grep -v '^[[:space:]]*$' \\
   | awk '!seen[$0]++' | tail -n 15 | sed 's/^/  | /'; }}
 {action}

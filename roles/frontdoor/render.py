@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from roles.service.container import RUNTIME_PATHS
+from roles.service.container import RUNTIME_PATHS, log_options
 from roles.service.serve import command_line
 
 HERE = Path(__file__).parent
@@ -127,8 +127,8 @@ def container(v: dict, proxy: Proxy = FRONTDOOR) -> dict:
 
 def run_command(v: dict, proxy: Proxy = FRONTDOOR) -> list[str]:
     spec = container(v, proxy)
-    run = [RUNTIME_PATHS[v.get("container_runtime", "podman")], "run", "--rm", "--name", spec["name"],
-           *spec["options"]]
+    runtime = v.get("container_runtime", "podman")
+    run = [RUNTIME_PATHS[runtime], "run", "--rm", "--name", spec["name"], *log_options(runtime), *spec["options"]]
     for volume in spec["volumes"]:
         run += ["-v", volume]
     return run + [spec["image"], *spec["cmd"]]

@@ -1,9 +1,11 @@
 """The front door on the lab's hosts: TLS from the fleet CA, keys per user (only
 their sha256 on hosts), revoked at once without restarting vLLM."""
 import json
+import shlex
 import ssl
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 import yaml
@@ -81,6 +83,19 @@ def test_a_key_from_keys_add_works_and_is_refused_once_revoked_without_restartin
 def test_the_inventorys_api_key_file_keeps_working_as_one_key(deployed):
     key = (config.STATE / "secrets" / "api-key").read_text().strip()
     assert chat("rtx01", key)[0] == 200
+
+
+def test_a_request_is_logged_once_by_the_front_door_and_once_by_vllm(deployed):
+    """podman's passthrough log driver: the container writes to its unit's journal stream
+    itself; the journald driver beside the attached `podman run` logged every line twice."""
+    key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    marker = f"/v1/models?once={uuid.uuid4().hex}"
+    assert front_door("rtx01", marker, key)[0] == 200
+    counts = ssh("rtx01", "sleep 1; for u in podman-dgemma-frontdoor " + VLLM_UNIT + "; do "
+                          f"journalctl -u $u --no-pager -o cat | grep -cF {shlex.quote(marker)}; done").stdout.split()
+    assert counts == ["1", "1"], counts
+    assert "passthrough" in ssh("rtx01", "podman inspect -f '{{.HostConfig.LogConfig.Type}}' "
+                                         "dgemma-frontdoor vllm-diffusiongemma").stdout
 
 
 def test_endpoints_name_the_gateway_the_front_doors_and_the_ca(deployed, lab_copy, tmp_path):

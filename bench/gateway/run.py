@@ -284,7 +284,8 @@ def write(table: str, host: str, gateway: str, seconds: int):
                f"busy (it is CPU-bound once its time per step is 0), so a path's *added* time there is the CPU "
                f"its proxies take from it, times the requests queued: the figure of a machine with no core to "
                f"spare, not of the path alone. The second table is each proxy's own time per request from its "
-               f"access log (`Ta - Tr`: all but the time waiting for the server, whole milliseconds).\n\n"
+               f"access log (`Ta - Tr`: all but the time waiting for the server, whole milliseconds); journald "
+               f"drops a unit's lines past its rate limit, so the lines logged are a sample.\n\n"
                f"{table}\n{MARK_END}")
     write_section(MARK_BEGIN, MARK_END, section)
 

@@ -121,3 +121,16 @@ def test_a_stream_arrives_canvas_by_canvas_on_a_kept_alive_connection(standin, s
     assert arrivals[1] - arrivals[0] >= slow_canvases * 0.8 and arrivals[2] - arrivals[1] >= slow_canvases * 0.8
     conn.request("GET", "/v1/models", headers=headers)  # the same connection serves the next request
     assert conn.getresponse().status == 200
+
+
+def test_an_idle_kept_alive_connection_is_closed_as_vllm_closes_it(standin, monkeypatch):
+    """vLLM 0.33.0 runs uvicorn with timeout_keep_alive=VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s):
+    a connection idle that long after an answer is closed (a proxy's pool meets this)."""
+    monkeypatch.setattr(standin, "keep_alive", 0.3)
+    conn = http.client.HTTPConnection("127.0.0.1", standin.server_address[1], timeout=10)
+    conn.request("GET", "/health")
+    assert conn.getresponse().read() == b""
+    conn.request("GET", "/health")  # within the time: the same connection answers
+    assert conn.getresponse().status == 200
+    time.sleep(0.6)
+    assert conn.sock.recv(1) == b""  # the server closed it

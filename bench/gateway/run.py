@@ -45,9 +45,6 @@ from roles.service.role import read_secret  # noqa: E402
 KNOB_DIR = ".vllm-standin"
 MARK_BEGIN = "<!-- bench/gateway: begin -->"
 MARK_END = "<!-- bench/gateway: end -->"
-BODY = json.dumps({"model": "{model}", "max_tokens": 16, "temperature": 0,
-                   "messages": [{"role": "user", "content": "Say hi."}],
-                   "chat_template_kwargs": {"enable_thinking": False}})
 
 
 def percentile(values, q):
@@ -87,8 +84,11 @@ def lua_string(text: str) -> str:
 def wrk_script(key: str, model: str) -> str:
     """wrk's script: the request (the key in its header: the script is a 0600 file, so the key
     is on no command line) and one JSON line of what wrk measured (HdrHistogram, microseconds)."""
+    body = json.dumps({"model": model, "max_tokens": 16, "temperature": 0,
+                       "messages": [{"role": "user", "content": "Say hi."}],
+                       "chat_template_kwargs": {"enable_thinking": False}})
     return (f"wrk.method = \"POST\"\n"
-            f"wrk.body = {lua_string(BODY.replace('{model}', model))}\n"
+            f"wrk.body = {lua_string(body)}\n"
             f"wrk.headers[\"Content-Type\"] = \"application/json\"\n"
             f"wrk.headers[\"Authorization\"] = {lua_string('Bearer ' + key)}\n"
             "done = function(summary, latency, requests)\n"
@@ -153,7 +153,7 @@ def main():
         raise SystemExit(f"{args.host}: the bench needs api_key_file (a key the front doors accept)")
     try:
         netns = lab_config.host(args.host).netns
-    except (KeyError, ValueError, LookupError):
+    except KeyError:
         netns = ""
     if not netns or not Path(f"/run/netns/{netns}").exists():
         raise SystemExit(f"{args.host}: not a host of the running lab (no network namespace {netns or '?'}): "

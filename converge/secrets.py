@@ -42,3 +42,11 @@ def read_secret_file(path: str, what: str, host: str) -> str:
     if not value.strip() or "\n" in value or "\r" in value or "\0" in value:
         raise SecretError(f"{host}: {what}: {path} must hold the secret on exactly one line")
     return value
+
+
+def read_optional_secret(path: str | None, what: str, host: str) -> str | None:
+    """The secret in ``path`` when a file is named (None when not), without surrounding
+    blanks; refused as `read_secret_file` refuses it."""
+    if not path:
+        return None
+    return read_secret_file(path, what, host).strip()

@@ -17,6 +17,11 @@ def verify_document(results, unreachable: dict, expected: dict) -> dict:
 
 
 def print_table(data: dict, console):
+    """A host x check table on a terminal; off one (a pipe, a file), a line per check and host,
+    every name whole (a table there would cut them to its width)."""
+    if not console.is_terminal:
+        print_lines(data, console)
+        return
     checks = []
     for entry in data["hosts"].values():
         for c in entry["checks"]:
@@ -37,3 +42,18 @@ def print_table(data: dict, console):
                 row.append(f"[red]FAIL[/red] {found['message']}")
         table.add_row(*row)
     console.print(table)
+
+
+STATUS_WORDS = {"passed": "pass", "skipped": "skip", "failed": "FAIL"}
+
+
+def print_lines(data: dict, console):
+    """``VERIFY host check status [message]``, one line each, for pipes and logs."""
+    width = max((len(c["check"]) for entry in data["hosts"].values() for c in entry["checks"]), default=0)
+    hosts = max((len(h) for h in data["hosts"]), default=0)
+    for host, entry in data["hosts"].items():
+        for c in entry["checks"]:
+            word = STATUS_WORDS.get(c["status"], c["status"])
+            message = f" {c['message']}" if c["message"] and c["status"] != "passed" else ""
+            console.print(f"{host:<{hosts}}  {c['check']:<{width}}  {word}{message}", markup=False, highlight=False,
+                          soft_wrap=True)

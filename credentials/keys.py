@@ -58,7 +58,7 @@ class KeyStore:
     def _add(self, name: str) -> str:
         data = self.load()
         if name in data:
-            raise CredentialError(f"a key named {name} exists: revoke it first (invoke keys revoke {name})")
+            raise CredentialError(f"a key named {name} exists: revoke it first (invoke keys.revoke {name})")
         secret = PREFIX + secrets.token_urlsafe(32)
         data[name] = {"sha256": digest(secret),
                       "added": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -73,7 +73,7 @@ class KeyStore:
         data = self.load()
         if name not in data:
             have = ", ".join(sorted(data)) or "none"
-            raise CredentialError(f"no key named {name} (keys: {have}); see: invoke keys list")
+            raise CredentialError(f"no key named {name} (keys: {have}); see: invoke keys.list")
         del data[name]
         self._save(data)
 

@@ -7,10 +7,10 @@ from credentials import directory
 from credentials.ca import ca_paths
 
 from converge.errors import StepFailed
-from roles.service.role import read_secret
+from converge.secrets import read_optional_secret as read_secret
 
 HIDDEN = "********"
-YOUR_KEY = "<a key from: invoke keys add NAME>"
+YOUR_KEY = "<a key from: invoke keys.add NAME>"
 
 
 def _url(name: str, v: dict) -> str:

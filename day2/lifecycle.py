@@ -1,23 +1,34 @@
 """Day-2 operations as roles the engine runs: start, stop (and resume what it
-displaced), restart, recover a crash loop or a wedged container. Each acts on
-every replica the host has, or on the one ``--replica N`` names."""
+displaced), restart, recover a crash loop or a wedged container. Each acts on every
+replica the host has, or on the one ``--replica N`` names.
+
+Each goes through the roll (roles/service/rollout.py), as deploy's changes do: out
+of service in the front door (and the gateway, when it is the host's last), the
+action, the gate where a replica comes back, back in service; one replica of the
+fleet at a time behind a gateway (``rollout_concurrency``), so a restart of every
+host answers every request. ``now=True`` (``--now``) acts on all of a host's
+replicas at once, still drained and gated, with no fleet-wide limit: for an
+emergency, when waiting for one replica at a time costs more than the requests
+that fail."""
 from __future__ import annotations
 
 import shlex
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
-from converge.facts.host import UnitFiles, UnitState
+from converge.facts.host import FileState, UnitFiles, UnitState
 from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
-from roles.service.replicas import chosen, installed, more_units_glob, replica_name, replica_port, replica_unit
-from roles.service.role import unit_name
-from roles.start.role import is_running, parse_wait, wait_script
+from roles.replicas import chosen, installed, more_units_glob, replica_unit
+from roles.service.rollout import at_once, command as roll_command, is_running, plan_roll, throttle
+from roles.serving_host import step_name, unit_name, unit_path
 
 
 def _unit_facts(v):
-    return {"unit": UnitState(unit_name(v)), "replica_units": UnitFiles(more_units_glob(v))}
+    # the unit files too: which GPUs each replica's unit hands over (its gate checks them)
+    return {"unit": UnitState(unit_name(v)), "unit_file": FileState(unit_path(v)),
+            "replica_units": UnitFiles(more_units_glob(v))}
 
 
 def targets(ctx, replica: int | None) -> dict[int, dict]:
@@ -32,66 +43,75 @@ def targets(ctx, replica: int | None) -> dict[int, dict]:
     return {index: found[index] for index in picked}
 
 
-def _ready(ctx, indices: list[int], timeout: int, when: bool = True) -> Command:
-    v = ctx.vars
-    units = [replica_unit(v, i) for i in indices]
-    named = ", ".join(units)
-
-    def interpret(result):
-        seconds, _, journal = parse_wait(result)
-        if seconds is not None:
-            return f"{named} ready after {seconds} s"
-        raise StepFailed(f"{named} did not become ready. Last log lines:\n{journal}\n"
-                         f"Try: invoke recover --hosts {ctx.name}")
-    return Command("start and wait for ready", script=wait_script(v, [(replica_unit(v, i), replica_port(v, i))
-                                                                     for i in indices], timeout),
-                   describe=f"systemctl start {named} (stops {', '.join(v.get('conflicts') or []) or 'nothing'});"
-                            f" wait for /health and /v1/models", timeout=timeout + 60, interpret=interpret,
-                   when=when and bool(indices))
+def _name(step: str, indices: list[int], every: int) -> str:
+    if len(indices) == 1:
+        return step_name(step, indices[0])
+    return step if len(indices) == every else f"{step} (replicas {', '.join(map(str, indices))})"
 
 
-def start_role(timeout: int | None = None, replica: int | None = None) -> Role:
+def _rolls(ctx, action: str, indices: list[int], step: str, what: str, now: bool, every: int):
+    """One roll per replica, throttled run-wide as deploy's; or, ``now``, one roll of them all."""
+    if not indices:
+        return
+    fleet = ctx.services.get("fleet")
+    limit = throttle(ctx.vars, bool(fleet and fleet.has_gateway))
+    for group in ([indices] if now else [[i] for i in indices]):
+        units = ", ".join(replica_unit(ctx.vars, i) for i in group)
+        yield roll_command(plan_roll(ctx, action, group), _name(step, group, every),
+                           throttle=None if now else limit,
+                           describe=f"{units}: out of service in the front door, {what}, back in service; "
+                                    f"{'all at once (--now)' if now else at_once(limit)}")
+
+
+def start_role(replica: int | None = None) -> Role:
     def plan(ctx):
-        stopped = [i for i, state in targets(ctx, replica).items() if not is_running(state)]
-        yield _ready(ctx, stopped, timeout or int(ctx.vars.get("ready_timeout", 600)))
+        picked = targets(ctx, replica)
+        stopped = [i for i, state in picked.items() if not is_running(state)]
+        if not stopped:
+            yield Command("start", script="true\n", when=False,
+                          describe=f"{', '.join(replica_unit(ctx.vars, i) for i in picked)} already running")
+            return
+        # replicas that are out add capacity as they come back: side by side, each through its gate
+        yield roll_command(plan_roll(ctx, "start", stopped), _name("start and gate", stopped, len(picked)),
+                           describe=f"systemctl start {', '.join(replica_unit(ctx.vars, i) for i in stopped)} "
+                                    f"(stops {', '.join(ctx.vars.get('conflicts') or []) or 'nothing'}); ready, a "
+                                    f"completion through the front door, back in service")
     return Role("start", _unit_facts, plan, hosts=is_serving)
 
 
-def stop_role(resume: bool = False, replica: int | None = None) -> Role:
+def stop_role(resume: bool = False, replica: int | None = None, now: bool = False) -> Role:
     def plan(ctx):
         picked = targets(ctx, replica)
-        for index, state in picked.items():
-            name = replica_unit(ctx.vars, index)
-            yield Command("stop" if len(picked) == 1 else f"stop replica {index}",
-                          script=f"systemctl stop {shlex.quote(name)}\n", describe=f"systemctl stop {name}",
-                          when=state.get("ActiveState") in ("active", "activating", "deactivating", "reloading"))
+        if resume and replica is not None:
+            raise StepFailed("--resume starts what vLLM displaced, once every replica is stopped: "
+                             "leave out --replica")
+        running = [i for i, state in picked.items()
+                   if state.get("ActiveState") in ("active", "activating", "deactivating", "reloading")]
+        if not running:
+            yield Command("stop", script="true\n", when=False, describe="already stopped")
+        yield from _rolls(ctx, "stop", running, "drain and stop", "systemctl stop", now, len(picked))
         if resume:
-            if replica is not None:
-                raise StepFailed("--resume starts what vLLM displaced, once every replica is stopped: "
-                                 "leave out --replica")
             for other in ctx.vars.get("conflicts") or []:
                 yield Command(f"resume {other}", script=f"systemctl start {shlex.quote(other)}\n",
                               describe=f"systemctl start {other} (displaced by vLLM)")
     return Role("stop", _unit_facts, plan, hosts=is_serving)
 
 
-def restart_role(timeout: int | None = None, replica: int | None = None) -> Role:
+def restart_role(replica: int | None = None, now: bool = False) -> Role:
     def plan(ctx):
         picked = list(targets(ctx, replica))
-        names = [replica_unit(ctx.vars, i) for i in picked]
-        yield Command("stop", script=f"systemctl stop {' '.join(shlex.quote(n) for n in names)}\n",
-                      describe=f"systemctl stop {' '.join(names)}")
-        yield _ready(ctx, picked, timeout or int(ctx.vars.get("ready_timeout", 600)))
+        yield from _rolls(ctx, "restart", picked, "rolling restart",
+                          "systemctl restart, gate (ready, a completion through the front door, its checks)",
+                          now, len(picked))
     return Role("restart", _unit_facts, plan, hosts=is_serving)
 
 
-def recover_role(replica: int | None = None) -> Role:
+def recover_role(replica: int | None = None, now: bool = False) -> Role:
     """Seed 000's recovery: tell a wedged GPU (needs a reboot) from a wedged container (doesn't)."""
     def facts(v):
         return {**_unit_facts(v), "nvidia": NvidiaSmi(v.get("nvidia_smi_timeout", 15))}
 
     def plan(ctx):
-        v = ctx.vars
         try:
             ctx.facts["nvidia"]
         except Exception as exc:  # FactError: hung, missing or failing nvidia-smi
@@ -100,35 +120,8 @@ def recover_role(replica: int | None = None) -> Role:
         yield Command("GPU answers", script="true\n", describe="nvidia-smi answered: only the container side "
                       "can be stuck", changes=False)
         picked = list(targets(ctx, replica))
-        for index in picked:
-            yield from _clear(v, index, "" if len(picked) == 1 else f" (replica {index})")
-        if v.get("state", "started") == "started":
-            yield _ready(ctx, picked, int(v.get("ready_timeout", 600)))
+        again = ", then start and gate" if ctx.vars.get("state", "started") == "started" else ""
+        yield from _rolls(ctx, "recover", picked, "recover",
+                          f"stop and reset the unit (ends a restart loop), kill -9 its container's processes, "
+                          f"rm -f the container{again}", now, len(picked))
     return Role("recover", facts, plan, hosts=is_serving)
-
-
-def _clear(v: dict, index: int, suffix: str):
-    """One replica's unit stopped and reset, its container's processes killed and the container gone."""
-    name = replica_unit(v, index)
-    cname = replica_name(v, index)
-    rt = v.get("container_runtime", "podman")
-    q, qc, qrt = shlex.quote(name), shlex.quote(cname), shlex.quote(rt)
-    yield Command(f"stop the unit{suffix}", script=f"timeout 120 systemctl stop {q}; systemctl kill -s KILL {q} "
-                  f"2>/dev/null; true\n", describe=f"systemctl stop {name} (ends a restart loop)")
-    yield Command(f"reset-failed{suffix}", script=f"systemctl reset-failed {q} 2>/dev/null; true\n",
-                  describe=f"systemctl reset-failed {name}")
-    # podman: the container's process and its conmon; docker: its process (containerd's
-    # shim reaps it), then docker's own SIGKILL
-    pids = "{{.State.Pid}} {{.State.ConmonPid}}" if rt == "podman" else "{{.State.Pid}}"
-    also = "" if rt == "podman" else f"{qrt} kill --signal KILL {qc} >/dev/null 2>&1 && echo 'docker kill'; "
-    yield Command(f"kill stuck processes{suffix}",
-                  script=(f"pids=$({qrt} inspect --format {shlex.quote(pids)} {qc} "
-                          f"2>/dev/null | tr ' ' '\\n' | grep -v '^0$' | grep -v '^$'); "
-                          f"for p in $pids; do kill -9 $p 2>/dev/null && echo \"killed $p\"; done; {also}true\n"),
-                  describe=f"kill -9 the PIDs of container {cname}",
-                  interpret=lambda r: ", ".join(r.stdout.split("\n")).strip(", ") or "none were left")
-    # podman waits at most 1 s for a stop (seed 000); docker's rm -f kills at once
-    rm = f"{qrt} rm -f --time 1 {qc}" if rt == "podman" else f"{qrt} rm -f {qc}"
-    yield Command(f"remove the container{suffix}", script=f"timeout 60 {rm} >/dev/null 2>&1; "
-                  f"{qrt} inspect {qc} >/dev/null 2>&1 && {{ echo still there; exit 1; }}; true\n",
-                  describe=rm.replace("'", ""))

@@ -9,7 +9,7 @@ import threading
 
 from converge.group import stream
 
-from roles.service.replicas import replica_unit, units_shell
+from roles.replicas import replica_unit, units_shell
 
 
 def journal_command(lines: int, follow: bool, replica: int | None = None):

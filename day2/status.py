@@ -9,8 +9,8 @@ from converge.facts import Fact
 from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
 from roles.frontdoor.stats import server_rows
-from roles.image.role import record_path
-from roles.service.replicas import installed, replica_name, replica_unit, units_shell
+from roles.serving_host import record_path
+from roles.replicas import installed, replica_name, replica_unit, units_shell
 
 
 class ServiceProbe(Fact):

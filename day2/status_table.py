@@ -25,6 +25,11 @@ def status_document(report) -> dict:
 
 
 def print_status(data, console):
+    """One table on a terminal; off one (a pipe, a file), a line per replica and per gateway
+    server, every name whole."""
+    if not console.is_terminal:
+        print_lines(data, console)
+        return
     table = Table("host", "unit", "container", "health", "model", "image / digest", "GPU memory", "drift",
                   title="STATUS", title_justify="left")
     gateways = {host: h for host, h in data["hosts"].items() if "gateway_servers" in h}
@@ -59,3 +64,36 @@ def print_status(data, console):
         for error in h["errors"]:
             servers.add_row("[red]error[/red]", error[:120], "", "")
         console.print(servers)
+
+
+def print_lines(data, console):
+    """``host[#replica] unit=… container=… health=… model=… image=… gpu_memory=… drift=…`` and
+    ``gateway host server state check for``, one line each."""
+    def say(text):
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+    for host, h in data["hosts"].items():
+        if "gateway_servers" in h:
+            continue
+        if not h["reachable"]:
+            say(f"{host} unreachable: {h['errors'][0]}")
+            continue
+        replicas = h.get("replicas") or [h]
+        drift = "; ".join(h["drift"] + h["errors"]) or "none"
+        for n, r in enumerate(replicas):
+            label = host if len(replicas) == 1 else f"{host}#{r.get('replica', n)}"
+            mem = (f"{r.get('gpu_memory_used_mib')}/{r.get('gpu_memory_total_mib')}MiB"
+                   if r.get("gpu_memory_total_mib") else "unified")
+            model = (r.get("model") or h.get("model") or "-").split("/")[-1]
+            planned = "" if r.get("planned", True) else " not-planned"
+            say(f"{label} unit={r.get('unit_state', '?')} container={r.get('container') or '-'} "
+                f"health={r.get('health') or '-'} model={model} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
+                f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
+    for host, h in data["hosts"].items():
+        if "gateway_servers" not in h:
+            continue
+        for server in h["gateway_servers"]:
+            since = f" for={server['since_s']}s" if server["since_s"] is not None else ""
+            say(f"gateway {host} server={server['server']} state={server['state'].replace(' ', '_')} "
+                f"check={server['check'].replace(' ', '_') or '-'}{since}")
+        for error in h["errors"]:
+            say(f"gateway {host} error: {error}")

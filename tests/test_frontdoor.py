@@ -161,6 +161,7 @@ def _front_door(tmp_path, replicas: int):
         time.sleep(0.1)
     call.ports = [b.server_address[1] for b in backends]
     call.admin = str(tmp_path / "admin-http.sock")
+    call.backends = backends
     yield call
     proc.terminate()
     proc.wait(10)
@@ -241,7 +242,7 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
 
 def _roll_shell(door, index: int, command: str) -> str:
     """The rolling deploy's own shell (drain, ready, state) against this front door."""
-    from roles.service.rollout import FRONTDOOR_SHELL
+    from roles.frontdoor.admin import FRONTDOOR_SHELL
     script = f"ADMIN={door.admin}; I={index}\n{FRONTDOOR_SHELL}\n{command}\n"
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -270,6 +271,24 @@ def test_a_drained_replica_gets_no_new_request_but_its_gate_reaches_it(front_doo
     for index in range(3):
         assert _roll_shell(door, index, "admin ready && fd_state") == "0 UP"
     assert door("/health")[0] == 200
+
+
+def test_a_roll_s_flag_keeps_health_at_404_while_its_replica_is_stopped(front_door):
+    """The host's last replica drained and then stopped: with the roll's flag up the front door
+    says 404 (the gateway shows the host drained) for the whole roll; lowered, 503 (down)."""
+    door = front_door
+    time.sleep(2.5)
+    assert _roll_shell(door, 0, "flag ready && admin drain && echo out") == "out"
+    assert door("/health")[:2] == (404, {"status": "draining"})
+    door.backends[0].shutdown()
+    door.backends[0].server_close()  # the replica stopped: its checks fail
+    deadline = time.monotonic() + 15
+    while _roll_shell(door, 0, "fd_state").split()[-1] != "DOWN":
+        assert time.monotonic() < deadline, "the front door never saw the replica down"
+        time.sleep(0.3)
+    assert door("/health")[:2] == (404, {"status": "draining"})
+    assert _roll_shell(door, 0, "admin ready && flag maint && echo back") == "back"
+    assert door("/health")[0] == 503  # down, as the gateway should see it
 
 
 def test_the_gateway_takes_a_draining_front_door_out_of_balancing():

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from roles.service.nixos import imported, imports_line, module_name, nix_value
-from roles.service.replicas import Served
+from roles.replicas import Served
 from roles.service.role import render_module, render_unit
 
 NIX = shutil.which("nix-instantiate")

@@ -9,15 +9,16 @@ import pytest
 from converge.changes import File
 from converge.errors import StepFailed
 from converge.transport import Result
-from roles.service.rollout import Roll, interpret, script, throttle
+from roles.service.rollout import Roll, Target, interpret, script, throttle
 
 
 def _roll(**changes) -> Roll:
     unit = File("unit file", path="/etc/systemd/system/podman-vllm-diffusiongemma-1.service",
                 content="[Service]\nExecStart=/usr/bin/podman run x\n", current=None)
-    fields = dict(host="hgx01", runtime="podman", index=1, unit="podman-vllm-diffusiongemma-1.service",
-                  unit_path=unit.path, container="vllm-diffusiongemma-1", port=8101, gpus=("GPU-b", "GPU-a"),
-                  env_path="/etc/dgemma/vllm-diffusiongemma.env", unit_file=unit,
+    fields = dict(host="hgx01", runtime="podman", action="restart",
+                  replicas=(Target(1, "podman-vllm-diffusiongemma-1.service", "vllm-diffusiongemma-1", 8101,
+                                   ("GPU-b", "GPU-a")),),
+                  env_path="/etc/dgemma/vllm-diffusiongemma.env", unit_file=unit, unit_path=unit.path,
                   image="10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130", same_image_ref=True,
                   served_model_name="diffusiongemma", api_port=8000, frontdoor_address="127.0.0.1",
                   drain_timeout=120, ready_timeout=600, alone=False)
@@ -37,6 +38,7 @@ def test_the_script_is_one_the_hosts_shell_reads(shell, write):
     if not shutil.which(shell):
         pytest.skip(f"{shell} is not installed")
     text = script(_roll(unit_file=_roll().unit_file if write else None))
+    assert script(_roll(action="stop", unit_file=None, image=""))  # every action is a script sh reads too
     proc = subprocess.run([shell, "-n"], input=text, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     # the key never reaches a command line: read from the 0600 file, given to curl on stdin
@@ -49,8 +51,8 @@ def test_a_script_cut_short_on_its_way_runs_nothing():
     """A link lost while the script is sent leaves the host's sh with part of it: none of it runs
     (unwrapped, sh would run the drain, or the write, and stop there)."""
     text = script(_roll())
-    assert text.index("@begin") < len(text) // 3
-    for cut in (len(text) // 3, len(text) // 2, len(text) - 40):
+    begin = text.index("@begin")  # past it, an unwrapped script would start draining
+    for cut in (begin + 20, (begin + len(text)) // 2, len(text) - 40):
         ran = subprocess.run(["sh", "-s"], input=text[:cut], capture_output=True, text=True, timeout=30)
         assert "@" not in ran.stdout and ran.returncode != 0, (cut, ran.stdout)
 
@@ -60,19 +62,19 @@ def _out(*lines, rc=0):
 
 
 def test_a_roll_that_passed_says_how_long_the_replica_was_out():
-    said = interpret(_roll())(_out("@begin 1000", "@drained 400 0", "@ready 5300", "@gate-passed the front door",
-                                   "@in-service 8500", "@done 8500"))
+    said = interpret(_roll())(_out("@begin 1000", "@drained 400 0", "@ready 5300", "@gate-passed 1 the front door",
+                                   "@in-service 1 8500", "@done 8500")).message
     assert said == ("podman-vllm-diffusiongemma-1.service rolled: drained in 0.4 s; new unit, restarted, ready in "
                     "5.3 s; gate passed (the front door, its checks); out of service 7.5 s")
     alone = interpret(_roll(alone=True, unit_file=None))(
-        _out("@begin 0", "@no-frontdoor", "@ready 5000", "@gate-passed loopback", "@done 6000"))
+        _out("@begin 0", "@no-frontdoor", "@ready 5000", "@gate-passed 1 loopback", "@done 6000")).message
     assert "nothing to drain; restarted" in alone and "served no request while it restarted" in alone
 
 
 def test_a_replica_that_failed_its_gate_and_went_back_says_so_with_its_log():
     out = _out("@begin 0", "@drained 10 0", "@gate-failed 9000 a chat completion through the front door answered 500",
                "  | ERROR EngineCore encountered an issue", "@retagged", "@ready 5000",
-               "@gate-passed the front door", "@in-service 16000", "@rolled-back 16000", rc=5)
+               "@gate-passed 1 the front door", "@in-service 1 16000", "@rolled-back 16000", rc=5)
     with pytest.raises(StepFailed) as failed:
         interpret(_roll())(out)
     message = str(failed.value)

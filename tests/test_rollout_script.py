@@ -17,16 +17,19 @@ from roles.service import rollout
 STUBS = {
     "systemctl": """case "$*" in
   *NRestarts*) echo 0;; *ActiveState*) echo active;; *SubState*) echo running;;
-  restart*) echo "$*" >> "$LOG";; *) ;;
+  restart*|start*) echo "$*" >> "$LOG"; echo UP > "$LOG.state";;
+  stop*|"disable --now"*) echo "$*" >> "$LOG"; echo DOWN > "$LOG.state";;
+  kill*) echo "$*" >> "$LOG";; *) ;;
 esac""",
     # the front door's stats page (admin actions, CSV) and the replica: a chat completion
     # answers 500 the first FAIL_FIRST times
     "curl": """all="$*"; out=""
 while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
 case "$all" in
-  *--data\\ s=*) echo "$all" | sed -n 's/.*action=\\([a-z]*\\).*/admin \\1/p' >> "$LOG"; echo 'location: /;st=DONE';;
+  *--data\\ s=*) echo "$all" | sed -n 's/.*s=\\([a-z0-9]*\\)&.*action=\\([a-z]*\\).*/admin \\1 \\2/p' >> "$LOG"
+    echo 'location: /;st=DONE';;
   *";csv"*) printf '# pxname,svname,qcur,qmax,scur,slim,smax,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status\\n'
-           printf 'servers,replica1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,DRAIN\\n';;
+           printf 'servers,replica1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,%s\\n' "$(cat "$LOG.state" 2>/dev/null || echo DRAIN)";;
   *chat/completions*) cat > /dev/null; n=$(cat "$LOG.chats" 2>/dev/null || echo 0); echo $((n + 1)) > "$LOG.chats"
      if [ "$n" -lt "$FAIL_FIRST" ]; then echo '{"error": "EngineCore encountered an issue"}' > "$out"; printf 500
      else echo '{"choices": [{"message": {"content": "OK"}}]}' > "$out"; printf 200; fi;;
@@ -35,7 +38,9 @@ esac""",
     "podman": """case "$*" in
   exec*) printf 'GPU 0: NVIDIA H200 (UUID: GPU-a)\\nGPU 1: NVIDIA H200 (UUID: GPU-b)\\n';;
   tag*) echo "$*" >> "$LOG";;
-  "image inspect"*) echo new-image;; *) echo old-image;;
+  "image inspect"*) echo new-image;;
+  rm*) echo "podman rm" >> "$LOG"; touch "$LOG.removed";;
+  *) [ -e "$LOG.removed" ] && exit 1; echo old-image;;
 esac""",
     "ss": "true", "journalctl": "echo 'ERROR EngineCore failed'",
 }
@@ -59,13 +64,15 @@ def host(tmp_path):
     admin.close()
 
 
-def _roll(host, fail_first: int):
+def _roll(host, fail_first: int, action="restart", write=True):
     unit = File("unit file", path=str(host / "unit.service"), content="new unit\n", current=None,
                 owner=str(os.getuid()), group=str(os.getgid()))
-    roll = rollout.Roll(host="hgx01", runtime="podman", index=1, unit="u.service", unit_path=unit.path,
-                        container="c", port=8101, gpus=("GPU-b", "GPU-a"), env_path=str(host / "env"),
-                        unit_file=unit, image="img:tag", same_image_ref=True, served_model_name="m", api_port=8000,
-                        frontdoor_address="127.0.0.1", drain_timeout=5, ready_timeout=5, alone=False)
+    deploy = dict(unit_file=unit, unit_path=unit.path, image="img:tag", same_image_ref=True) if write else {}
+    roll = rollout.Roll(host="hgx01", runtime="podman", action=action,
+                        replicas=(rollout.Target(1, "u.service", "c", 8101, ("GPU-b", "GPU-a")),),
+                        env_path=str(host / "env"), served_model_name="m", api_port=8000,
+                        frontdoor_address="127.0.0.1", drain_timeout=5, ready_timeout=5, alone=False,
+                        remove_paths=(str(host / "unit.service"),) if action == "remove" else (), **deploy)
     text = rollout.script(roll).replace(rollout.ADMIN_SOCKET, str(host / "admin.sock"))
     env = {"PATH": f"{host / 'bin'}:/usr/bin:/bin", "LOG": str(host / "log"), "FAIL_FIRST": str(fail_first)}
     proc = subprocess.run(["dash", "-s"], input=text, capture_output=True, text=True, env=env, timeout=60)
@@ -73,21 +80,25 @@ def _roll(host, fail_first: int):
     return roll, Result(proc.returncode, proc.stdout, proc.stderr), log
 
 
+DRAIN = ["admin flag ready", "admin replica1 drain"]
+BACK = ["admin replica1 ready", "admin flag maint"]
+
+
 def test_a_roll_that_passes_drains_writes_restarts_gates_and_puts_back(host):
     roll, result, log = _roll(host, fail_first=0)
     assert result.rc == 0, result.stdout + result.stderr
-    assert log == ["admin drain", "restart u.service", "admin hrunn", "admin ready"]
+    assert log == DRAIN + ["restart u.service", "admin replica1 hrunn"] + BACK
     assert (host / "unit.service").read_text() == "new unit\n"
     assert (host / "unit.service.previous").read_text() == "old unit\n"
-    assert rollout.interpret(roll)(result).startswith("u.service rolled: drained in")
+    assert rollout.interpret(roll)(result).message.startswith("u.service rolled: drained in")
 
 
 def test_a_roll_that_fails_its_gate_goes_back_to_its_unit_and_image_and_is_put_back(host):
     roll, result, log = _roll(host, fail_first=1)
     assert result.rc == 5, result.stdout + result.stderr
     # back to the unit it ran, the image it ran named by the tag again, restarted, gated, put back
-    assert log == ["admin drain", "restart u.service", "admin hrunn", "tag old-image img:tag", "restart u.service",
-                   "admin hrunn", "admin ready"]
+    assert log == DRAIN + ["restart u.service", "admin replica1 hrunn", "tag old-image img:tag", "restart u.service",
+                           "admin replica1 hrunn"] + BACK
     assert (host / "unit.service").read_text() == "old unit\n"
     with pytest.raises(StepFailed, match=r"(?s)answered 500.*its unit, and the image it ran, retagged.*"
                                          r"in service again .*ERROR EngineCore failed"):
@@ -97,6 +108,50 @@ def test_a_roll_that_fails_its_gate_goes_back_to_its_unit_and_image_and_is_put_b
 def test_a_roll_whose_way_back_fails_too_still_leaves_it_in_service(host):
     roll, result, log = _roll(host, fail_first=99)
     assert result.rc == 6
-    assert log[-1] == "admin ready"  # never left drained
+    assert log[-2:] == BACK  # never left drained
     with pytest.raises(StepFailed, match="going back to what it ran failed too"):
         rollout.interpret(roll)(result)
+
+
+def test_day_2_restart_has_nothing_to_go_back_to_and_says_what_to_run(host):
+    roll, result, log = _roll(host, fail_first=0, write=False)
+    assert result.rc == 0 and log == DRAIN + ["restart u.service", "admin replica1 hrunn"] + BACK
+    assert (host / "unit.service").read_text() == "old unit\n"
+    roll, result, log = _roll(host, fail_first=99, write=False)
+    assert result.rc == 4 and log[-2:] == BACK and "tag" not in " ".join(log)
+    with pytest.raises(StepFailed, match=r"(?s)did not come back after its restart: replica 1: a chat completion.*"
+                                         r"answered 500.*invoke recover --hosts hgx01 --replica 1"):
+        rollout.interpret(roll)(result)
+
+
+def test_a_stop_drains_stops_and_puts_it_back_once_its_front_door_sees_it_down(host):
+    roll, result, log = _roll(host, fail_first=0, action="stop", write=False)
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + ["stop u.service"] + BACK  # no gate: nothing comes back
+    said = rollout.interpret(roll)(result)
+    assert said.startswith("u.service stopped: drained in") and "out of service" in said
+
+
+def test_a_start_is_gated_through_the_front_door(host):
+    roll, result, log = _roll(host, fail_first=0, action="start", write=False)
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + ["start u.service", "admin replica1 hrunn"] + BACK
+    said = rollout.interpret(roll)(result)
+    assert said.value == "u.service" and "gate passed (1 the front door, its checks)" not in said.message
+    assert "started, ready in" in said.message and "gate passed (the front door" in said.message
+
+
+def test_recover_clears_the_unit_and_container_then_starts_and_gates(host):
+    roll, result, log = _roll(host, fail_first=0, action="recover", write=False)
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + ["stop u.service", "kill -s KILL u.service", "podman rm", "start u.service",
+                           "admin replica1 hrunn"] + BACK
+    said = rollout.interpret(roll)(result).message
+    assert "replica 1: unit stopped and reset" in said and "container removed" in said and "gate passed" in said
+
+
+def test_a_replica_no_longer_planned_is_drained_then_removed(host):
+    roll, result, log = _roll(host, fail_first=0, action="remove", write=False)
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + ["disable --now u.service"] + BACK
+    assert not (host / "unit.service").exists()

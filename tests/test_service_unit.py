@@ -7,7 +7,7 @@ import pytest
 import roles
 from converge.errors import StepFailed
 from converge.play import Play
-from roles.service.replicas import Served, index_of, installed, replica_unit
+from roles.replicas import Served, index_of, installed, replica_unit
 from roles.service.role import render_env, render_unit
 
 NVFP4 = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"

@@ -40,7 +40,7 @@ from converge.play import Play  # noqa: E402
 from lab import config as lab_config  # noqa: E402
 from roles.fleet import is_gateway  # noqa: E402
 from roles.frontdoor.render import FRONTDOOR, GATEWAY  # noqa: E402
-from roles.service.role import read_secret  # noqa: E402
+from converge.secrets import read_optional_secret as read_secret  # noqa: E402
 
 KNOB_DIR = ".vllm-standin"
 MARK_BEGIN = "<!-- bench/gateway: begin -->"

@@ -21,6 +21,8 @@ from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
 
 from relay.probe import fallback_note, relay_steps, usable_relay
 
+from roles.serving_host import connect_address
+
 from . import tls
 from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit
 
@@ -34,12 +36,6 @@ class Wanted:
 
 
 GENERATION_HEADER = "X-Frontdoor-Generation"
-
-
-def connect_address(v: dict) -> str:
-    """Where the host itself reaches the instance: loopback when it binds every address."""
-    host = v.get("api_host", "0.0.0.0")
-    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
 
 def local_url(v: dict, path: str = "/health") -> str:
@@ -220,7 +216,7 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
 
 
 def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted):
-    """`invoke keys add/revoke`: the key list and the configuration naming its
+    """`invoke keys.add` and `keys.revoke`: the key list and the configuration naming its
     generation, then a reload (a restart only if the reload does not take). A host
     where the instance is not deployed yet gets its keys at its first deploy."""
     state = ctx.facts.get(f"{prefix}_unit") or {}

@@ -10,11 +10,12 @@ from converge.changes import Command, File, Role
 from converge.facts.host import UnitFiles, UnitState
 
 from roles.fleet import is_serving
-from roles.service.replicas import installed, more_units_glob, replica_port
-from roles.service.role import env_path, unit_name
+from roles.replicas import installed, more_units_glob, replica_port
+from roles.serving_host import env_path, unit_name
 
 from . import proxy, tls
-from .render import FRONTDOOR, Server, admin_socket
+from .admin import ADMIN_SOCKET, FRONTDOOR_SHELL
+from .render import FRONTDOOR, Server
 from .stats import ServerStates
 
 
@@ -23,7 +24,7 @@ def facts(v):
     return {**proxy.facts(v, FRONTDOOR, "frontdoor"), "unit": UnitState(unit_name(v)),
             "replica_units": UnitFiles(more_units_glob(v)),
             # replicas it holds out of service (a rolling deploy's drain that did not end)
-            "frontdoor_servers": ServerStates(admin_socket(FRONTDOOR))}
+            "frontdoor_servers": ServerStates(ADMIN_SOCKET)}
 
 
 def servers(ctx) -> list[Server]:
@@ -57,14 +58,14 @@ def plan(ctx):
 
 def back_in_service(ctx) -> Command:
     """A replica the front door still holds drained (a roll cut short by a reboot or SIGKILL of
-    its script, which otherwise puts it back itself) is put back: deploy never leaves one out."""
-    from roles.service.rollout import FRONTDOOR_SHELL
+    its script, which otherwise puts it back itself) is put back, and the roll's flag lowered:
+    deploy never leaves one out."""
     states = ctx.facts.get("frontdoor_servers") or {}
     drained = [name for name, state in states.items() if state["status"].startswith("DRAIN")]
     indices = [name.removeprefix("replica") for name in drained if name.removeprefix("replica").isdigit()]
-    script = (f"ADMIN={shlex.quote(admin_socket(FRONTDOOR))}\n{FRONTDOOR_SHELL}\n"
+    script = (f"ADMIN={shlex.quote(ADMIN_SOCKET)}\n{FRONTDOOR_SHELL}\n"
               + "".join(f"I={int(i)}; admin ready || {{ echo \"replica{int(i)} is still drained\"; exit 1; }}\n"
-                        for i in indices))
+                        for i in indices) + "flag maint || true\n")
     return Command("replicas in service", script=script, when=bool(indices),
                    describe=f"{', '.join(drained)} left drained in the front door (a rolling deploy cut short): "
                             f"back in service")

@@ -11,7 +11,7 @@ from credentials import CredentialError, directory
 from credentials.ca import ca_pem, host_certificate
 from credentials.keys import KeyStore, digest, service_key
 
-from roles.service.role import read_secret
+from converge.secrets import read_optional_secret as read_secret
 
 
 @dataclass(frozen=True)

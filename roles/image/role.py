@@ -11,18 +11,11 @@ from converge.facts.host import FileState
 from relay.probe import fallback_note, relay_steps, usable_relay
 
 from roles.fleet import is_serving
-from roles.service.role import restart_all
+from roles.serving_host import STATE_DIR, record_path, restart_all
 
 from .pull_progress import pull_reader
 
 ARCH_NAMES = {"x86_64": "amd64", "aarch64": "arm64"}
-STATE_DIR = "/var/lib/dgemma"
-
-
-def record_path(hostvars) -> str:
-    return f"{STATE_DIR}/{hostvars.get('service_name', 'vllm-diffusiongemma')}.image"
-
-
 def facts(hostvars):
     return {"images": Images(hostvars.get("container_runtime", "podman")),
             "image_record": FileState(record_path(hostvars))}

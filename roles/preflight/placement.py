@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .memory import (WORKER_MIB, GpuMemory, budget_mib, check_words, gpu_memory, largest_safe_utilization,
                      passes_vllm_check, vllm_refusal)
-from .select import Refused
+from .variants import Refused, candidates
 
 TENSOR_PARALLEL_SIZES = (2, 4, 8)
 
@@ -117,9 +117,8 @@ def _usable(gpu: dict, mem: GpuMemory, hostvars: dict, running: dict, apps: list
 
 
 def _variants(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
-    """The catalog's variants for this compute capability, in preference order (select.py's)."""
-    from .select import _candidates
-    return _candidates(cc, hostvars)
+    """The catalog's variants for this compute capability, in preference order."""
+    return candidates(cc, hostvars)
 
 
 def _fits(spec: dict, size: int, budgets: list[float]) -> bool:

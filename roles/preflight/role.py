@@ -10,8 +10,8 @@ from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.service.nixos import module_path
-from roles.service.replicas import index_of_container, installed, more_units_glob
-from roles.service.role import unit_file, unit_name, unit_path
+from roles.replicas import index_of_container, installed, more_units_glob
+from roles.serving_host import unit_file, unit_name, unit_path
 
 from . import catalog
 from .deployed import deployed_replicas, module_containers

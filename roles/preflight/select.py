@@ -7,15 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from converge.errors import StepFailed
 from converge.facts.nvidia import cuda_tuple
 
 from . import catalog
 from .memory import GpuMemory
-
-
-class Refused(StepFailed):
-    """No image or model can serve on this host; the message says what to do."""
+from .placement import place
+from .variants import Refused, version
 
 
 @dataclass
@@ -66,10 +63,6 @@ class Choice:
                 "memory_source": self.memory.source, **self.placement.as_dict()}
 
 
-def _version(text: str) -> tuple:
-    return tuple(int(p) for p in str(text).split("."))
-
-
 def choose_image(arch: str, cuda: str | None, hostvars: dict) -> tuple[str, str]:
     if hostvars.get("image"):
         return hostvars["image"], "set by the inventory (image)"
@@ -87,44 +80,21 @@ def choose_image(arch: str, cuda: str | None, hostvars: dict) -> tuple[str, str]
     if arch not in arches:
         raise Refused(f"no vLLM image is built for {arch}; the catalog has {', '.join(sorted(arches))}")
     for row in rows:
-        if row["arch"] == arch and have >= _version(row["min_cuda"]):
+        if row["arch"] == arch and have >= version(row["min_cuda"]):
             ref = f"{cat['repository']}:{row['tag']}"
             registry = hostvars.get("registry")
             if registry:
                 ref = f"{registry.rstrip('/')}/{ref}"
             return ref, (f"{arch} with driver CUDA {cuda} >= {row['min_cuda']} "
                          f"({channel} channel){', through mirror ' + registry if registry else ''}")
-    lowest = min(_version(r["min_cuda"]) for r in rows if r["arch"] == arch)
+    lowest = min(version(r["min_cuda"]) for r in rows if r["arch"] == arch)
     raise Refused(f"the driver supports CUDA {cuda}, older than any {channel} image "
                   f"(CUDA {'.'.join(map(str, lowest))} at least): {cat['remedy']}")
-
-
-def _candidates(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
-    cat = catalog.models()["variants"]
-    if hostvars.get("model"):
-        model = hostvars["model"]
-        return [(model, cat.get(model, {}))]
-    have = _version(cc)
-    wanted = hostvars.get("quantization", "auto")
-    for row in catalog.models()["preference"]:
-        if have >= _version(row["min_compute_capability"]):
-            order = row["order"] if wanted == "auto" else [wanted]
-            out = []
-            for quant in order:
-                for model, spec in cat.items():
-                    if spec["quantization"] == quant:
-                        if have < _version(spec["min_compute_capability"]):
-                            raise Refused(f"{quant} needs compute capability {spec['min_compute_capability']} "
-                                          f"or newer; this GPU has {cc}. Set quantization: auto")
-                        out.append((model, spec))
-            return out
-    raise Refused(f"compute capability {cc} is older than any DiffusionGemma variant supports (8.0)")
 
 
 def choose(facts: dict, hostvars: dict, running: dict | None = None) -> Choice:
     """facts: ``arch``, ``nvidia`` (NvidiaSmi), ``meminfo``; ``running``: GPU uuid -> the
     utilization our replica there started with. The first replica's choice is the host's."""
-    from .placement import place
     arch = facts["arch"]
     nvidia = facts["nvidia"]
     image, image_reason = choose_image(arch, nvidia.get("cuda_version"), hostvars)

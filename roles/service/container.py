@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .replicas import Served, replica_name, replica_port
+from roles.replicas import Served, replica_name, replica_port
 from .serve import serve_args
 
 CONTAINER_CACHE = "/root/.cache/huggingface"
@@ -30,6 +30,16 @@ class ContainerSpec:
     def gpu_options(self) -> list[str]:
         """The GPU options as ``--flag=value`` (oci-containers' extraOptions)."""
         return [f"{flag}={value}" for flag, value in zip(self.gpu[::2], self.gpu[1::2])]
+
+
+def handed_gpus(unit_text: str) -> tuple:
+    """The GPUs (uuids) a unit we wrote hands its container, as `gpu_handover` wrote them (none
+    when it hands every GPU): for day 2, which has the unit but not the placement."""
+    import re
+    found = re.findall(r"nvidia\.com/gpu=(GPU-[0-9A-Za-z-]+)", unit_text)
+    for devices in re.findall(r"device=([0-9A-Za-z,-]+)", unit_text):
+        found += [d for d in devices.split(",") if d.startswith("GPU-")]
+    return tuple(dict.fromkeys(found))
 
 
 def gpu_handover(runtime: str, gpus: list[str] | None) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from converge.changes import Role
 
 from .nixos import module_path
-from .replicas import Served, replica_unit_path
+from roles.replicas import Served, replica_unit_path
 from .role import read_secret, render_module, render_unit
 
 FORMATS = ("systemd", "nixos")

@@ -12,56 +12,20 @@ import jinja2
 
 from converge.changes import Check, Command, File, Role
 from converge.facts.host import FileState, OsRelease, TextFiles, UnitFiles, UnitState
-from converge.secrets import read_secret_file
+from converge.secrets import read_optional_secret as read_secret
 
 from roles.fleet import is_serving
+from roles.serving_host import (STAMP_DIR, env_path, env_stamp_path, image_stamp_path, restart,
+                                start_notes_command, step_name, unit_file, unit_name, unit_path, unit_state)
 
 from .container import RUNTIME_PATHS, container_spec, run_command
 from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
-from .replicas import (Served, installed, more_units_glob, replica_name, replica_port, replica_unit,
+from roles.replicas import (Served, installed, more_units_glob, replica_name, replica_port, replica_unit,
                        replica_unit_path, service)
-from .rollout import Roll, interpret as roll_interpret, is_running, script as roll_script, throttle
+from .rollout import at_once, command as roll_command, is_running, plan_roll, throttle
 from .serve import command_line
 
 HERE = Path(__file__).parent
-
-
-def unit_name(v: dict) -> str:
-    """Replica 0's unit: the service's own name, as before replicas existed."""
-    return replica_unit(v, 0)
-
-
-def unit_path(v: dict) -> str:
-    return replica_unit_path(v, 0)
-
-
-def env_path(v: dict) -> str:
-    """Every replica's secrets: one file, the same keys."""
-    return f"/etc/dgemma/{service(v)}.env"
-
-
-STAMP_DIR = "/run/dgemma"
-
-
-def env_stamp_path(v: dict, index: int = 0) -> str:
-    """Where a replica's unit notes, as it starts, the sha256 of the environment file it read."""
-    return f"{STAMP_DIR}/{replica_name(v, index)}.env-started"
-
-
-def image_stamp_path(v: dict, index: int = 0) -> str:
-    """Where a replica's unit notes, as it starts, the image record it started under (which
-    image the tag named then: roles/image writes the record when it pulls)."""
-    return f"{STAMP_DIR}/{replica_name(v, index)}.image-started"
-
-
-def start_notes_command(v: dict, index: int = 0) -> str:
-    """The shell that writes both notes as the replica starts (systemd reads EnvironmentFile
-    just before), so a deploy sees a replica still running an older environment or image."""
-    from roles.image.role import record_path
-    image_stamp = shlex.quote(image_stamp_path(v, index))
-    return (f"mkdir -p {STAMP_DIR} && sha256sum < {shlex.quote(env_path(v))} > "
-            f"{shlex.quote(env_stamp_path(v, index))} && {{ cp -f {shlex.quote(record_path(v))} {image_stamp} "
-            f"2>/dev/null || rm -f {image_stamp}; }}")
 
 
 def facts(hostvars):
@@ -83,13 +47,6 @@ def facts(hostvars):
 
 def is_nixos(ctx) -> bool:
     return (ctx.facts.get("os") or {}).get("ID") == "nixos"
-
-
-def read_secret(path: str | None, what: str, host: str) -> str | None:
-    """A secret from a file on the control machine (refused unless 0600); never echoed anywhere."""
-    if not path:
-        return None
-    return read_secret_file(path, what, host).strip()
 
 
 def _templates() -> jinja2.Environment:
@@ -131,21 +88,6 @@ def render_env(api_key: str | None, hf_token: str | None) -> str:
     if hf_token:
         lines.append(f"HF_TOKEN={hf_token}\n")
     return "".join(lines)
-
-
-def _more(ctx, index: int) -> dict:
-    """Replica ``index``'s entry (1 and up) of the UnitFiles fact: its file and unit state."""
-    return (ctx.facts.get("replica_units") or {}).get(replica_unit_path(ctx.vars, index)) or {}
-
-
-def unit_state(ctx, index: int) -> dict:
-    """A replica's UnitState as gathered (empty when the host has no such unit)."""
-    return (ctx.facts.get("unit") or {}) if index == 0 else _more(ctx, index).get("state") or {}
-
-
-def unit_file(ctx, index: int) -> dict | None:
-    """A replica's unit file (FileState) as gathered (None when absent)."""
-    return ctx.facts.get("unit_file") if index == 0 else _more(ctx, index).get("file")
 
 
 def _env_stamp(ctx, index: int) -> list[str]:
@@ -213,66 +155,38 @@ def plan(ctx):
 
 def _rolled(ctx, replica: dict, written: File | None, image: str, count: int) -> Command:
     """A running replica whose change needs a restart, rolled (roles/service/rollout.py)."""
-    from roles.frontdoor.proxy import connect_address
-    v = ctx.vars
     fleet = ctx.services.get("fleet")
     has_gateway = bool(fleet and fleet.has_gateway)
     index, unit = replica["index"], replica["unit"]
     current = unit_file(ctx, index) or {}
-    roll = Roll(host=ctx.name, runtime=v.get("container_runtime", "podman"), index=index, unit=unit,
-                unit_path=replica["unit_path"], container=replica["container"], port=replica["port"],
-                gpus=tuple(replica["gpus"]), env_path=env_path(v), unit_file=written, image=image,
-                same_image_ref=image in current.get("content", ""),
-                served_model_name=v.get("served_model_name", "diffusiongemma"),
-                api_port=int(v.get("api_port", 8000)), frontdoor_address=connect_address(v),
-                drain_timeout=int(v.get("drain_timeout", 120)), ready_timeout=int(v.get("ready_timeout", 600)),
-                alone=count == 1 and not has_gateway)
-    limit = throttle(v, has_gateway)
+    roll = plan_roll(ctx, "restart", [index], unit_file=written, unit_path=replica["unit_path"], image=image,
+                     same_image_ref=image in current.get("content", ""))
+    limit = throttle(ctx.vars, has_gateway)
     why = "a new unit" if written is not None and written.content_changed() else "a new environment, image or weights"
-    at_once = (f"{limit.limit} replica{'s' if limit.limit > 1 else ''} of the fleet at a time" if limit.limit
-               else "one replica of this host at a time")
-    return Command(step_name("rolling restart", index), script=roll_script(roll),
-                   interpret=roll_interpret(roll),
-                   describe=f"roll {unit} ({why}): out of service in the front door"
-                            f"{' (and the gateway)' if has_gateway and count == 1 else ''}, "
-                            f"{'write the unit, ' if written is not None else ''}restart, gate (ready, a completion "
-                            f"through the front door, its checks), back in service; on failure back to what it ran; "
-                            f"{at_once}",
-                   diff=written.diff() if written is not None else "", throttle=limit,
-                   satisfies=(restart(unit),),
-                   timeout=roll.drain_timeout + 2 * (roll.ready_timeout + 160) + 60)
-
-
-def restart(unit: str) -> str:
-    """The handler that restarts one replica's unit (the start role waits for those that ran)."""
-    return f"restart {unit}"
-
-
-def restart_all(ctx) -> tuple:
-    """The handlers that restart every planned replica (a new image, new weights for all)."""
-    return tuple(restart(replica_unit(ctx.vars, r.index)) for r in ctx.desired["choice"].replicas)
-
-
-def step_name(step: str, index: int) -> str:
-    """Replica 0's steps keep the names they had before replicas existed."""
-    return step if index == 0 else f"{step} (replica {index})"
+    return roll_command(roll, step_name("rolling restart", index), throttle=limit,
+                        describe=f"roll {unit} ({why}): out of service in the front door"
+                                 f"{' (and the gateway)' if has_gateway and count == 1 else ''}, "
+                                 f"{'write the unit, ' if written is not None else ''}restart, gate (ready, a "
+                                 f"completion through the front door, its checks), back in service; on failure back "
+                                 f"to what it ran; {at_once(limit)}",
+                        diff=written.diff() if written is not None else "", satisfies=(restart(unit),))
 
 
 def _unplanned(ctx, planned: set[int]):
-    """Replica units the placement no longer gives (a GPU now busy, ``gpus`` reduced):
-    stopped, disabled and removed with their environment note."""
+    """Replica units the placement no longer gives (a GPU now busy, ``gpus`` reduced): out
+    of service first, then stopped, disabled and removed with their notes (a roll)."""
     v = ctx.vars
+    fleet = ctx.services.get("fleet")
+    limit = throttle(v, bool(fleet and fleet.has_gateway))
     for index in installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units")):
         if index in planned:
             continue
         unit, path = replica_unit(v, index), replica_unit_path(v, index)
-        q = shlex.quote(unit)
-        yield Command(f"replica {index} removed", script=(
-            f"systemctl disable --now {q} 2>/dev/null; systemctl reset-failed {q} 2>/dev/null\n"
-            f"rm -f {shlex.quote(path)} {shlex.quote(path + '.previous')} "
-            f"{shlex.quote(env_stamp_path(v, index))} {shlex.quote(image_stamp_path(v, index))}\n"
-            f"systemctl daemon-reload\n"),
-            describe=f"systemctl disable --now {unit}; rm {path} (replica {index} is no longer planned)")
+        roll = plan_roll(ctx, "remove", [index], remove_paths=(path, path + ".previous", env_stamp_path(v, index),
+                                                               image_stamp_path(v, index)))
+        yield roll_command(roll, f"replica {index} removed", throttle=limit,
+                           describe=f"drain {unit} in the front door; systemctl disable --now {unit}; rm {path} "
+                                    f"(replica {index} is no longer planned); {at_once(limit)}")
 
 
 def _environment_in_force(ctx, env: File, replica: dict):

@@ -2,63 +2,43 @@
 /v1/models, or stopped (state: stopped). Reports the time to ready."""
 from __future__ import annotations
 
-import re
 import shlex
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
 
 from roles.fleet import is_serving
-from roles.service.replicas import service
-from roles.service.rollout import is_running
-from roles.service.role import env_path, restart, step_name, unit_state
+from roles.replicas import service
+from roles.service.ready import AWAIT_READY, entries, failed_unit, late_units, ready_seconds
+from roles.service.rollout import gated, is_running
+from roles.serving_host import env_path, record_path, restart, step_name, unit_state
 
 
 def wait_script(v: dict, units: list[tuple[str, int]], timeout: int) -> str:
-    """Start every ``(unit, loopback port)`` at once, then wait until each answers /health
-    and /v1/models (replicas on separate GPUs start side by side)."""
+    """Start every ``(unit, loopback port)`` at once, then wait until each is ready (the one
+    readiness loop, roles/service/ready.py: replicas on separate GPUs start side by side)."""
     names = " ".join(shlex.quote(unit) for unit, _ in units)
-    pending = " ".join(shlex.quote(f"{unit}={int(port)}") for unit, port in units)
-    env = shlex.quote(env_path(v))
     return f"""
+say() {{ echo "$@"; }}
+now_ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
 journal() {{ [ $# -gt 1 ] && echo "  | -- $1"; journalctl -u "$1" -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
+# the key is read into a variable and given to curl on stdin: never on a command line
+key=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(env_path(v))} 2>/dev/null)
+auth() {{ printf 'header = "Authorization: Bearer %s"\\n' "$key"; }}
+{AWAIT_READY.strip()}
 for u in {names}; do systemctl reset-failed "$u" 2>/dev/null; done
 systemctl start {names} || {{ echo "@failed start"; for u in {names}; do journal "$u" {len(units)}; done; exit 3; }}
-# the key is read into a variable and given to curl on stdin: never on a command line
-key=$(sed -n 's/^VLLM_API_KEY=//p' {env} 2>/dev/null)
-start=$(date +%s)
-pending="{pending}"
-while :; do
-  now=$(date +%s); elapsed=$((now - start)); left=""
-  for entry in $pending; do
-    u=${{entry%=*}}; base="http://127.0.0.1:${{entry##*=}}"  # vLLM on loopback
-    state=$(systemctl is-active "$u")
-    if [ "$state" = failed ] || [ "$state" = inactive ]; then
-      echo "@failed $u $state after $elapsed s"; journal "$u" {len(units)}; exit 3
-    fi
-    if curl -fsS -o /dev/null --max-time 5 "$base/health" 2>/dev/null &&
-       printf 'header = "Authorization: Bearer %s"\\n' "$key" | curl -fsS --max-time 5 -K - -o /dev/null "$base/v1/models" 2>/dev/null; then
-      echo "@replica-ready $u $elapsed"
-    else
-      left="$left $entry"
-    fi
-  done
-  pending=$left
-  if [ -z "$pending" ]; then echo "@ready $elapsed"; exit 0; fi
-  if [ $elapsed -ge {int(timeout)} ]; then
-    echo "@timeout $elapsed$pending"; for entry in $pending; do journal "${{entry%=*}}" {len(units)}; done; exit 4
-  fi
-  sleep 0.5
-done
+if await_ready {int(timeout)} {entries(units)}; then exit 0; fi
+if [ -n "$failed_unit" ]; then journal "$failed_unit" {len(units)}; exit 3; fi
+for u in {names}; do journal "$u" {len(units)}; done; exit 4
 """
 
 
-def parse_wait(result) -> tuple[str | None, bool, str]:
+def parse_wait(result) -> tuple[float | None, bool, str]:
     """What wait_script printed: seconds to ready (or None), whether it timed out, the journal tail."""
-    ready = re.search(r"^@ready (\d+)", result.stdout, re.M)
     journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
-    timed_out = bool(re.search(r"^@timeout", result.stdout, re.M))
-    return (ready.group(1) if result.rc == 0 and ready else None), timed_out, journal
+    timed_out = bool(late_units(result.stdout))
+    return (ready_seconds(result.stdout) if result.rc == 0 else None), timed_out, journal
 
 
 def plan(ctx):
@@ -71,24 +51,25 @@ def plan(ctx):
                           when=is_running(states[replica["index"]]), describe=f"systemctl stop {replica['unit']}")
         return
     timeout = int(v.get("ready_timeout", 600))
-    # a replica that is not running, or that a handler restarted, is waited for
-    wanted = [r for r in replicas if not is_running(states[r["index"]]) or restart(r["unit"]) in ctx.handlers_run]
+    # a replica that is not running, or that a handler restarted, is waited for; one a roll
+    # restarted has passed its gate there already
+    wanted = [r for r in replicas if not is_running(states[r["index"]])
+              or (restart(r["unit"]) in ctx.handlers_run and gated(r["unit"]) not in ctx.results)]
     units = [r["unit"] for r in wanted]
     named = ", ".join(units)
 
     def interpret(result):
         seconds, timed_out, journal = parse_wait(result)
         if seconds is not None:
-            return f"{named} ready: /health and /v1/models answer after {seconds} s"
+            return f"{named} ready: /health and /v1/models answer after {seconds:.1f} s"
         if timed_out:
-            late = result.stdout.split("@timeout", 1)[1].split("\n", 1)[0].split()[1:]
-            raise StepFailed(f"{', '.join(e.split('=')[0] for e in late) or named} did not answer /health and "
+            raise StepFailed(f"{', '.join(late_units(result.stdout)) or named} did not answer /health and "
                              f"/v1/models within {timeout} s (ready_timeout). Last log lines:\n{journal}\n"
                              f"See: invoke logs --hosts {ctx.name}")
-        out = result.stdout
-        failed = next((line for line in out.splitlines() if line.startswith("@failed")), "")
-        raise StepFailed(f"{failed.split()[1] if len(failed.split()) > 2 else named} failed to start "
-                         f"({failed or result.rc}). Last log lines:\n{journal}")
+        which = failed_unit(result.stdout)
+        raise StepFailed(f"{which[0] if which else named} failed to start "
+                         f"({which[1] if which else 'systemctl start failed, exit ' + str(result.rc)}). "
+                         f"Last log lines:\n{journal}")
 
     whys = []
     for r in wanted:
@@ -104,7 +85,7 @@ def plan(ctx):
 
 def summary(ctx) -> dict:
     """What verify checks each host against (no secret in here: it may go to --json)."""
-    from roles.image.role import record_path
+
     d, v = ctx.desired, ctx.vars
     if "replicas" not in d:
         return {}

@@ -8,8 +8,9 @@ from converge.errors import StepFailed
 
 from relay.probe import relay_steps, usable_relay
 from roles.fleet import is_serving
-from roles.service.replicas import replica_unit
-from roles.service.role import read_secret, restart
+from roles.replicas import replica_unit
+from converge.secrets import read_optional_secret as read_secret
+from roles.serving_host import restart
 
 from .cache import HfCache, status
 from .download import Manifest, fetch_script, manifest_script, parse_fetch, parse_manifest, progress_reader

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import roles
 from converge.changes import Check, Command, File, HostContext, Produced, mask_env
+from converge.errors import StepFailed
 from converge.facts import Facts
 from converge.transport import Result
 from roles.fleet import fleet_of
@@ -100,9 +101,20 @@ def credentials(secrets_dir: str) -> str:
     return str(target)
 
 
+def _roles(case: dict) -> list:
+    """The roles the case runs: a day-2 command's alone (``"role": "day2"``, ``"command":
+    {"name": "restart", "args": {...}}``), else every role up to the case's, in order."""
+    if case["role"] == "day2":
+        from day2 import lifecycle
+        command = case["command"]
+        role = getattr(lifecycle, f"{command['name']}_role")(**command.get("args", {}))
+        role.name = "day2"
+        return [role]
+    return roles.load(roles.ORDER[:roles.ORDER.index(case["role"]) + 1])
+
+
 def plan(case: dict) -> list[dict]:
     """The steps of the case's role, after the roles before it (check mode)."""
-    order = roles.ORDER[:roles.ORDER.index(case["role"]) + 1]
     with tempfile.TemporaryDirectory() as secrets_dir:
         v = hostvars(case, secrets_dir)
         v["credentials_dir"] = credentials(secrets_dir)
@@ -115,8 +127,12 @@ def plan(case: dict) -> list[dict]:
         # handlers the steps before it notified (a new image, new weights)
         ctx.notified = list(case.get("notified", []))
         steps = []
-        for role in [r for r in roles.load(order) if r.hosts is None or r.hosts(v)]:
-            for step in role.plan(ctx):
+        for role in [r for r in _roles(case) if r.hosts is None or r.hosts(v)]:
+            try:
+                planned = list(role.plan(ctx)) if role.name == "day2" else role.plan(ctx)
+            except StepFailed as exc:  # the runner reports the role's plan as failed, nothing run
+                return steps + [{"failed": f"{role.name} | plan: {exc}"}]
+            for step in planned:
                 if role.name == case["role"]:
                     steps.append(describe(step))
                 # what the runner does in check mode: a step that would change notifies its handlers

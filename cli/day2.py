@@ -1,0 +1,146 @@
+"""Day-2 tasks: status, start, stop, restart, recover, logs, endpoints, bench."""
+from __future__ import annotations
+
+import sys
+
+from invoke import Collection, Exit, task
+
+from . import runs
+
+
+def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_become_pass=False, serial=None,
+         max_fail=None):
+    """Run one day-2 role on hosts through the engine (connection, lock, report)."""
+    runs.check_batches(serial, max_fail)
+    play = runs.load_play(inventory, set, ask_become_pass)
+    report = runs.run(play, [role], hosts, json_target, title=title, serial=serial, max_fail=max_fail)
+    runs.finish(report, report.as_dict(), json_target)
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
+                            "ask_become_pass": runs.HELP["ask_become_pass"]})
+def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
+    """One table for the fleet: unit, container, health, model, image, GPU memory, drift."""
+    import roles
+    from day2.status import gateway_status_role, status_role
+    from day2.status_table import print_status, status_document
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    report = runs.run(play, roles.load() + [status_role(), gateway_status_role()], hosts, json, check=True)
+    data = status_document(report)
+    print_status(data, report.console)
+    runs.finish(report, data, json, ok=data["ok"])
+
+
+OPS_HELP = {"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
+            "set": runs.HELP["set"], "ask_become_pass": runs.HELP["ask_become_pass"], **runs.SERIAL_HELP,
+            "replica": "act on this replica alone (its index, as invoke status shows it; default: all of them)"}
+NOW_HELP = ("every replica of each host at once, with no fleet-wide limit (still drained and gated): for an "
+            "emergency; by default one replica of the fleet at a time behind a gateway, as deploy rolls")
+
+
+def _replica(value) -> int | None:
+    """``--replica N``: a replica's index, or None for all of them."""
+    if value is None:
+        return None
+    if not str(value).isdigit():
+        raise Exit(f"--replica {value}: expected a replica's index (0, 1, ...; invoke status shows them)", code=2)
+    return int(value)
+
+
+@task(klass=runs.HostTask, help=OPS_HELP, iterable=["set"])
+def start(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False, replica=None, serial=None,
+          max_fail=None):
+    """Start vLLM's replicas (stopping the units they conflict with, e.g. ollama), each through its gate."""
+    from day2.lifecycle import start_role
+    _ops(inventory, hosts, start_role(replica=_replica(replica)), set, json, ask_become_pass=ask_become_pass,
+         serial=serial, max_fail=max_fail)
+
+
+@task(klass=runs.HostTask, help={**OPS_HELP, "now": NOW_HELP,
+                                 "resume": "start again the units vLLM conflicts with (e.g. ollama)"},
+      iterable=["set"])
+def stop(c, inventory=None, hosts=None, resume=False, json=None, set=None, ask_become_pass=False, replica=None,
+         serial=None, max_fail=None, now=False):
+    """Stop vLLM's replicas, each drained first; with --resume, start the units they displaced."""
+    from day2.lifecycle import stop_role
+    _ops(inventory, hosts, stop_role(resume, _replica(replica), now=now), set, json, ask_become_pass=ask_become_pass,
+         serial=serial, max_fail=max_fail)
+
+
+@task(klass=runs.HostTask, help={**OPS_HELP, "now": NOW_HELP}, iterable=["set"])
+def restart(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False, replica=None, serial=None,
+            max_fail=None, now=False):
+    """Restart vLLM's replicas as deploy rolls them: drained, restarted, gated, back in service."""
+    from day2.lifecycle import restart_role
+    _ops(inventory, hosts, restart_role(replica=_replica(replica), now=now), set, json,
+         ask_become_pass=ask_become_pass, serial=serial, max_fail=max_fail)
+
+
+@task(klass=runs.HostTask, help={**OPS_HELP, "now": NOW_HELP}, iterable=["set"])
+def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=False, replica=None, serial=None,
+            max_fail=None, now=False):
+    """Clear a crash loop or a wedged container; refuse (reboot needed) if nvidia-smi hangs."""
+    from day2.lifecycle import recover_role
+    _ops(inventory, hosts, recover_role(_replica(replica), now=now), set, json, title="RECOVER RECAP",
+         ask_become_pass=ask_become_pass, serial=serial, max_fail=max_fail)
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
+                            "lines": "lines of history (default 50)",
+                            "follow": "keep printing new lines (Ctrl-C to stop)",
+                            "replica": OPS_HELP["replica"],
+                            "ask_become_pass": runs.HELP["ask_become_pass"]})
+def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False, replica=None):
+    """The journal of vLLM's replicas on each host, prefixed by host."""
+    from day2.logs import stream_logs
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    failed = stream_logs(play, runs.select(play, hosts), int(lines), follow, replica=_replica(replica))
+    if failed:
+        raise Exit(code=1)
+
+
+@task(help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
+            "show_keys": "print the api_key_file key instead of ********"})
+def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
+    """Where the fleet answers (https), the CA file to trust, and the lines Open WebUI takes."""
+    from converge.report import write_json
+    from day2.endpoints import api_key, endpoints as endpoints_of, open_webui_lines
+    runs.writable(json)
+    play = runs.load_play(inventory)
+    from roles.fleet import is_gateway
+    selected = {h: play.hostvars(h) for h in runs.select(play, hosts)}
+    gateways = {h: v for h, v in selected.items() if is_gateway(v)}
+    doc = endpoints_of({h: v for h, v in selected.items() if h not in gateways}, gateways)
+    if json:
+        write_json(doc, json)
+        return
+    key, problem = api_key(selected, show_keys)
+    if doc["gateway"]:
+        print(f"{'gateway':<12} {doc['gateway']}")
+    for row in doc["hosts"]:
+        print(f"{row['host']:<12} {row['url']}")
+    print(f"{'CA file':<12} {doc['ca_file']}")
+    if problem:
+        print(f"  {problem}", file=sys.stderr)
+    print()
+    print(open_webui_lines(doc, key), end="")
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
+                            "json": "write the figures as JSON to FILE",
+                            "csv": "write the figures as CSV to FILE",
+                            "repeats": "sequential requests per scenario (default 4)",
+                            "concurrency": "parallel requests of the aggregate figure (default 4)",
+                            "ask_become_pass": runs.HELP["ask_become_pass"]})
+def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", repeats=4, concurrency=4,
+          ask_become_pass=False):
+    """Benchmark each serving host the seeds' way: full canvas, short answers, concurrency 4."""
+    from day2.benchmark_run import bench_hosts
+    runs.writable(json)
+    runs.writable(csv, "--csv")
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    if not bench_hosts(play, runs.select(play, hosts), json, csv, int(repeats), int(concurrency)):
+        raise Exit(code=1)
+
+
+ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench)

@@ -1,0 +1,166 @@
+"""Tasks that converge and check hosts: inventory.check, facts, deploy, verify,
+trust, render."""
+from __future__ import annotations
+
+import sys
+
+from invoke import Collection, Exit, task
+
+from converge.errors import ConvergeError
+
+from . import runs
+
+
+@task(help={"inventory": runs.HELP["inventory"], "set": runs.HELP["set"]}, iterable=["set"])
+def inventory_check(c, inventory=None, set=None):
+    """Validate the inventory and every host's variables against the schemas."""
+    play = runs.load_play(inventory, set)
+    hosts = play.inventory.host_names
+    listed = ", ".join(hosts[:12]) + (f", … ({len(hosts) - 12} more)" if len(hosts) > 12 else "")
+    print(f"{play.inventory.root}: {len(hosts)} hosts ({listed}), {len(play.inventory.groups) - 1} groups: OK")
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
+                            "local": "read this machine through a local connection instead of SSH",
+                            "set": runs.HELP["set"], "ask_become_pass": runs.HELP["ask_become_pass"]},
+      iterable=["set"])
+def facts(c, inventory=None, hosts=None, local=False, json=None, set=None, ask_become_pass=False):
+    """Gather facts and show the chosen image, model and memory, with reasons."""
+    from roles.preflight import show
+    from roles.preflight.role import FACTS_ROLE
+    play = runs.load_play(inventory, set, ask_become_pass and not local)
+    report = runs.run(play, [FACTS_ROLE], hosts, json, local=local)
+    data = show.facts_document(report)
+    show.print_tables(report, data, console=report.console)
+    runs.finish(report, data, json)
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
+                            "set": runs.HELP["set"], "ask_become_pass": runs.HELP["ask_become_pass"],
+                            "check": "change nothing; show the diffs and commands a real run would make",
+                            "diff": "show diffs of changed files", "forks": "hosts converged at once (default 10)",
+                            "lock_wait": "seconds to wait for another run's lock on a host (default 300)",
+                            **runs.SERIAL_HELP},
+      iterable=["set"])
+def deploy(c, inventory=None, hosts=None, check=False, diff=False, forks=10, json=None, set=None, lock_wait=300,
+           ask_become_pass=False, serial=None, max_fail=None):
+    """Converge hosts: image, weights, systemd unit, started and answering."""
+    import roles
+    from relay.service import RelayService
+    runs.check_batches(serial, max_fail)
+    play = runs.load_play(inventory, set, ask_become_pass)
+    report = runs.run(play, roles.load(), hosts, json, title="CHECK RECAP (nothing was changed)" if check else "PLAY RECAP",
+                  show_diff=diff or check, check=check, forks=int(forks), lock_wait=float(lock_wait),
+                  services=(RelayService(),), serial=serial, max_fail=max_fail)
+    runs.finish(report, report.as_dict(), json)
+
+
+@task(help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
+            "yes": "pin the keys shown without asking"})
+def trust(c, inventory=None, hosts=None, yes=False):
+    """Show and pin host keys: each jump host's on the way, then the host's own."""
+    from converge import hostkeys
+    from converge.ssh_settings import SSHSettings
+    from converge.trust import walk
+    play = runs.load_play(inventory)
+    failed = False
+
+    def decide(seen):
+        print(f"{name}: {seen.label + ' ' if seen.label != name else ''}{seen.where} {seen.key.get_name()} "
+              f"{hostkeys.fingerprint(seen.key)}")
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            print("  not pinned: run with --yes, or from a terminal, after checking the fingerprint")
+            return False
+        return input("  trust this key? [y/N] ").strip().lower() in ("y", "yes")
+
+    for name in runs.select(play, hosts):
+        try:
+            # trust needs no become password: only the way in
+            settings = SSHSettings.from_vars(name, {**play.hostvars(name), "ansible_become": False})
+            seen = walk(settings, decide)
+        except ConvergeError as exc:
+            print(str(exc))
+            failed = True
+            continue
+        for entry in seen:
+            what = entry.label + " " if entry.label != name else ""
+            if entry.state == "trusted":
+                print(f"{name}: {what}{entry.where} {entry.key.get_name()} {hostkeys.fingerprint(entry.key)} "
+                      f"already trusted")
+            elif entry.state == "pinned":
+                print(f"  pinned in {settings.known_hosts or hostkeys.USER_KNOWN_HOSTS}")
+            elif entry.state == "changed":
+                print(f"{name}: {what}{entry.where} offers {hostkeys.fingerprint(entry.key)} but known_hosts has "
+                      f"{hostkeys.fingerprint(entry.expected)}. Remove the old key first if the machine was "
+                      f"reinstalled: ssh-keygen -R '{entry.where}' -f "
+                      f"{settings.known_hosts or hostkeys.USER_KNOWN_HOSTS}")
+                failed = True
+            else:
+                failed = failed or not yes
+    if failed:
+        raise Exit(code=1)
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
+                            "set": runs.HELP["set"], "junit": "write JUnit XML to FILE",
+                            "ask_become_pass": runs.HELP["ask_become_pass"]}, iterable=["set"])
+def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_become_pass=False):
+    """Check every host with testinfra over SSH: units, secrets, image, weights, API."""
+    from pathlib import Path
+    import roles
+    from converge import verify as verifylib
+    from converge.verify_report import print_table, verify_document
+    runs.writable(junit, "--junit")
+    play = runs.load_play(inventory, set, ask_become_pass)
+    with play.connections() as connections:  # the check run and the checks: one connection per host
+        # what each host should look like: the roles' plan in check mode (changes nothing)
+        report = runs.run(play, roles.load(), hosts, json, check=True, connections=connections)
+        expected = {h: {**x.get("expected", {}), "frontdoor": x.get("frontdoor"), "gateway": x.get("gateway")}
+                    for h, x in report.extra.items() if "expected" in x or "gateway" in x}
+        # hosts the check run could not reach or become on are failures of their own
+        unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
+                       or (t.role == "connect" and t.status == "failed")}
+        reached = {h: t for h, t in connections.opened().items() if h not in unreachable}
+        results, output = verifylib.run(reached, [str(Path(roles.HERE))], expected, junit=junit) \
+            if reached else ([], "")
+    data = verify_document(results, unreachable, expected)
+    print_table(data, report.console)
+    if not results and reached:
+        report.console.print(output[-3000:])
+    runs.finish(report, data, json, ok=data["ok"])
+
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "set": runs.HELP["set"],
+                            "format": "systemd (the unit) or nixos (a NixOS oci-containers module)",
+                            "ask_become_pass": runs.HELP["ask_become_pass"]}, iterable=["set"])
+def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False):
+    """Print the unit (or NixOS module) deploy would write, for hosts you manage yourself."""
+    from roles.preflight.role import FACTS_ROLE
+    from roles.service.render import FORMATS, RENDER_ROLE
+    if format not in FORMATS:
+        raise Exit(f"--format {format}: expected one of {', '.join(FORMATS)}", code=2)
+    play = runs.load_play(inventory, set, ask_become_pass)
+    report = runs.run(play, [FACTS_ROLE, RENDER_ROLE], hosts, check=True)
+    failed = False
+    for host in report.recap:
+        rendered = report.extra.get(host, {}).get("render")
+        if not rendered:
+            problems = [t.message for t in report.tasks if t.host == host and t.status in ("failed", "unreachable")]
+            print(f"# {host}: nothing to render: {'; '.join(problems) or 'no choice of image and model'}",
+                  file=sys.stderr)
+            failed = True
+            continue
+        for path, text in rendered[format]:
+            print(f"# ---- {host}: {path}")
+            print(text, end="")
+    runs.finish(report, None, None, ok=not failed)
+
+
+inventory_ns = Collection("inventory")
+inventory_ns.add_task(inventory_check, name="check")
+
+ns = Collection(facts, deploy, verify, trust, render)
+ns.add_collection(inventory_ns)

@@ -1,0 +1,29 @@
+"""The front door's admin actions as shell, for scripts that run on the host as root:
+drain a replica, put it back, say it is up (its stats page with admin actions, over a
+unix socket only root reaches), read a replica's state, and raise or lower the host's
+"rolling" flag.
+
+The flag is a server of its own (backend ``rolling``, no checks, in maintenance until
+raised). While it is up and no replica is in service, the front door answers /health
+with 404, so the gateway keeps the host out of balancing (DRAIN, ``disable-on-404``)
+for the whole roll, also once the replica has stopped, instead of seeing it DOWN."""
+from __future__ import annotations
+
+from .render import FRONTDOOR, admin_socket
+
+ADMIN_SOCKET = admin_socket(FRONTDOOR)  # the front door's stats page with admin actions (root only)
+FRONTDOOR_CA = f"{FRONTDOOR.dir}/ca.crt"
+ROLLING_BACKEND, ROLLING_SERVER = "rolling", "flag"
+
+# replica $I in the front door whose stats page with admin actions is at $ADMIN
+FRONTDOOR_SHELL = rf"""
+# drain, ready, hrunn, maint (HAProxy's stats page answers a POST with a redirect ending in ;st=DONE)
+admin() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null --data "s=replica$I&b=servers&action=$1" \
+  http://frontdoor/ 2>/dev/null | grep -q 'st=DONE'; }}
+# the host's rolling flag: ready (raised) or maint (lowered); a front door without it says no
+flag() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null \
+  --data "s={ROLLING_SERVER}&b={ROLLING_BACKEND}&action=$1" http://frontdoor/ 2>/dev/null | grep -q 'st=DONE'; }}
+# requests queued or in flight there, and its state (UP, DRAIN, DOWN, MAINT...)
+fd_state() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" 'http://frontdoor/;csv' 2>/dev/null \
+  | awk -F, -v s="replica$I" '$1 == "servers" && $2 == s {{ print $3 + $5, $18; exit }}'; }}
+"""

@@ -1,0 +1,41 @@
+"""The catalog's DiffusionGemma variants a GPU may run, in preference order, and the
+refusal when none can serve: what placement (each GPU) and selection (the host)
+both read. Pure."""
+from __future__ import annotations
+
+from converge.errors import StepFailed
+
+from . import catalog
+
+
+class Refused(StepFailed):
+    """No image or model can serve on this host; the message says what to do."""
+
+
+def version(text: str) -> tuple:
+    """A dotted version ("12.0", "13.0") as a tuple of numbers, for comparisons."""
+    return tuple(int(p) for p in str(text).split("."))
+
+
+def candidates(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
+    """The variants for compute capability ``cc``: the inventory's ``model``, or the catalog's
+    preference for ``quantization`` (auto: its order for this GPU generation)."""
+    cat = catalog.models()["variants"]
+    if hostvars.get("model"):
+        model = hostvars["model"]
+        return [(model, cat.get(model, {}))]
+    have = version(cc)
+    wanted = hostvars.get("quantization", "auto")
+    for row in catalog.models()["preference"]:
+        if have >= version(row["min_compute_capability"]):
+            order = row["order"] if wanted == "auto" else [wanted]
+            out = []
+            for quant in order:
+                for model, spec in cat.items():
+                    if spec["quantization"] == quant:
+                        if have < version(spec["min_compute_capability"]):
+                            raise Refused(f"{quant} needs compute capability {spec['min_compute_capability']} "
+                                          f"or newer; this GPU has {cc}. Set quantization: auto")
+                        out.append((model, spec))
+            return out
+    raise Refused(f"compute capability {cc} is older than any DiffusionGemma variant supports (8.0)")

@@ -1,0 +1,99 @@
+"""The tree's import graph, read from the code (every import, at the top of a module or
+inside a function): no circle between modules, and no role reaching into another role's
+``role.py`` (what roles share lives in roles/serving_host.py, roles/replicas.py, or the
+engine)."""
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("cli", "converge", "credentials", "day2", "lab", "relay", "roles")
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {"tasks": ROOT / "tasks.py"}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "tests" not in path.relative_to(ROOT).parts:
+                found[_module_of(path)] = path
+    return found
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The tree's modules that ``module`` imports (``from pkg import name`` counts ``pkg.name``
+    when that is a module, else ``pkg``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        out.update(name for name in names if name in known and name != module)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_the_graph_is_read_from_the_code():
+    graph = _graph()
+    assert "roles.serving_host" in graph["roles.service.role"]
+    assert "roles.preflight.placement" in graph["roles.preflight.select"]  # a relative import, resolved
+    assert "cli.runs" in graph["cli.day2"]
+
+
+def test_no_module_imports_itself_through_others():
+    graph = _graph()
+    circles, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                circles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_no_role_imports_another_roles_role_py():
+    graph = _graph()
+    reaching = []
+    for module, imported in graph.items():
+        parts = module.split(".")
+        if parts[0] != "roles" or len(parts) < 3:
+            continue
+        for other in imported:
+            theirs = other.split(".")
+            if theirs[0] == "roles" and len(theirs) == 3 and theirs[2] == "role" and theirs[1] != parts[1]:
+                reaching.append(f"{module} -> {other}")
+    assert not reaching, reaching
+
+
+def test_the_shared_modules_import_no_role():
+    graph = _graph()
+    for shared in ("roles.serving_host", "roles.replicas", "roles.fleet"):
+        roles_imported = {m for m in graph[shared] if m.startswith("roles.") and m.count(".") >= 2}
+        assert not roles_imported, (shared, roles_imported)

@@ -247,7 +247,9 @@ def _action(roll: Roll) -> str:
     units = " ".join(q(t.unit) for t in roll.replicas)
     if roll.action == "stop":
         return f"""failed_at=$(date +%s)
-if systemctl stop {units}; then await_down; say "@stopped $(now_ms)"; undrain; say "@done $(now_ms)"; exit 0; fi
+# a container whose runtime exits non-zero as it is stopped leaves the unit "failed": it was asked to stop
+if systemctl stop {units}; then systemctl reset-failed {units} 2>/dev/null; await_down; say "@stopped $(now_ms)"
+  undrain; say "@done $(now_ms)"; exit 0; fi
 why="systemctl stop failed"; say "@action-failed $why"; journal $failed_at; exit 4"""
     if roll.action == "remove":
         paths = " ".join(q(p) for p in roll.remove_paths)

@@ -45,14 +45,14 @@ def test_start_stops_conflicting_units_and_stop_resume_brings_them_back(deployed
     invoke("stop", "--hosts", "rtx01", check=True)
     ssh("rtx01", "systemctl start ollama.service")
     proc = invoke("start", "--hosts", "rtx01", check=True)
-    assert "ready after" in proc.stdout
+    assert "started: " in proc.stdout and "gate passed (the front door, its checks)" in proc.stdout
     assert ssh("rtx01", "systemctl is-active ollama.service", check=False).stdout.strip() == "inactive"
     invoke("stop", "--hosts", "rtx01", "--resume", check=True)
     assert ssh("rtx01", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"
     assert ssh("rtx01", "systemctl is-active ollama.service").stdout.strip() == "active"
     invoke("start", "--hosts", "rtx01", check=True)
     assert ssh("rtx01", "systemctl is-active ollama.service", check=False).stdout.strip() == "inactive"
-    assert "ready after" in invoke("restart", "--hosts", "rtx01", check=True).stdout
+    assert "rolled: " in invoke("restart", "--hosts", "rtx01", check=True).stdout
 
 
 def test_logs_are_prefixed_by_host(deployed):
@@ -84,9 +84,11 @@ def test_recover_clears_a_crash_loop(deployed):
     finally:
         invoke("lab.gpu", "--host", "rtx01", "--clear", check=True)
     proc = invoke("recover", "--hosts", "rtx01", check=True)
-    for step in ("GPU answers", "stop the unit", "reset-failed", "kill stuck processes", "remove the container",
-                 "start and wait for ready"):
-        assert step in proc.stdout
+    # one roll: drained, the unit stopped and reset, its processes killed, the container removed,
+    # started, gated through the front door, back in service
+    for said in ("GPU answers", "recover: podman-vllm-diffusiongemma.service recovered: drained in",
+                 "unit stopped and reset", "container removed", "gate passed (the front door, its checks)"):
+        assert said in proc.stdout, proc.stdout[-2000:]
     assert ssh("rtx01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
 
 

@@ -278,3 +278,88 @@ def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_
     assert not drained_anywhere()
     proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
     assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)
+
+
+def _json(tmp_path, name):
+    return tmp_path / f"{name}.json"
+
+
+def test_invoke_restart_of_every_serving_host_rolls_one_replica_at_a_time_with_no_failed_request(fleet, tmp_path):
+    """Day 2 through the roll: `invoke restart` on every serving host of the lab while 4 clients
+    send requests through the gateway. Every replica restarts (a new process), one of the fleet
+    at a time, and a one-replica host is held drained in the gateway for its whole roll."""
+    before = {host: main_pids(host) for host in SERVING}
+    out = _json(tmp_path, "restart")
+    started = time.monotonic()
+    with Load() as load:
+        proc = invoke("restart", "--hosts", ",".join(SERVING), "--json", out)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    data = json.loads(out.read_text())
+    steps = rolled(data)
+    assert len(steps) == 7 and all("gate passed (the front door, its checks)" in t["message"] for t in steps), steps
+    after = {host: main_pids(host) for host in SERVING}
+    assert all(after[h][u] != before[h][u] for h in SERVING for u in before[h]), (before, after)
+    assert len(load.outcomes) > 50 and not load.failed, (len(load.outcomes), load.failed[:10])
+    floor = sum(t["seconds"] for t in steps)
+    assert floor <= data["seconds"] + 1, (floor, data["seconds"])  # one at a time
+    # the gateway shows what happens: drained (NOLB) for the whole roll, never down
+    single = {"spark01", "rtx01", "h100-01"}
+    drained_hosts = sorted({host for host, state in load.gateway_seen if state == "NOLB"} & single)
+    assert drained_hosts, load.gateway_seen
+    assert not {host for host, state in load.gateway_seen if state == "DOWN"}, load.gateway_seen
+    assert not drained_anywhere()
+    saw = (f"invoke restart of 7 replicas on 4 hosts: one at a time in {data['seconds']:.0f} s (their rolls alone: "
+           f"{floor:.0f} s); {len(load.outcomes)} requests from 4 clients through the gateway, 0 failed; the gateway "
+           f"showed {', '.join(drained_hosts)} NOLB (drained) and no host DOWN")
+    print(saw)
+    reliability.record("day2-restart-rolled", "rollout", "invoke restart on every serving host",
+                       "invoke restart --hosts spark01,rtx01,h100-01,hgx01 (7 replicas), 4 clients through the "
+                       "gateway", took, saw, "every replica restarted, one at a time, drained in the gateway", True,
+                       failed_requests=0, requests=len(load.outcomes))
+
+
+def test_invoke_stop_of_a_host_under_load_then_start_through_the_gate(fleet, tmp_path):
+    units = sorted(main_pids("hgx01"))
+    with Load() as load:
+        stop = invoke("stop", "--hosts", "hgx01", "--json", _json(tmp_path, "stop"))
+        states = ssh("hgx01", f"systemctl is-active {' '.join(units)}", check=False).stdout.split()
+        time.sleep(3)  # the gateway has seen it down: every request goes to the others
+        start = invoke("start", "--hosts", "hgx01", "--json", _json(tmp_path, "start"))
+    assert stop.returncode == 0, stop.stdout[-3000:]
+    assert states == ["inactive"] * 4, states
+    stopped = [t for t in json.loads(_json(tmp_path, "stop").read_text())["hosts"]["hgx01"]["tasks"]
+               if t["task"].startswith("drain and stop")]
+    assert len(stopped) == 4 and all("stopped: drained in" in t["message"] for t in stopped), stopped
+    assert start.returncode == 0, start.stdout[-3000:]
+    gated = [t for t in json.loads(_json(tmp_path, "start").read_text())["hosts"]["hgx01"]["tasks"]
+             if t["task"] == "start and gate"]
+    assert len(gated) == 1 and "gate passed (the front door, its checks)" in gated[0]["message"], gated
+    assert set(ssh("hgx01", f"systemctl is-active {' '.join(units)}").stdout.split()) == {"active"}
+    assert ("hgx01", "NOLB") in load.gateway_seen, load.gateway_seen  # its last replica drained first
+    assert len(load.outcomes) > 20 and not load.failed, (len(load.outcomes), load.failed[:10])
+    assert not drained_anywhere()
+    print(f"invoke stop --hosts hgx01 then invoke start under load: {len(load.outcomes)} requests, 0 failed")
+
+
+def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path):
+    """Off a terminal (`| cat`) each check and host name is whole, a line per check or replica."""
+    env = {"DGEMMA_INVENTORY": str(LAB_INVENTORY), "PATH": "/usr/bin:/bin", "COLUMNS": "80"}
+    out = _json(tmp_path, "verify")
+    verify = subprocess.run(f"{sys.executable} -m invoke verify --hosts hgx01,rtx01 --json {out} | cat", shell=True,
+                            cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
+    data = json.loads(out.read_text())
+    assert data["ok"], verify.stdout[-3000:]
+    lines = verify.stdout.splitlines()
+    for host, entry in data["hosts"].items():
+        for check in entry["checks"]:
+            word = {"passed": "pass", "skipped": "skip"}[check["status"]]
+            whole = re.compile(rf"^{re.escape(host)} +{re.escape(check['check'])} +{word}\b")
+            assert any(whole.match(line) for line in lines), (host, check["check"], lines[:5])
+    assert "…" not in verify.stdout
+    status = subprocess.run(f"{sys.executable} -m invoke status --hosts {ALL} | cat", shell=True, cwd=ROOT, env=env,
+                            text=True, capture_output=True, timeout=600)
+    assert status.returncode == 0, status.stdout[-3000:]
+    labels = [line.split()[0] for line in status.stdout.splitlines() if line.strip()]
+    assert {"spark01", "rtx01", "h100-01", "hgx01#0", "hgx01#3"} <= set(labels), status.stdout
+    assert "gateway" in labels and "…" not in status.stdout

@@ -90,3 +90,20 @@ def test_a_rollback_that_failed_too_says_what_to_run():
     with pytest.raises(StepFailed, match="(?s)going back to what it ran failed too .*invoke recover --hosts hgx01 "
                                          "--replica 1"):
         interpret(_roll())(out)
+
+
+def test_the_start_role_does_not_wait_again_for_a_replica_its_roll_gated():
+    """A roll restarts and gates a replica (its step satisfies the restart handler and produces
+    `gated`): the start role's wait is for replicas that did not run, or a handler restarted."""
+    from converge.changes import HostContext
+    from roles.serving_host import restart
+    from roles.start.role import plan as start_plan
+    from roles.service.rollout import gated
+    unit = "podman-vllm-diffusiongemma.service"
+    running = {"ActiveState": "active", "SubState": "running", "LoadState": "loaded"}
+    ctx = HostContext("rtx01", {"container_runtime": "podman"}, {"unit": running})
+    ctx.desired["replicas"] = [{"index": 0, "unit": unit, "port": 8100}]
+    ctx.handlers_run.add(restart(unit))
+    assert next(start_plan(ctx)).needed()  # restarted by the handler: waited for
+    ctx.results.record(gated(unit), unit, "service | rolling restart")
+    assert not next(start_plan(ctx)).needed()  # gated by its roll: not waited for again

@@ -52,6 +52,8 @@ def status_role() -> Role:
         probes = f.get("probe") or {}
         units = installed(v, f.get("unit"), f.get("replica_units")) or {0: f.get("unit") or {}}
         planned = {r["index"]: r for r in ctx.desired.get("replicas") or []}
+        # each replica as its front door sees it: UP, DRAIN (a roll under way), DOWN, MAINT
+        in_front_door = f.get("frontdoor_servers") or {}
         replicas = []
         for index in sorted(set(units) | set(probes) | set(planned)):
             unit = units.get(index) or {}
@@ -64,6 +66,7 @@ def status_role() -> Role:
                 "unit_state": f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}",
                 "enabled": unit.get("UnitFileState"), "restarts": unit.get("NRestarts"),
                 "container": probe.get("container", "absent"), "health": probe.get("health") or "no answer",
+                "frontdoor": (in_front_door.get(f"replica{index}") or {}).get("status") or None,
                 "model": plan.get("model"), "planned": bool(plan), "gpus": [g.get("index") for g in used],
                 "since": unit.get("ActiveEnterTimestampMonotonic"),
                 "gpu_memory_used_mib": sum(g.get("memory_used_mib") or 0 for g in used) if used else None,

@@ -30,14 +30,14 @@ def print_status(data, console):
     if not console.is_terminal:
         print_lines(data, console)
         return
-    table = Table("host", "unit", "container", "health", "model", "image / digest", "GPU memory", "drift",
+    table = Table("host", "unit", "container", "health", "front door", "model", "image / digest", "GPU memory", "drift",
                   title="STATUS", title_justify="left")
     gateways = {host: h for host, h in data["hosts"].items() if "gateway_servers" in h}
     for host, h in data["hosts"].items():
         if host in gateways:
             continue
         if not h["reachable"]:
-            table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", h["errors"][0][:80])
+            table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", "", h["errors"][0][:80])
             continue
         image = f"{(h.get('image') or '-').rsplit('/', 1)[-1]}\n{(h.get('digest') or '')[:19]}"
         drift = ("[green]none[/green]" if not h["drift"] and not h["errors"] else
@@ -52,6 +52,7 @@ def print_status(data, console):
             colour = "green" if state == "active/running" else "yellow"
             table.add_row(label, f"[{colour}]{state}[/{colour}]", r.get("container") or "",
                           "200" if r.get("health") == "200" else f"[red]{r.get('health')}[/red]",
+                          _door(r.get("frontdoor")),
                           (r.get("model") or h.get("model") or "-").split("/")[-1], image if n == 0 else "", mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
     console.print(table)
@@ -64,6 +65,13 @@ def print_status(data, console):
         for error in h["errors"]:
             servers.add_row("[red]error[/red]", error[:120], "", "")
         console.print(servers)
+
+
+def _door(state: str | None) -> str:
+    if not state:
+        return "-"
+    colour = {"UP": "green", "DOWN": "red"}.get(state.split()[0], "yellow")
+    return f"[{colour}]{state}[/{colour}]"
 
 
 def print_lines(data, console):
@@ -86,7 +94,7 @@ def print_lines(data, console):
             model = (r.get("model") or h.get("model") or "-").split("/")[-1]
             planned = "" if r.get("planned", True) else " not-planned"
             say(f"{label} unit={r.get('unit_state', '?')} container={r.get('container') or '-'} "
-                f"health={r.get('health') or '-'} model={model} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
+                f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} model={model} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
                 f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
     for host, h in data["hosts"].items():
         if "gateway_servers" not in h:

@@ -64,3 +64,37 @@ def test_the_front_door_fact_reads_the_same_stats_page():
     assert states["rtx01"] == {"status": "NOLB", "in_flight": 0} and set(states) == {"spark01", "rtx01", "h100-01",
                                                                                       "hgx01"}
     assert ServerStates("/run/x.sock").process("", 0) == {}
+
+
+def test_status_and_verify_off_a_terminal_print_every_name_whole():
+    import io
+    from rich.console import Console
+    from converge.verify_report import print_table
+    from day2.status_table import print_status
+    long_check = "start: no_replica_left_drained_in_its_front_door_after_a_roll"
+    verify = {"ok": True, "hosts": {"hgx01": {"ok": True, "checks": [
+        {"check": long_check, "status": "passed", "message": ""},
+        {"check": "gateway: gateway_runs_and_starts_at_boot", "status": "skipped", "message": "n/a"}]}}}
+    replica = {"replica": 3, "unit_state": "active/running", "container": "running", "health": "200",
+               "frontdoor": "DRAIN", "model": "google/diffusiongemma-26B-A4B-it", "planned": True,
+               "gpu_memory_used_mib": 1, "gpu_memory_total_mib": 2}
+    status = {"ok": True, "hosts": {
+        "a-very-long-host-name-of-the-lab": {"reachable": True, "errors": [], "drift": [], "image": "x/y:tag",
+                                             "digest": "sha256:0123", "replicas": [replica]},
+        "gateway01": {"reachable": True, "errors": [], "drift": [], "gateway_servers": [
+            {"server": "a-very-long-host-name-of-the-lab", "state": "DRAIN", "check": "L7STS", "since_s": 3}]}}}
+    for printer, data in ((print_table, verify), (print_status, status)):
+        piped = io.StringIO()
+        printer(data, Console(file=piped, width=80, force_terminal=False))
+        assert "…" not in piped.getvalue()
+        narrow = io.StringIO()
+        printer(data, Console(file=narrow, width=80, force_terminal=True))
+        assert "│" in narrow.getvalue() or "┃" in narrow.getvalue()  # a terminal gets the table
+    text = io.StringIO()
+    print_table(verify, Console(file=text, width=80, force_terminal=False))
+    assert f"hgx01  {long_check}  pass" in text.getvalue()
+    text = io.StringIO()
+    print_status(status, Console(file=text, width=80, force_terminal=False))
+    assert "a-very-long-host-name-of-the-lab unit=active/running" in text.getvalue()
+    assert "frontdoor=DRAIN model=diffusiongemma-26B-A4B-it" in text.getvalue()
+    assert "gateway gateway01 server=a-very-long-host-name-of-the-lab state=DRAIN" in text.getvalue()

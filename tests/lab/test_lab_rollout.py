@@ -264,22 +264,6 @@ def test_a_bad_release_fails_its_gate_goes_back_to_the_old_image_and_stops_the_r
                        failed_requests=0, requests=len(load.outcomes))
 
 
-def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_was_down(fleet, lab_copy):
-    import yaml
-    hosts = yaml.safe_load((lab_copy / "hosts.yml").read_text())
-    del hosts["all"]["children"]["gateway"]  # an inventory with no gateway: each host its own endpoint
-    (lab_copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    (lab_copy / "group_vars" / "gateway.yml").unlink(missing_ok=True)
-    proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=3", inventory=lab_copy)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    message = rolled(data)[0]["message"]
-    assert "gate passed (the front door" in message and "rtx01 served no request while it restarted" in message, message
-    assert running_settings("rtx01") == {8100: "3"}
-    assert not drained_anywhere()
-    proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
-    assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)
-
-
 def _json(tmp_path, name):
     return tmp_path / f"{name}.json"
 
@@ -363,3 +347,21 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
     labels = [line.split()[0] for line in status.stdout.splitlines() if line.strip()]
     assert {"spark01", "rtx01", "h100-01", "hgx01#0", "hgx01#3"} <= set(labels), status.stdout
     assert "gateway" in labels and "…" not in status.stdout
+
+
+# last: it leaves rtx01's front door configured for a fleet without a gateway (the module's
+# fixture deploys the lab's own inventory again after it)
+def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_was_down(fleet, lab_copy):
+    import yaml
+    hosts = yaml.safe_load((lab_copy / "hosts.yml").read_text())
+    del hosts["all"]["children"]["gateway"]  # an inventory with no gateway: each host its own endpoint
+    (lab_copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (lab_copy / "group_vars" / "gateway.yml").unlink(missing_ok=True)
+    proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=3", inventory=lab_copy)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    message = rolled(data)[0]["message"]
+    assert "gate passed (the front door" in message and "rtx01 served no request while it restarted" in message, message
+    assert running_settings("rtx01") == {8100: "3"}
+    assert not drained_anywhere()
+    proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
+    assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)

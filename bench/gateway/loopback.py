@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""What the front door and the gateway add to a request, without the lab: the vLLM
+stand-in, the front door's HAProxy and the gateway's HAProxy as plain processes on
+loopback, with the configurations the roles render (the same TLS, allowlist, key check
+by sha256, retries and access log), loaded by wrk at concurrency 1, 64 and 256. So it
+runs on any Linux machine with cores to spare (a real gateway host has them; the lab's
+2 cores do not), e.g. the 16-core machine the device tool lends:
+
+    python3 bench/gateway/loopback.py prepare DIR     # here: configurations, certificates, key
+    python3 bench/gateway/loopback.py run DIR         # anywhere: python3 (stdlib), haproxy, wrk
+    python3 bench/gateway/loopback.py --write         # both, here; the table into docs/PERFORMANCE.md
+
+Two paces of the stand-in: *realistic* (its own time per canvas, ~96 ms for an answer,
+as it paces the lab) and *at once* (time per step 0: what each layer holds at saturation).
+Each path's *added* time is the path minus the direct call at the same pace and
+concurrency. What differs from the lab: HAProxy runs as the user that starts it (no
+`user haproxy` drop) and logs to a file (the lab's to journald); the stand-in's GPU
+check is bypassed (it measures HTTP here, not memory)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDIN = ROOT / "lab" / "stubs" / "vllm"
+ROUTES = ROOT / "lab" / "stubs" / "vllm-routes.txt"
+MARK_BEGIN = "<!-- bench/gateway loopback: begin -->"
+MARK_END = "<!-- bench/gateway loopback: end -->"
+KEY = "dgk-loopback-bench-user-key"  # a throwaway key of this bench's own CA and key list
+GATEWAY_KEY = "dgk-loopback-bench-gateway-key"
+VLLM_KEY = "loopback-bench-vllm-key"
+MODEL = "diffusiongemma"
+PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443}
+PACES = {"realistic": None, "at once": 0.0}  # None: the stand-in's own time per step
+
+
+def prepare(folder: Path, replicas: int = 1):
+    """Render both proxies' configurations with the roles' own code, a throwaway fleet CA and
+    certificates, the key list, and wrk's request script, into ``folder``."""
+    sys.path.insert(0, str(ROOT))
+    from bench.gateway.run import wrk_script
+    from credentials import ca as fleet_ca
+    from roles.fleet import Fleet, FrontDoor
+    from roles.frontdoor.render import CONTAINER_DIR, FRONTDOOR, GATEWAY, Server, render_config, render_keys
+    from roles.gateway.role import BACKEND, servers as gateway_servers
+    folder.mkdir(parents=True, exist_ok=True)
+    digests = {"bench": hashlib.sha256(KEY.encode()).hexdigest(),
+               "gateway": hashlib.sha256(GATEWAY_KEY.encode()).hexdigest()}
+    for name, proxy, host, v, servers, backend in (
+            ("frontdoor", FRONTDOOR, "rtx01", {"api_host": "127.0.0.1", "api_port": PORTS["frontdoor"]},
+             [Server(f"replica{i}", f"127.0.0.1:{PORTS['direct'] + i}") for i in range(replicas)], None),
+            ("gateway", GATEWAY, "gateway01", {"api_host": "127.0.0.1", "api_port": PORTS["gateway"]},
+             gateway_servers(Fleet((FrontDoor("rtx01", "127.0.0.1", PORTS["frontdoor"]),), ())), BACKEND)):
+        files = folder / name
+        files.mkdir(exist_ok=True)
+        issued = fleet_ca.host_certificate(folder / "credentials", host, [host, "127.0.0.1"])
+        (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
+        (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials"))
+        (files / "keys.sha256").write_text(render_keys(digests if name == "frontdoor" else {"bench": digests["bench"]}))
+        config = render_config(host, v, servers, "loopback", proxy=proxy, files=str(files),
+                               socket=str(files / "admin.sock"), admin=str(files / "admin-http.sock"),
+                               backend=backend)
+        # as the user that runs the bench (the lab's master reads as root, then drops to haproxy)
+        config = config.replace("    user haproxy\n    group haproxy\n", "")
+        config = config.replace(f"{CONTAINER_DIR}/", f"{files}/")
+        (files / "haproxy.cfg").write_text(config)
+        for path in files.iterdir():
+            path.chmod(0o600)
+    # a user's key for the proxies; vLLM's own for the direct call (the front door swaps them)
+    for name, key in (("request.lua", KEY), ("request-direct.lua", VLLM_KEY)):
+        script = folder / name
+        script.write_text(wrk_script(key, MODEL))
+        script.chmod(0o600)
+    (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS}))
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited ({proc.returncode}): see its log in the bench folder")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+STANDIN_LAUNCHER = """
+import importlib.machinery, importlib.util, sys
+loader = importlib.machinery.SourceFileLoader("vllm_standin", sys.argv[1])
+spec = importlib.util.spec_from_loader("vllm_standin", loader)
+standin = importlib.util.module_from_spec(spec)
+loader.exec_module(standin)
+standin.OPTIONS_FILE = sys.argv[1] + "-serve-options.txt"  # the flags vLLM 0.33.0 has, beside it in lab/stubs
+# no GPU check here: this bench measures the HTTP path (one 80 GiB GPU, idle, as the stand-in reads it)
+standin.gpu_memory = lambda tensor_parallel_size=1: [("GPU-loopback", 80 << 30, 80 << 30, False)]
+standin.check_arch = lambda: None
+standin.main(sys.argv[2:])
+"""
+
+
+class Processes:
+    """The stand-in replicas and both proxies, started for one pace and stopped after."""
+
+    def __init__(self, folder: Path, pace: float | None, replicas: int):
+        self.folder, self.pace, self.replicas, self.procs = folder, pace, replicas, []
+
+    def _start(self, name: str, args: list[str], env: dict, port: int):
+        log = open(self.folder / f"{name}.log", "w")
+        proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        _wait_port(port, proc, name)
+
+    def __enter__(self):
+        env = {"VLLM_STANDIN_COLD_START": "0", "VLLM_STANDIN_ROUTES": str(ROUTES), "VLLM_API_KEY": VLLM_KEY,
+               "PYTHONUNBUFFERED": "1"}
+        if self.pace is not None:
+            env["VLLM_STANDIN_SECONDS_PER_STEP"] = str(self.pace)
+        for i in range(self.replicas):
+            self._start(f"vllm-{i}", [sys.executable, "-c", STANDIN_LAUNCHER, str(STANDIN), "serve", MODEL,
+                                      "--host", "127.0.0.1", "--port", str(PORTS["direct"] + i),
+                                      "--served-model-name", MODEL], env, PORTS["direct"] + i)
+        self._start("frontdoor", ["haproxy", "-W", "-db", "-f", str(self.folder / "frontdoor" / "haproxy.cfg")],
+                    {"VLLM_API_KEY": VLLM_KEY}, PORTS["frontdoor"])
+        self._start("gateway", ["haproxy", "-W", "-db", "-f", str(self.folder / "gateway" / "haproxy.cfg")],
+                    {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["gateway"])
+        time.sleep(3)  # the gateway's and the front door's first health checks have passed
+        return self
+
+    def __exit__(self, *exc):
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, script: str) -> dict:
+    idle0, total0 = cpu_times()
+    run = subprocess.run(["wrk", f"-t{min(threads, concurrency)}", f"-c{concurrency}", f"-d{seconds}s",
+                          "--timeout", "30s", "-s", str(folder / script), url],
+                         capture_output=True, text=True)
+    idle1, total1 = cpu_times()
+    found = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not found:
+        raise SystemExit(f"wrk against {url} failed (exit {run.returncode}): {(run.stderr or run.stdout)[-1000:]}")
+    out = json.loads(found[-1])
+    out["cpu_idle"] = 100 * (idle1 - idle0) / max(total1 - total0, 1)
+    return out
+
+
+def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int = 1) -> dict:
+    """Every path at every concurrency, ``rounds`` times, the paths interleaved within a round
+    (direct, front door, gateway, then again), so the machine's drift falls on each alike."""
+    for tool in ("haproxy", "wrk"):
+        if not shutil.which(tool):
+            raise SystemExit(f"bench/gateway/loopback.py needs {tool} on PATH (Debian: apt-get install {tool})")
+    plan = json.loads((folder / "plan.json").read_text())
+    rows = []
+    paths = [("direct", f"http://127.0.0.1:{PORTS['direct']}"), ("front door", f"https://127.0.0.1:{PORTS['frontdoor']}"),
+             ("front door + gateway", f"https://127.0.0.1:{PORTS['gateway']}")]
+    for pace_name, pace in PACES.items():
+        with Processes(folder, pace, plan["replicas"]):
+            for concurrency in levels:
+                for number in range(1, rounds + 1):
+                    for path, base in paths:
+                        url = f"{base}/v1/chat/completions"
+                        script = "request-direct.lua" if path == "direct" else "request.lua"
+                        wrk(folder, url, min(concurrency, 4), 1, threads, script)  # connections and caches warm
+                        result = wrk(folder, url, concurrency, seconds, threads, script)
+                        rows.append({"pace": pace_name, "path": path, "concurrency": concurrency, "round": number,
+                                     **result})
+                        print(f"{pace_name:>9} {path:>22} c={concurrency:<3} round {number}: "
+                              f"{result['requests'] / (result['duration_us'] / 1e6):8.0f} req/s p50 "
+                              f"{result['p50_us'] / 1000:7.2f} ms p99 {result['p99_us'] / 1000:7.2f} ms "
+                              f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
+    return {"machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
+            "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def _version(args: list[str]) -> str:
+    try:
+        return subprocess.run(args, capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def table(result: dict) -> str:
+    """A row per pace, path and concurrency: the median over the rounds of each figure, and of
+    each round's difference from that round's direct call (*added*)."""
+    rows = result["rows"]
+    direct = {(r["pace"], r["concurrency"], r.get("round", 1)): r for r in rows if r["path"] == "direct"}
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["pace"], r["path"], r["concurrency"]), []).append(r)
+    lines = ["| pace | path | c | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors | CPU idle % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (pace, path, concurrency), runs in groups.items():
+        def median(key):
+            return _median([key(r) for r in runs])
+        base = [direct.get((pace, concurrency, r.get("round", 1))) for r in runs]
+        if path == "direct" or None in base:
+            added = ("-", "-")
+        else:
+            added = tuple(f"{_median([(r[k] - b[k]) / 1000 for r, b in zip(runs, base)]):+.2f}"
+                          for k in ("p50_us", "p99_us"))
+        lines.append(f"| {pace} | {path} | {concurrency} | {median(lambda r: r['requests'] / (r['duration_us'] / 1e6)):.0f} "
+                     f"| {median(lambda r: r['p50_us']) / 1000:.2f} | {median(lambda r: r['p99_us']) / 1000:.2f} | "
+                     f"{added[0]} | {added[1]} | {sum(r['errors'] for r in runs)} | "
+                     f"{median(lambda r: r['cpu_idle']):.0f} |")
+    return "\n".join(lines)
+
+
+def write(results: list[dict]):
+    sys.path.insert(0, str(ROOT))
+    from bench.toolkit import write_section
+    parts = [f"{MARK_BEGIN}\n## The front door and the gateway on loopback, where cores are spare\n\n"
+             f"`python3 bench/gateway/loopback.py` ({time.strftime('%Y-%m-%d')}): the vLLM stand-in, the front "
+             f"door's and the gateway's HAProxy as plain processes on loopback, with the configurations the roles "
+             f"render (TLS, allowlist, key check by sha256, retries, access log to a file), loaded by wrk "
+             f"(non-streaming chat completions of 16 tokens, kept-alive connections, each sending its next request "
+             f"when the last is answered). *realistic*: the stand-in's own pace (~96 ms an answer: one canvas); "
+             f"*at once*: time per step 0, so the rows show what each layer holds at saturation (the stand-in, one "
+             f"Python event loop, is then the limit of the direct row). *Added* is the path minus the direct call at "
+             f"the same pace and concurrency; *CPU idle* is the whole machine's during the row."]
+    for result in results:
+        parts.append(f"\n### {result['cores']} cores: {result['cpu']} ({result['machine']})\n\n"
+                     f"{result['haproxy']}; {result['seconds']} s per row, {result.get('rounds', 1)} round(s) "
+                     f"interleaved (medians); {result['replicas']} stand-in replica(s) behind the front "
+                     f"door.\n\n{table(result)}\n")
+    write_section(MARK_BEGIN, MARK_END, "".join(parts) + f"\n{MARK_END}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", nargs="?", choices=("prepare", "run"), help="one step alone (default: both)")
+    parser.add_argument("folder", nargs="?", help="where the configurations live (default: a new one)")
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--concurrency", default="1,64,256")
+    parser.add_argument("--threads", type=int, default=1, help="wrk's threads (at most one per connection)")
+    parser.add_argument("--rounds", type=int, default=1, help="each row this many times, interleaved (medians)")
+    parser.add_argument("--replicas", type=int, default=1, help="stand-in replicas behind the front door")
+    parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--results", help="with --write: JSON files of earlier runs (another machine's), comma-separated")
+    parser.add_argument("--write", action="store_true", help="put the table(s) into docs/PERFORMANCE.md")
+    args = parser.parse_args()
+    import tempfile
+    folder = Path(args.folder or tempfile.mkdtemp(prefix="bench-loopback-"))
+    if args.step in (None, "prepare"):
+        prepare(folder, args.replicas)
+        if args.step == "prepare":
+            print(folder)
+            return
+    result = run(folder, args.seconds, [int(c) for c in args.concurrency.split(",")], args.threads, args.rounds)
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.write:
+        earlier = [json.loads(Path(p).read_text()) for p in (args.results or "").split(",") if p]
+        write(earlier + [result])
+    if any(r["errors"] for r in result["rows"]):
+        raise SystemExit("some requests failed: see the errors column")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,13 @@ def in_toolkit_env():
     os.execv(python, [str(python), *sys.argv])
 
 
+def cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies of the whole machine since boot, from /proc/stat: two readings
+    around a load give the machine's idle share during it."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
 def write_section(begin: str, end: str, section: str, doc: Path = ROOT / "docs" / "PERFORMANCE.md"):
     """``section`` (which starts with ``begin`` and ends with ``end``) in place of the one
     the document has between those markers, or at its end."""

@@ -21,7 +21,7 @@ from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.replicas import chosen, installed, more_units_glob, replica_unit
-from roles.service.rollout import at_once, command as roll_command, is_running, plan_roll, throttle
+from roles.service.rollout import at_once, command as roll_command, fleet_throttle, is_running, plan_roll
 from roles.serving_host import step_name, unit_name, unit_path
 
 
@@ -53,8 +53,7 @@ def _rolls(ctx, action: str, indices: list[int], step: str, what: str, now: bool
     """One roll per replica, throttled run-wide as deploy's; or, ``now``, one roll of them all."""
     if not indices:
         return
-    fleet = ctx.services.get("fleet")
-    limit = throttle(ctx.vars, bool(fleet and fleet.has_gateway))
+    limit = fleet_throttle(ctx)
     for group in ([indices] if now else [[i] for i in indices]):
         units = ", ".join(replica_unit(ctx.vars, i) for i in group)
         yield roll_command(plan_roll(ctx, action, group), _name(step, group, every),

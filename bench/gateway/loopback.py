@@ -32,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.toolkit import cpu_times  # noqa: E402  (stdlib only: `run` needs no toolkit environment)
+
 STANDIN = ROOT / "lab" / "stubs" / "vllm"
 ROUTES = ROOT / "lab" / "stubs" / "vllm-routes.txt"
 MARK_BEGIN = "<!-- bench/gateway loopback: begin -->"
@@ -47,7 +51,6 @@ PACES = {"realistic": None, "at once": 0.0}  # None: the stand-in's own time per
 def prepare(folder: Path, replicas: int = 1):
     """Render both proxies' configurations with the roles' own code, a throwaway fleet CA and
     certificates, the key list, and wrk's request script, into ``folder``."""
-    sys.path.insert(0, str(ROOT))
     from bench.gateway.run import wrk_script
     from credentials import ca as fleet_ca
     from roles.fleet import Fleet, FrontDoor
@@ -152,11 +155,6 @@ class Processes:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def cpu_times() -> tuple[int, int]:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[3] + fields[4], sum(fields[:8])
-
-
 def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, script: str) -> dict:
     idle0, total0 = cpu_times()
     run = subprocess.run(["wrk", f"-t{min(threads, concurrency)}", f"-c{concurrency}", f"-d{seconds}s",
@@ -247,7 +245,6 @@ def table(result: dict) -> str:
 
 
 def write(results: list[dict]):
-    sys.path.insert(0, str(ROOT))
     from bench.toolkit import write_section
     parts = [f"{MARK_BEGIN}\n## The front door and the gateway on loopback, where cores are spare\n\n"
              f"`python3 bench/gateway/loopback.py` ({time.strftime('%Y-%m-%d')}): the vLLM stand-in, the front "

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.toolkit import in_toolkit_env, write_section  # noqa: E402
+from bench.toolkit import cpu_times, in_toolkit_env, write_section  # noqa: E402
 
 in_toolkit_env()
 
@@ -98,12 +98,6 @@ def wrk_script(key: str, model: str) -> str:
             "e.connect + e.read + e.write + e.status + e.timeout, latency:percentile(50), "
             "latency:percentile(99), latency.max, summary.duration))\n"
             "end\n")
-
-
-def cpu_times() -> tuple[int, int]:
-    """(idle, total) jiffies of the whole machine: every lab host shares its cores."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[3] + fields[4], sum(fields[:8])
 
 
 def load(netns: str, script: Path, url: str, concurrency: int, seconds: int) -> dict:

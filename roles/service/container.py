@@ -2,6 +2,7 @@
 a NixOS oci-containers module. Pure."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from roles.replicas import Served, replica_name, replica_port
@@ -35,7 +36,6 @@ class ContainerSpec:
 def handed_gpus(unit_text: str) -> tuple:
     """The GPUs (uuids) a unit we wrote hands its container, as `gpu_handover` wrote them (none
     when it hands every GPU): for day 2, which has the unit but not the placement."""
-    import re
     found = re.findall(r"nvidia\.com/gpu=(GPU-[0-9A-Za-z-]+)", unit_text)
     for devices in re.findall(r"device=([0-9A-Za-z,-]+)", unit_text):
         found += [d for d in devices.split(",") if d.startswith("GPU-")]

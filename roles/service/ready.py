@@ -4,10 +4,22 @@ starts replicas shares (the start role, a roll's gate, day 2). Ready is vLLM's o
 A unit that fails, goes inactive, or that systemd restarts (its container exited) fails
 the wait at once, not after the timeout.
 
-It needs ``say``, ``now_ms`` and ``auth`` (the key on curl's stdin) from its script."""
+A script that uses it starts with `prelude` (``say``, ``now_ms``, and ``auth``: the key on
+curl's stdin)."""
 from __future__ import annotations
 
 import re
+import shlex
+
+
+def prelude(env_path: str) -> str:
+    """The shell every replica script starts with: ``say`` (a lost link does not stop the
+    script), ``now_ms``, and vLLM's key read from the 0600 environment file into a variable
+    and given to curl on its stdin (``auth | curl -K -``): never on a command line."""
+    return f"""say() {{ echo "$@" 2>/dev/null; }}
+now_ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
+key=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(env_path)} 2>/dev/null)
+auth() {{ printf 'header = "Authorization: Bearer %s"\\n' "$key"; }}"""
 
 # await_ready TIMEOUT_S UNIT=PORT...: prints @replica-ready UNIT MS as each answers, then @ready MS;
 # or @failed UNIT STATE MS / @timeout MS UNIT..., sets $why and $failed_unit, and returns 1

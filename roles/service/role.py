@@ -22,7 +22,7 @@ from .container import RUNTIME_PATHS, container_spec, run_command
 from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
 from roles.replicas import (Served, installed, more_units_glob, replica_name, replica_port, replica_unit,
                        replica_unit_path, service)
-from .rollout import at_once, command as roll_command, is_running, plan_roll, throttle
+from .rollout import at_once, command as roll_command, fleet_throttle, fronted_by_gateway, is_running, plan_roll
 from .serve import command_line
 
 HERE = Path(__file__).parent
@@ -155,13 +155,12 @@ def plan(ctx):
 
 def _rolled(ctx, replica: dict, written: File | None, image: str, count: int) -> Command:
     """A running replica whose change needs a restart, rolled (roles/service/rollout.py)."""
-    fleet = ctx.services.get("fleet")
-    has_gateway = bool(fleet and fleet.has_gateway)
+    has_gateway = fronted_by_gateway(ctx)
     index, unit = replica["index"], replica["unit"]
     current = unit_file(ctx, index) or {}
     roll = plan_roll(ctx, "restart", [index], unit_file=written, unit_path=replica["unit_path"], image=image,
                      same_image_ref=image in current.get("content", ""))
-    limit = throttle(ctx.vars, has_gateway)
+    limit = fleet_throttle(ctx)
     why = "a new unit" if written is not None and written.content_changed() else "a new environment, image or weights"
     return roll_command(roll, step_name("rolling restart", index), throttle=limit,
                         describe=f"roll {unit} ({why}): out of service in the front door"
@@ -176,8 +175,7 @@ def _unplanned(ctx, planned: set[int]):
     """Replica units the placement no longer gives (a GPU now busy, ``gpus`` reduced): out
     of service first, then stopped, disabled and removed with their notes (a roll)."""
     v = ctx.vars
-    fleet = ctx.services.get("fleet")
-    limit = throttle(v, bool(fleet and fleet.has_gateway))
+    limit = fleet_throttle(ctx)
     for index in installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units")):
         if index in planned:
             continue

@@ -40,7 +40,7 @@ from roles.serving_host import connect_address, env_path, unit_file
 
 from .container import handed_gpus
 
-from .ready import AWAIT_READY, entries, failed_unit, late_units
+from .ready import AWAIT_READY, entries, failed_unit, late_units, prelude
 
 THROTTLE = "rollout"
 ACTIONS = ("restart", "start", "stop", "recover", "remove")
@@ -50,6 +50,17 @@ GATED = ("restart", "start", "recover")
 def is_running(unit_state: dict | None) -> bool:
     unit_state = unit_state or {}
     return unit_state.get("ActiveState") == "active" and unit_state.get("SubState") == "running"
+
+
+def fronted_by_gateway(ctx) -> bool:
+    """Whether the run's fleet has a gateway (its users then see one service)."""
+    fleet = ctx.services.get("fleet")
+    return bool(fleet and fleet.has_gateway)
+
+
+def fleet_throttle(ctx) -> Throttle:
+    """`throttle` for the host in ``ctx``, as the run's fleet is."""
+    return throttle(ctx.vars, fronted_by_gateway(ctx))
 
 
 def throttle(v: dict, has_gateway: bool) -> Throttle:
@@ -143,8 +154,7 @@ def script(roll: Roll) -> str:
 # what happens here must finish even if the control machine goes away
 trap '' HUP PIPE
 RT={q(roll.runtime)}; ADMIN={q(ADMIN_SOCKET)}; REF={q(roll.image) if roll.same_image_ref else "''"}
-say() {{ echo "$@" 2>/dev/null; }}
-now_ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
+{prelude(roll.env_path)}
 journal() {{ for j in {units}; do [ {len(roll.replicas)} -gt 1 ] && echo "  | -- $j"; journalctl -u "$j" -n 25 --no-pager -o cat --since "@$1" 2>/dev/null | sed 's/^/  | /'; done; }}
 {FRONTDOOR_SHELL.strip()}
 {selectors}
@@ -157,9 +167,6 @@ undrain() {{
   if [ $flagged = 1 ]; then flag maint; flagged=0; fi
 }}
 trap undrain EXIT
-# the key is read into a variable and given to curl on stdin: never on a command line
-key=$(sed -n 's/^VLLM_API_KEY=//p' {q(roll.env_path)} 2>/dev/null)
-auth() {{ printf 'header = "Authorization: Bearer %s"\\n' "$key"; }}
 {AWAIT_READY.strip()}
 say "@begin $(now_ms)"
 
@@ -345,8 +352,6 @@ def plan_roll(ctx, action: str, indices: list[int], **change) -> Roll:
     run's fleet say; ``change``: deploy's (unit_file, unit_path, image, same_image_ref) or
     remove's (remove_paths)."""
     v = ctx.vars
-    fleet = ctx.services.get("fleet")
-    has_gateway = bool(fleet and fleet.has_gateway)
     planned = {r["index"]: r for r in ctx.desired.get("replicas") or []}
     # its GPUs: the placement's, or (day 2, no placement) those its unit hands over
     targets = tuple(Target(i, replica_unit(v, i), replica_name(v, i), replica_port(v, i),
@@ -357,7 +362,7 @@ def plan_roll(ctx, action: str, indices: list[int], **change) -> Roll:
                 env_path=env_path(v), served_model_name=v.get("served_model_name", "diffusiongemma"),
                 api_port=int(v.get("api_port", 8000)), frontdoor_address=connect_address(v),
                 drain_timeout=int(v.get("drain_timeout", 120)), ready_timeout=int(v.get("ready_timeout", 600)),
-                alone=count <= len(indices) and not has_gateway, started=v.get("state", "started") == "started",
+                alone=count <= len(indices) and not fronted_by_gateway(ctx), started=v.get("state", "started") == "started",
                 **change)
 
 

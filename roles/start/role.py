@@ -9,7 +9,7 @@ from converge.errors import StepFailed
 
 from roles.fleet import is_serving
 from roles.replicas import service
-from roles.service.ready import AWAIT_READY, entries, failed_unit, late_units, ready_seconds
+from roles.service.ready import AWAIT_READY, entries, failed_unit, late_units, prelude, ready_seconds
 from roles.service.rollout import gated, is_running
 from roles.serving_host import env_path, record_path, restart, step_name, unit_state
 
@@ -19,12 +19,8 @@ def wait_script(v: dict, units: list[tuple[str, int]], timeout: int) -> str:
     readiness loop, roles/service/ready.py: replicas on separate GPUs start side by side)."""
     names = " ".join(shlex.quote(unit) for unit, _ in units)
     return f"""
-say() {{ echo "$@"; }}
-now_ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
+{prelude(env_path(v))}
 journal() {{ [ $# -gt 1 ] && echo "  | -- $1"; journalctl -u "$1" -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
-# the key is read into a variable and given to curl on stdin: never on a command line
-key=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(env_path(v))} 2>/dev/null)
-auth() {{ printf 'header = "Authorization: Bearer %s"\\n' "$key"; }}
 {AWAIT_READY.strip()}
 for u in {names}; do systemctl reset-failed "$u" 2>/dev/null; done
 systemctl start {names} || {{ echo "@failed start"; for u in {names}; do journal "$u" {len(units)}; done; exit 3; }}

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -332,7 +333,8 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:]
     env = {"DGEMMA_INVENTORY": str(LAB_INVENTORY), "PATH": "/usr/bin:/bin", "COLUMNS": "80"}
     out = _json(tmp_path, "verify")
-    verify = subprocess.run(f"{sys.executable} -m invoke verify --hosts hgx01,rtx01 --json {out} | cat", shell=True,
+    python, q = shlex.quote(sys.executable), shlex.quote
+    verify = subprocess.run(f"{python} -m invoke verify --hosts hgx01,rtx01 --json {q(str(out))} | cat", shell=True,
                             cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     data = json.loads(out.read_text())
     assert data["ok"], verify.stdout[-3000:]
@@ -343,7 +345,7 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
             whole = re.compile(rf"^{re.escape(host)} +{re.escape(check['check'])} +{word}\b")
             assert any(whole.match(line) for line in lines), (host, check["check"], lines[:5])
     assert "…" not in verify.stdout
-    status = subprocess.run(f"{sys.executable} -m invoke status --hosts {ALL} | cat", shell=True, cwd=ROOT, env=env,
+    status = subprocess.run(f"{python} -m invoke status --hosts {q(ALL)} | cat", shell=True, cwd=ROOT, env=env,
                             text=True, capture_output=True, timeout=600)
     assert status.returncode == 0, status.stdout[-3000:]
     labels = [line.split()[0] for line in status.stdout.splitlines() if line.strip()]

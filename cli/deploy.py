@@ -117,7 +117,8 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
     with play.connections() as connections:  # the check run and the checks: one connection per host
         # what each host should look like: the roles' plan in check mode (changes nothing)
         report = runs.run(play, roles.load(), hosts, json, check=True, connections=connections)
-        expected = {h: {**x.get("expected", {}), "frontdoor": x.get("frontdoor"), "gateway": x.get("gateway")}
+        expected = {h: {**x.get("expected", {}), "frontdoor": x.get("frontdoor"), "gateway": x.get("gateway"),
+                        "shared_address": x.get("shared_address")}
                     for h, x in report.extra.items() if "expected" in x or "gateway" in x}
         # hosts the check run could not reach or become on are failures of their own
         unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"

@@ -10,6 +10,7 @@ from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
 from roles.frontdoor.stats import server_rows
 from roles.serving_host import record_path
+from roles.shared_address.keepalived import holds
 from roles.replicas import installed, replica_name, replica_unit, units_shell
 
 
@@ -112,8 +113,15 @@ def gateway_status_role() -> Role:
         if ctx.facts is None:
             return {}
         seen = ctx.facts.get("gateway_servers") or {}
-        return {"gateway_servers": seen.get("servers", []),
-                "gateway_error": seen.get("error") or None}
+        out = {"gateway_servers": seen.get("servers", []), "gateway_error": seen.get("error") or None}
+        shared = ctx.vars.get("gateway_address")
+        if shared:
+            # whether this gateway holds the shared address now (the shared address role's facts)
+            unit = ctx.facts.get("keepalived_unit") or {}
+            out["shared_address"] = {"address": shared,
+                                     "held": holds(shared, ctx.facts.get("ipv4_addresses") or []),
+                                     "keepalived": unit.get("ActiveState", "?")}
+        return out
 
     return Role("gateway status", lambda v: {"gateway_servers": GatewayServers()}, lambda ctx: iter(()),
                 summary=summary, hosts=is_gateway)

@@ -19,9 +19,34 @@ def status_document(report) -> dict:
             entry["gateway_servers"] = extra["gateway_servers"]
             if extra.get("gateway_error"):
                 entry["errors"].append(f"the gateway's stats page does not answer: {extra['gateway_error']}")
+            if extra.get("shared_address"):
+                entry["shared_address"] = extra["shared_address"]
         hosts[host] = entry
-    ok = all(h["reachable"] and not h["errors"] for h in hosts.values())
-    return {"ok": ok, "hosts": hosts}
+    shared = shared_address(hosts)
+    ok = all(h["reachable"] and not h["errors"] for h in hosts.values()) and not (shared and shared["problem"])
+    return {"ok": ok, "hosts": hosts, **({"shared_address": shared} if shared else {})}
+
+
+def shared_address(hosts: dict) -> dict | None:
+    """Who holds the gateways' shared address: ``{"address", "holders", "problem"}``; the
+    problem says what is wrong (a split: two gateways hold it; or none does)."""
+    seen = {host: h["shared_address"] for host, h in hosts.items() if h.get("shared_address")}
+    if not seen:
+        return None
+    address = next(iter(seen.values()))["address"]
+    holders = [host for host, s in seen.items() if s["held"]]
+    unreached = [host for host, h in hosts.items() if "gateway_servers" in h and not h["reachable"]]
+    problem = None
+    if len(holders) > 1:
+        problem = (f"split: {' and '.join(holders)} each hold {address} (they do not hear each other's VRRP): "
+                   f"clients reach one or the other at random. Check the link between them and VRRP (IP "
+                   f"protocol 112) through their firewalls; `journalctl -u keepalived` on each says what it sees")
+    elif not holders and not unreached:
+        down = [host for host, s in seen.items() if s["keepalived"] != "active"]
+        problem = (f"no gateway holds {address}: " + (f"keepalived is not running on {', '.join(down)}; run: invoke "
+                                                       f"deploy --hosts {','.join(seen)}" if down else
+                   "every gateway's HAProxy fails its check; see `invoke status` above and journalctl -u keepalived"))
+    return {"address": address, "holders": holders, "problem": problem}
 
 
 def print_status(data, console):
@@ -65,6 +90,14 @@ def print_status(data, console):
         for error in h["errors"]:
             servers.add_row("[red]error[/red]", error[:120], "", "")
         console.print(servers)
+    shared = data.get("shared_address")
+    if shared:
+        if shared["problem"]:
+            console.print(f"[red]SHARED ADDRESS {shared['address']}: {shared['problem']}[/red]")
+        else:
+            console.print(f"SHARED ADDRESS {shared['address']}: held by [green]{shared['holders'][0]}[/green]"
+                          if shared["holders"] else f"SHARED ADDRESS {shared['address']}: holder unknown "
+                                                    f"(a gateway is unreachable)")
 
 
 def _door(state: str | None) -> str:
@@ -105,3 +138,8 @@ def print_lines(data, console):
                 f"check={server['check'].replace(' ', '_') or '-'}{since}")
         for error in h["errors"]:
             say(f"gateway {host} error: {error}")
+    shared = data.get("shared_address")
+    if shared:
+        holders = ",".join(shared["holders"]) or "-"
+        say(f"shared_address {shared['address']} held_by={holders}" +
+            (f" problem: {shared['problem']}" if shared["problem"] else ""))

@@ -24,6 +24,8 @@ PRIVATE_GATEWAY = f"{PRIVATE_SUBNET}.1"  # the NAT router's address there
 NAT_NETNS = "dglab-nat"
 NAT_OUTSIDE = f"{SUBNET}.2"  # the NAT router's address on the lab network
 SUBNETS = {"lab": SUBNET, "private": PRIVATE_SUBNET}
+# the fleet's one address (the inventory's gateway_address): held by one gateway at a time
+GATEWAY_ADDRESS = f"{SUBNET}.200"
 REGISTRY_PORT = 5000
 HUB_PORT = 8088
 REGISTRY = f"{GATEWAY}:{REGISTRY_PORT}"
@@ -42,7 +44,9 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "py
             "netavark", "aardvark-dns", "containernetworking-plugins", "golang-github-containers-common",
             "sudo", "docker.io", "iptables",
             # Debian's HAProxy, for the lab's image of the front door (library/haproxy)
-            "haproxy"]
+            "haproxy",
+            # Debian's keepalived: the gateways' shared address (VRRP), as on a real gateway host
+            "keepalived"]
 IMAGE_TAGS = {
     "x86_64": ["gemma-x86_64-cu130", "gemma-cu129", "v0.33.0-x86_64", "v0.33.0-x86_64-cu129"],
     "aarch64": ["gemma-aarch64-cu130", "gemma-aarch64-cu129", "v0.33.0-aarch64", "v0.33.0-aarch64-cu129"],
@@ -112,6 +116,8 @@ DEFAULT_HOSTS = [
     # the fleet's one address: HAProxy in front of every host's front door, on both networks
     # as a lab's gateway machine is (it reaches the servers behind the bastion directly)
     LabHost("gateway01", "x86_64", None, 100, networks=("lab", "private"), docker=False, gateway=True),
+    # its twin: the two hold one address between them (VRRP), so no gateway is a single door
+    LabHost("gateway02", "x86_64", None, 101, networks=("lab", "private"), docker=False, gateway=True),
 ]
 GPU_HOSTS = [h for h in DEFAULT_HOSTS if h.has_gpu]
 

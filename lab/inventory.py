@@ -24,7 +24,8 @@ GROUP_VARS = {
     # a fixed fraction, as on shared servers: a GPU another job holds fails vLLM's check and is left out
     "hgx": {"container_runtime": "podman", "gpu_memory_utilization": 0.9, "autostart": True},
     "scale": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": False},
-    "gateway": {"container_runtime": "podman"},
+    # the gateways share one address on the lab network (VRRP between them)
+    "gateway": {"container_runtime": "podman", "gateway_address": config.GATEWAY_ADDRESS},
 }
 BASTION = next(h for h in config.DEFAULT_HOSTS if h.bastion)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import config, sh
 
-BASE_VERSION = "6"  # bump when what goes into a base rootfs changes
+BASE_VERSION = "7"  # bump when what goes into a base rootfs changes
 
 HOST_PACKAGES = ["debootstrap", "systemd-container", "qemu-user-static", "binfmt-support", "podman", "crun",
                  "conmon", "uidmap", "fuse-overlayfs", "docker-registry", "skopeo", "openssh-client",

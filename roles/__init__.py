@@ -21,7 +21,7 @@ LOCK_NAME = "dgemma"  # /run/lock/dgemma.lock on every host
 INVENTORY_VARIABLE = "DGEMMA_INVENTORY"  # the inventory folder when --inventory is not given
 PROGRESS_VARIABLE = "DGEMMA_PROGRESS_S"  # seconds between plain progress lines off a terminal
 # weights before service: the unit names the model only once its weights are whole
-ORDER = ["preflight", "image", "weights", "service", "start", "frontdoor", "gateway"]
+ORDER = ["preflight", "image", "weights", "service", "start", "frontdoor", "gateway", "shared_address"]
 
 
 def load(names=None):

@@ -21,7 +21,7 @@ def expected(name, request):
     data = EXPECTED.get(name)
     if not data:
         pytest.fail(f"{name}: nothing was deployed here or its facts could not be read; run: invoke deploy --hosts {name}")
-    gateway_check = "/roles/gateway/" in str(request.node.fspath)
+    gateway_check = any(f"/roles/{role}/" in str(request.node.fspath) for role in ("gateway", "shared_address"))
     if bool(data.get("gateway")) != gateway_check:
         pytest.skip("n/a: a gateway" if data.get("gateway") else "n/a")
     return data

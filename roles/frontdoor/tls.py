@@ -12,6 +12,7 @@ from credentials.ca import ca_pem, host_certificate
 from credentials.keys import KeyStore, digest, service_key
 
 from converge.secrets import read_optional_secret as read_secret
+from roles.fleet import is_gateway
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,11 @@ def _read_pem(path: str, what: str, host: str, secret: bool) -> str:
 
 
 def names(host: str, v: dict) -> list[str]:
-    """What the certificate names: the inventory name and every address the host is reached at."""
+    """What the certificate names: the inventory name and every address the host is reached at
+    (a gateway: the address the gateways share too)."""
     out = [host]
-    for value in (v.get("ansible_host"), v.get("api_host")):
+    shared = v.get("gateway_address") if is_gateway(v) else None
+    for value in (v.get("ansible_host"), v.get("api_host"), shared):
         if value and value not in ("0.0.0.0", "::") and value not in out:
             out.append(value)
     return out
@@ -115,6 +118,10 @@ def own_certificate(host: str, v: dict, fleet_ca: str) -> tuple[str, str, str]:
         raise StepFailed(f"{where} names {', '.join(named) or 'no name (no subjectAltName)'}, not {host}: the "
                          f"gateway and deploy's own check reach the front door under its inventory name; add "
                          f"DNS:{host} to the certificate")
+    shared = v.get("gateway_address") if is_gateway(v) else None
+    if shared and shared not in named:
+        raise StepFailed(f"{where} does not name the gateways' shared address {shared} (gateway_address): clients "
+                         f"reach the gateway there; add IP:{shared} to the certificate")
     if cert.not_valid_after_utc <= datetime.now(timezone.utc):
         raise StepFailed(f"{where} expired on {cert.not_valid_after_utc:%Y-%m-%d}: renew it")
     for ca in cas:

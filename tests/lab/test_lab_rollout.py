@@ -1,6 +1,7 @@
 """Rolling deploys on the lab (roles/service/rollout.py): a setting that restarts
 vLLM changes on every replica of the fleet (7 replicas on 4 hosts) while 4 clients
-send requests through the gateway; Ctrl-C mid-rollout, then the same deploy
+send requests through the gateways' shared address (gateway01 and gateway02, each
+draining the host as the roll goes); Ctrl-C mid-rollout, then the same deploy
 again; a streaming request on a replica being drained; a bad release (one that
 answers 500, one that exits) fails its gate, goes back to the image it replaced,
 and the rollout stops."""
@@ -22,9 +23,9 @@ from tests import reliability
 from tests.conftest import ROOT
 from tests.lab.conftest import LAB_INVENTORY, deploy_json, front_door, invoke, ssh
 
-ALL = "spark01,rtx01,h100-01,hgx01,gateway01"
+GATEWAYS = ("gateway01", "gateway02")
+ALL = "spark01,rtx01,h100-01,hgx01," + ",".join(GATEWAYS)
 SERVING = ("spark01", "rtx01", "h100-01", "hgx01")
-GATEWAY = config.host("gateway01")
 CHAT = {"model": "diffusiongemma", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -73,20 +74,21 @@ def drained_anywhere() -> dict[str, list[str]]:
     return left
 
 
-def gateway_states() -> dict:
-    out = ssh("gateway01", "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'", check=False).stdout
+def gateway_states(gateway="gateway01") -> dict:
+    out = ssh(gateway, "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'", check=False).stdout
     rows = csv.DictReader(io.StringIO(out.lstrip("# ")))
     return {r["svname"]: r["status"] for r in rows if r["pxname"] == "servers"
             and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 
 class Load:
-    """4 clients sending non-streaming chat completions through the gateway, and a watcher
-    of the gateway's server states, for as long as the block lasts."""
+    """4 clients sending non-streaming chat completions to the gateways' shared address, and
+    a watcher of each gateway's server states, for as long as the block lasts."""
 
     def __init__(self, clients=4):
         self.clients, self.stop, self.lock = clients, threading.Event(), threading.Lock()
         self.outcomes, self.gateway_seen = [], set()
+        self.seen_by = {gateway: set() for gateway in GATEWAYS}  # what each gateway showed
 
     def _client(self):
         key = api_key()
@@ -94,7 +96,7 @@ class Load:
             started = time.monotonic()
             try:
                 status, body, _ = front_door("gateway01", "/v1/chat/completions", key, CHAT, timeout=90,
-                                             address=GATEWAY.address)
+                                             address=config.GATEWAY_ADDRESS)
                 result = status if status == 200 else f"{status} {body[:160]!r}"
             except OSError as exc:
                 result = f"{type(exc).__name__}: {exc}"
@@ -103,9 +105,11 @@ class Load:
 
     def _watch(self):
         while not self.stop.is_set():
-            for server, state in gateway_states().items():
-                self.gateway_seen.add((server, state.split(" ")[0]))
-            time.sleep(0.3)
+            for gateway in GATEWAYS:
+                for server, state in gateway_states(gateway).items():
+                    self.gateway_seen.add((server, state.split(" ")[0]))
+                    self.seen_by[gateway].add((server, state.split(" ")[0]))
+            time.sleep(0.2)
 
     def __enter__(self):
         self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
@@ -150,13 +154,16 @@ def test_a_setting_rolls_through_the_fleet_one_replica_at_a_time_with_no_failed_
     # finish; once its replica stops, the front door's checks see it down and so does the gateway
     drained_hosts = sorted({host for host, state in load.gateway_seen if state == "NOLB"})
     assert set(drained_hosts) & {"spark01", "rtx01", "h100-01"}, load.gateway_seen
+    # both gateways drain: each reads the front doors' /health on its own
+    for gateway, seen in load.seen_by.items():
+        assert {host for host, state in seen if state == "NOLB"} & {"spark01", "rtx01", "h100-01"}, (gateway, seen)
     assert not drained_anywhere()
     # one at a time: the rolls' own durations add up to no more than the rollout took
     floor = sum(t["seconds"] for t in steps)
     assert floor <= data["seconds"] + 1, (floor, data["seconds"])
     saw = (f"7 replicas on 4 hosts rolled one at a time in {data['seconds']:.0f} s (their rolls alone: "
-           f"{floor:.0f} s); {len(load.outcomes)} requests from 4 clients through the gateway, 0 failed; "
-           f"the gateway showed {', '.join(drained_hosts)} NOLB (drained) as they went out")
+           f"{floor:.0f} s); {len(load.outcomes)} requests from 4 clients through the gateways' shared address, 0 "
+           f"failed; gateway01 and gateway02 each showed {', '.join(drained_hosts)} NOLB (drained) as they went out")
     print(saw)
     reliability.record("rollout-setting", "rollout", "a setting that restarts vLLM changes on every replica",
                        "invoke deploy --set max_num_seqs=5 over 7 replicas on 4 hosts, 4 clients through the gateway",
@@ -230,7 +237,7 @@ def test_a_bad_release_fails_its_gate_goes_back_to_the_old_image_and_stops_the_r
     pids = {host: main_pids(host) for host in hosts}
     images_before = {host: ssh(host, "podman ps --format '{{.Names}} {{.ImageID}}'").stdout for host in hosts}
     with Load() as load:
-        proc, data = deploy_json("--hosts", ",".join(hosts) + ",gateway01", "--set", f"image={ref}")
+        proc, data = deploy_json("--hosts", ",".join(hosts) + "," + ",".join(GATEWAYS), "--set", f"image={ref}")
     assert proc.returncode == 1, proc.stdout[-3000:]
     steps = rolled(data)
     failed = [t for t in steps if t["status"] == "failed"]
@@ -351,6 +358,7 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
     labels = [line.split()[0] for line in status.stdout.splitlines() if line.strip()]
     assert {"spark01", "rtx01", "h100-01", "hgx01#0", "hgx01#3"} <= set(labels), status.stdout
     assert "gateway" in labels and "…" not in status.stdout
+    assert f"shared_address {config.GATEWAY_ADDRESS} held_by=" in status.stdout, status.stdout[-800:]
 
 
 # last: it leaves rtx01's front door configured for a fleet without a gateway (the module's

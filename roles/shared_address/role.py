@@ -1,0 +1,169 @@
+"""shared address: on the hosts of the group `gateway`, the fleet's one address
+(`gateway_address`), held by one of them at a time through VRRP (keepalived), moved
+within about 4 s when its holder or the holder's link dies, and within about 2 s when
+the holder's HAProxy stops answering. A gateway that comes back stays a backup
+(nopreempt) unless `gateway_preempt` says otherwise.
+
+keepalived is the distribution's package, run by its own systemd unit: it needs the
+host's network (raw sockets, the address itself) and root, which a container would
+only be handed anyway, and there is no maintained official image of it. Where it is
+missing, apt-get or dnf installs it."""
+from __future__ import annotations
+
+import shlex
+
+from converge.changes import Check, Command, File, Role
+from converge.facts import Fact
+from converge.facts.host import Commands, FileState, OsRelease, UnitState
+
+from roles.fleet import is_gateway
+from roles.frontdoor.render import GATEWAY
+
+from . import keepalived
+from .keepalived import CHECK, CONF, UNIT
+
+
+class Ipv4Addresses(Fact):
+    """The host's IPv4 addresses, by interface."""
+
+    command = "ip -o -4 addr show"
+
+    def process(self, output, rc):
+        return keepalived.parse_addresses(output)
+
+
+def facts(v):
+    return {"ipv4_addresses": Ipv4Addresses(), "keepalived_commands": Commands("keepalived", "apt-get", "dnf"),
+            "keepalived_conf": FileState(CONF), "keepalived_check": FileState(CHECK),
+            "keepalived_unit": UnitState(UNIT), "os": OsRelease()}
+
+
+def gateways(ctx) -> dict[str, str]:
+    fleet = ctx.services.get("fleet")
+    return {door.host: door.address for door in (fleet.gateways if fleet else ())}
+
+
+def plan(ctx):
+    v, f = ctx.vars, ctx.facts
+    shared = v.get("gateway_address")
+    if not shared:
+        yield from _removal(ctx)
+        return
+    why = keepalived.valid_address(shared)
+    if why:
+        yield Check("gateway_address", ok=False, message=f"gateway_address: {why}: set an unused IPv4 address on the "
+                                                         f"gateways' network")
+        return
+    if v.get("api_host", "0.0.0.0") != "0.0.0.0":
+        yield Check("gateway listens on every address", ok=False,
+                    message=f"api_host is {v['api_host']}: a gateway that shares gateway_address {shared} must listen "
+                            f"on every address to answer there once the address moves to it; remove api_host for the "
+                            f"group `gateway`")
+        return
+    addresses = f.get("ipv4_addresses") or []
+    place = keepalived.placement(shared, addresses)
+    if place is None:
+        seen = ", ".join(f"{a['interface']} {a['address']}/{a['prefix']}" for a in addresses
+                         if a["interface"] != "lo") or "none"
+        yield Check("gateway_address on this host's network", ok=False,
+                    message=f"gateway_address {shared} is on none of {ctx.name}'s networks ({seen}): pick an unused "
+                            f"address on the network clients reach every gateway on")
+        return
+    yield from _install(ctx)
+    port = int(v.get("api_port", 8000))
+    files = [File("shared address check", path=CHECK, mode="0755",
+                  content=keepalived.render_check(shlex.quote(ctx.name), port, f"{GATEWAY.dir}/ca.crt"),
+                  current=f.get("keepalived_check")),
+             File("keepalived configuration", path=CONF, mode="0644",
+                  content=keepalived.render_config(ctx.name, v, place, gateways(ctx)),
+                  current=f.get("keepalived_conf"))]
+    ctx.desired["keepalived_sha256"] = files[1].sha256
+    changed = any(step.needed() for step in files)
+    yield from files
+    state = f.get("keepalived_unit") or {}
+    q = shlex.quote(UNIT)
+    if state.get("ActiveState") != "active":
+        action, verb, why = (f"systemctl reset-failed {q} 2>/dev/null\nsystemctl restart {q}", "start",
+                             f"was {state.get('ActiveState', 'absent')}")
+    elif changed:
+        # keepalived reads its configuration again on SIGHUP and keeps the address where it is
+        action, verb, why = f"systemctl reload {q}", "reload", "its configuration changed"
+    else:
+        action, verb, why = "", "enable", "not enabled at boot"
+    enabled = state.get("UnitFileState") == "enabled"
+    wait = int(v.get("frontdoor_ready_timeout", 60))
+    yield Command("shared address answering", when=bool(action) or not enabled,
+                  script=f"systemctl enable {q} 2>/dev/null\n{action}\n" + _wait_script(shared, port, wait),
+                  describe=f"systemctl {verb} {UNIT}; wait until https://{shared}:{port}/health answers ({why})",
+                  timeout=wait + 30, interpret=_interpret(shared, port, wait))
+
+
+def _wait_script(shared: str, port: int, timeout: int) -> str:
+    """Until the shared address answers https (any HTTP status), whichever gateway holds it."""
+    # by the address itself, which every gateway's certificate names (the holder may be another)
+    return (f"end=$(( $(date +%s) + {timeout} ))\n"
+            f"while :; do\n"
+            f"  code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 --cacert {GATEWAY.dir}/ca.crt "
+            f"{shlex.quote(f'https://{shared}:{port}/health')})\n"
+            f"  [ \"$code\" != 000 ] && {{ holder=no; ip -o -4 addr show | grep -q {shlex.quote(' ' + shared + '/')} "
+            f"&& holder=yes; echo \"@answers $code $holder\"; exit 0; }}\n"
+            f"  [ $(date +%s) -ge $end ] && {{ echo \"@silent\"; exit 3; }}\n"
+            f"  sleep 0.5\n"
+            f"done\n")
+
+
+def _interpret(shared: str, port: int, timeout: int):
+    from converge.errors import StepFailed
+
+    def interpret(result):
+        lines = [line for line in result.stdout.splitlines() if line.startswith("@answers ")]
+        if result.rc == 0 and lines:
+            _, code, holder = lines[-1].split()
+            return f"{shared}:{port} answers (HTTP {code}); {'held here' if holder == 'yes' else 'held by another gateway'}"
+        raise StepFailed(f"the shared address {shared}:{port} did not answer within {timeout} s: "
+                         f"`journalctl -u {UNIT}` on the gateways says why (another VRRP router with id "
+                         f"gateway_vrrp_id on that network, VRRP blocked between the gateways, HAProxy not answering)")
+    return interpret
+
+
+def _install(ctx):
+    found = ctx.facts.get("keepalived_commands") or {}
+    if found.get("keepalived"):
+        return
+    if found.get("apt-get"):
+        script = ("export DEBIAN_FRONTEND=noninteractive\n"
+                  "apt-get install -y --no-install-recommends keepalived || "
+                  "{ apt-get update && apt-get install -y --no-install-recommends keepalived; }")
+        describe = "apt-get install keepalived"
+    elif found.get("dnf"):
+        script, describe = "dnf install -y keepalived", "dnf install keepalived"
+    else:
+        os_name = (ctx.facts.get("os") or {}).get("PRETTY_NAME") or "this system"
+        yield Check("keepalived installed", ok=False,
+                    message=f"keepalived is not installed and {os_name} has neither apt-get nor dnf: install "
+                            f"its keepalived package (NixOS: services.keepalived.enable), then deploy again")
+        return
+    yield Command("keepalived installed", script=script, describe=f"{describe} (not installed)", timeout=900)
+
+
+def _removal(ctx):
+    """gateway_address taken out of the inventory: the address and our keepalived go."""
+    conf = ctx.facts.get("keepalived_conf") or {}
+    if not conf.get("content", "").startswith(keepalived.MANAGED):
+        return
+    q = shlex.quote(UNIT)
+    yield Command("shared address removed", script=f"systemctl disable --now {q} 2>/dev/null\n"
+                                                    f"rm -f {shlex.quote(CONF)} {shlex.quote(CHECK)}",
+                  describe=f"systemctl disable --now {UNIT}; remove {CONF} (gateway_address is no longer set)")
+
+
+def summary(ctx) -> dict:
+    shared = ctx.vars.get("gateway_address")
+    if not shared or "keepalived_sha256" not in ctx.desired:
+        return {}
+    return {"shared_address": {"address": shared, "unit": UNIT, "config": CONF, "ca": f"{GATEWAY.dir}/ca.crt",
+                               "config_sha256": ctx.desired["keepalived_sha256"], "gateways": list(gateways(ctx)),
+                               "port": int(ctx.vars.get("api_port", 8000))}}
+
+
+ROLE = Role("shared_address", facts, plan, summary=summary, hosts=is_gateway)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -113,16 +114,35 @@ standin.main(sys.argv[2:])
 """
 
 
+def placement(replicas: int, cores: int) -> dict[str, set[int]] | None:
+    """``--pin``: disjoint CPUs for each part, so that none is preempted by another (a real
+    gateway host runs no model; a serving host's vLLM has its own cores): a core per
+    stand-in replica, then a quarter of the rest for each proxy, the rest for wrk. None
+    when the machine has too few cores to split."""
+    rest = cores - replicas
+    if rest < 6:
+        return None
+    quarter = rest // 4
+    first = replicas
+    out = {f"vllm-{i}": {i} for i in range(replicas)}
+    out["frontdoor"] = set(range(first, first + quarter))
+    out["gateway"] = set(range(first + quarter, first + 2 * quarter))
+    out["wrk"] = set(range(first + 2 * quarter, cores))
+    return out
+
+
 class Processes:
     """The stand-in replicas and both proxies, started for one pace and stopped after."""
 
-    def __init__(self, folder: Path, pace: float | None, replicas: int):
-        self.folder, self.pace, self.replicas, self.procs = folder, pace, replicas, []
+    def __init__(self, folder: Path, pace: float | None, replicas: int, pins: dict | None = None):
+        self.folder, self.pace, self.replicas, self.procs, self.pins = folder, pace, replicas, [], pins or {}
 
     def _start(self, name: str, args: list[str], env: dict, port: int):
         log = open(self.folder / f"{name}.log", "w")
+        cpus = self.pins.get(name)
         proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         self.procs.append(proc)
         _wait_port(port, proc, name)
 
@@ -155,11 +175,13 @@ class Processes:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, script: str) -> dict:
+def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, script: str,
+        cpus: set | None = None) -> dict:
     idle0, total0 = cpu_times()
     run = subprocess.run(["wrk", f"-t{min(threads, concurrency)}", f"-c{concurrency}", f"-d{seconds}s",
                           "--timeout", "30s", "-s", str(folder / script), url],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     idle1, total1 = cpu_times()
     found = [line for line in run.stdout.splitlines() if line.startswith("{")]
     if run.returncode != 0 or not found:
@@ -169,7 +191,35 @@ def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, sc
     return out
 
 
-def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int = 1) -> dict:
+TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\d+) (\d{3}) ")
+
+
+def haproxy_timers(log: Path, offset: int) -> tuple[dict, int]:
+    """Where a proxy's time went for the requests it logged from ``offset`` on, from its
+    access log's timers (httplog's TR/Tw/Tc/Tr/Ta, whole ms): the p50 and p99 of *server*
+    (Tr: from the request sent to the next hop until its answer's headers, the wait for
+    the stand-in or the front door) and of *own* (Ta - Tr: everything else, HAProxy's
+    own reading, queueing, connecting and sending)."""
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        text = handle.read().decode("utf-8", "replace")
+        end = handle.tell()
+    server, own = [], []
+    for match in TIMERS.finditer(text):
+        tr, ta = int(match.group(4)), int(match.group(5))
+        if tr >= 0:
+            server.append(tr)
+            own.append(ta - tr)
+
+    def pct(values, q):
+        values = sorted(values)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+    return ({"logged": len(server), "server_p50_ms": pct(server, 0.5), "server_p99_ms": pct(server, 0.99),
+             "own_p50_ms": pct(own, 0.5), "own_p99_ms": pct(own, 0.99)}, end)
+
+
+def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int = 1,
+        paces: dict | None = None, pin: bool = False) -> dict:
     """Every path at every concurrency, ``rounds`` times, the paths interleaved within a round
     (direct, front door, gateway, then again), so the machine's drift falls on each alike."""
     for tool in ("haproxy", "wrk"):
@@ -179,23 +229,34 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
     rows = []
     paths = [("direct", f"http://127.0.0.1:{PORTS['direct']}"), ("front door", f"https://127.0.0.1:{PORTS['frontdoor']}"),
              ("front door + gateway", f"https://127.0.0.1:{PORTS['gateway']}")]
-    for pace_name, pace in PACES.items():
-        with Processes(folder, pace, plan["replicas"]):
+    pins = placement(plan["replicas"], os.cpu_count() or 1) if pin else None
+    if pin and pins is None:
+        raise SystemExit(f"--pin needs at least {plan['replicas'] + 6} cores")
+    for pace_name, pace in (paces or PACES).items():
+        with Processes(folder, pace, plan["replicas"], pins):
             for concurrency in levels:
                 for number in range(1, rounds + 1):
                     for path, base in paths:
                         url = f"{base}/v1/chat/completions"
                         script = "request-direct.lua" if path == "direct" else "request.lua"
-                        wrk(folder, url, min(concurrency, 4), 1, threads, script)  # connections and caches warm
-                        result = wrk(folder, url, concurrency, seconds, threads, script)
+                        cpus = (pins or {}).get("wrk")
+                        wrk(folder, url, min(concurrency, 4), 1, threads, script, cpus)  # connections and caches warm
+                        offsets = {name: (folder / f"{name}.log").stat().st_size for name in ("frontdoor", "gateway")}
+                        result = wrk(folder, url, concurrency, seconds, threads, script, cpus)
+                        timers = {}
+                        for name in ("frontdoor", "gateway") if path != "direct" else ():
+                            if name == "gateway" and path == "front door":
+                                continue
+                            timers[name] = haproxy_timers(folder / f"{name}.log", offsets[name])[0]
                         rows.append({"pace": pace_name, "path": path, "concurrency": concurrency, "round": number,
-                                     **result})
+                                     **result, "haproxy": timers})
                         print(f"{pace_name:>9} {path:>22} c={concurrency:<3} round {number}: "
                               f"{result['requests'] / (result['duration_us'] / 1e6):8.0f} req/s p50 "
                               f"{result['p50_us'] / 1000:7.2f} ms p99 {result['p99_us'] / 1000:7.2f} ms "
                               f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
     return {"machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
-            "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows}
+            "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows,
+            "pinned": {k: sorted(v) for k, v in pins.items()} if pins else None}
 
 
 def _median(values: list[float]) -> float:
@@ -244,6 +305,30 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_table(result: dict) -> str:
+    """Where each path's p99 goes, from the proxies' own logs (medians over the rounds):
+    waiting for the next hop (Tr) against each proxy's own time (Ta - Tr); HAProxy logs
+    whole milliseconds."""
+    groups: dict = {}
+    for r in result["rows"]:
+        if r.get("haproxy"):
+            groups.setdefault((r["pace"], r["path"], r["concurrency"]), []).append(r)
+    if not groups:
+        return ""
+    lines = ["| pace | path | c | p99 ms (wrk) | front door: waiting for the replica p99 ms | front door: own p99 ms "
+             "| gateway: waiting for the front door p99 ms | gateway: own p99 ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (pace, path, concurrency), runs in groups.items():
+        def timer(proxy, key):
+            values = [r["haproxy"][proxy][key] for r in runs if proxy in r["haproxy"] and
+                      r["haproxy"][proxy][key] is not None]
+            return f"{_median(values):.0f}" if values else "-"
+        lines.append(f"| {pace} | {path} | {concurrency} | {_median([r['p99_us'] for r in runs]) / 1000:.2f} | "
+                     f"{timer('frontdoor', 'server_p99_ms')} | {timer('frontdoor', 'own_p99_ms')} | "
+                     f"{timer('gateway', 'server_p99_ms')} | {timer('gateway', 'own_p99_ms')} |")
+    return "\n".join(lines)
+
+
 def write(results: list[dict]):
     from bench.toolkit import write_section
     parts = [f"{MARK_BEGIN}\n## The front door and the gateway on loopback, where cores are spare\n\n"
@@ -254,12 +339,22 @@ def write(results: list[dict]):
              f"when the last is answered). *realistic*: the stand-in's own pace (~96 ms an answer: one canvas); "
              f"*at once*: time per step 0, so the rows show what each layer holds at saturation (the stand-in, one "
              f"Python event loop, is then the limit of the direct row). *Added* is the path minus the direct call at "
-             f"the same pace and concurrency; *CPU idle* is the whole machine's during the row."]
+             f"the same pace and concurrency; *CPU idle* is the whole machine's during the row. Runs with `--pin` put "
+             f"each part on CPUs of its own. Where a run has them, the proxies' access-log timers say where the "
+             f"p99 goes: waiting for the next hop (HAProxy's Tr) or the proxy's own work (Ta - Tr, whole ms). "
+             f"At concurrency 64 the stand-in's own p99 moves by several ms from round to round (an asyncio "
+             f"timer per request, one event loop), and the added p99 moves with it; the proxies' own p99 is the "
+             f"figure that belongs to them."]
     for result in results:
-        parts.append(f"\n### {result['cores']} cores: {result['cpu']} ({result['machine']})\n\n"
+        pinned = result.get("pinned")
+        placed = ("; each part on CPUs of its own (" + ", ".join(f"{k} {v[0]}-{v[-1]}" if len(v) > 1 else f"{k} {v[0]}"
+                                                               for k, v in pinned.items()) + ")") if pinned else ""
+        profile = profile_table(result)
+        parts.append(f"\n### {result['cores']} cores: {result['cpu']} ({result['machine']}){', pinned' if pinned else ''}\n\n"
                      f"{result['haproxy']}; {result['seconds']} s per row, {result.get('rounds', 1)} round(s) "
                      f"interleaved (medians); {result['replicas']} stand-in replica(s) behind the front "
-                     f"door.\n\n{table(result)}\n")
+                     f"door{placed}.\n\n{table(result)}\n" +
+                     (f"\nWhere the p99 goes, from the proxies' access logs:\n\n{profile}\n" if profile else ""))
     write_section(MARK_BEGIN, MARK_END, "".join(parts) + f"\n{MARK_END}")
 
 
@@ -272,6 +367,10 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="wrk's threads (at most one per connection)")
     parser.add_argument("--rounds", type=int, default=1, help="each row this many times, interleaved (medians)")
     parser.add_argument("--replicas", type=int, default=1, help="stand-in replicas behind the front door")
+    parser.add_argument("--pin", action="store_true",
+                        help="each part on CPUs of its own (a core per stand-in replica, a quarter of the rest per "
+                             "proxy, the rest for wrk): shows what sharing cores costs")
+    parser.add_argument("--paces", default=",".join(PACES), help="which paces: realistic, at once (comma-separated)")
     parser.add_argument("--json", help="write the figures as JSON to this file")
     parser.add_argument("--results", help="with --write: JSON files of earlier runs (another machine's), comma-separated")
     parser.add_argument("--write", action="store_true", help="put the table(s) into docs/PERFORMANCE.md")
@@ -283,7 +382,11 @@ def main():
         if args.step == "prepare":
             print(folder)
             return
-    result = run(folder, args.seconds, [int(c) for c in args.concurrency.split(",")], args.threads, args.rounds)
+    paces = {name: PACES[name] for name in args.paces.split(",") if name in PACES}
+    if not paces:
+        raise SystemExit(f"--paces: choose among {', '.join(PACES)}")
+    result = run(folder, args.seconds, [int(c) for c in args.concurrency.split(",")], args.threads, args.rounds,
+                 paces, args.pin)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -64,8 +64,8 @@ def test_logs_are_prefixed_by_host(deployed):
 def test_endpoints_for_open_webui(deployed):
     key = (config.STATE / "secrets" / "api-key").read_text().strip()
     proc = invoke("endpoints", check=True)
-    # one URL for Open WebUI: the gateway's; each front door listed above it
-    assert 'OPENAI_API_BASE_URLS="https://10.213.0.110:8000/v1"' in proc.stdout
+    # one URL for Open WebUI: the gateways' shared address; each front door listed above it
+    assert 'OPENAI_API_BASE_URLS="https://10.213.0.200:8000/v1"' in proc.stdout
     for url in ("https://10.213.0.11:8000/v1", "https://10.213.0.12:8000/v1", "https://10.213.1.13:8000/v1"):
         assert url in proc.stdout
     hosts_only = invoke("endpoints", "--hosts", "spark01,rtx01", check=True).stdout

@@ -102,7 +102,7 @@ def test_endpoints_name_the_gateway_the_front_doors_and_the_ca(deployed, lab_cop
     out = tmp_path / "endpoints.json"
     invoke("endpoints", "--json", out, check=True)
     doc = json.loads(out.read_text())
-    assert doc["ca_file"] == str(CA_FILE) and doc["gateway"] == "https://10.213.0.110:8000/v1"
+    assert doc["ca_file"] == str(CA_FILE) and doc["gateway"] == f"https://{config.GATEWAY_ADDRESS}:8000/v1"
     assert {"host": "rtx01", "url": "https://10.213.0.12:8000/v1"} in doc["hosts"]
     assert "gateway01" not in {row["host"] for row in doc["hosts"]}  # it serves no model itself
     # an inventory without a gateway: each host's front door is the way in

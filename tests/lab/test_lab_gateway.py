@@ -65,7 +65,7 @@ def test_one_address_for_the_fleet_with_the_same_keys(deployed):
     assert len(seen) >= 2, seen
     assert set(states()) == {"spark01", "rtx01", "h100-01", "hgx01"}
     doc = json.loads(invoke("endpoints", "--json", "-", check=True).stdout)
-    assert doc["gateway"] == f"https://{GATEWAY.address}:8000/v1"
+    assert doc["gateway"] == f"https://{config.GATEWAY_ADDRESS}:8000/v1"  # the gateways' shared address
 
 
 def test_a_host_going_down_costs_no_failed_request(deployed):

@@ -80,7 +80,8 @@ def print_status(data, console):
                           _door(r.get("frontdoor")),
                           (r.get("model") or h.get("model") or "-").split("/")[-1], image if n == 0 else "", mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
-    console.print(table)
+    if table.row_count:  # a status of the gateways alone has no replica to show
+        console.print(table)
     for host, h in gateways.items():
         servers = Table("server", "state", "last check", "for", title=f"GATEWAY {host}", title_justify="left")
         for server in h["gateway_servers"]:
@@ -93,11 +94,11 @@ def print_status(data, console):
     shared = data.get("shared_address")
     if shared:
         if shared["problem"]:
-            console.print(f"[red]SHARED ADDRESS {shared['address']}: {shared['problem']}[/red]")
+            console.print(f"[red]SHARED ADDRESS {shared['address']}: {shared['problem']}[/red]", highlight=False)
         else:
             console.print(f"SHARED ADDRESS {shared['address']}: held by [green]{shared['holders'][0]}[/green]"
                           if shared["holders"] else f"SHARED ADDRESS {shared['address']}: holder unknown "
-                                                    f"(a gateway is unreachable)")
+                                                    f"(a gateway is unreachable)", highlight=False)
 
 
 def _door(state: str | None) -> str:

@@ -65,3 +65,29 @@ def test_status_names_the_holder_a_split_and_an_outage():
     none = shared_address({"gateway01": gw(False, "failed"), "gateway02": gw(False)})
     assert "keepalived is not running on gateway01" in none["problem"]
     assert shared_address({"rtx01": {"reachable": True}}) is None
+
+
+def test_status_prints_the_holder_and_a_split_on_a_terminal_and_through_a_pipe():
+    import io
+
+    from rich.console import Console
+
+    from day2.status_table import print_status
+    hosts = {g: {"reachable": True, "errors": [], "drift": [], "gateway_servers": [],
+                 "shared_address": {"address": "10.213.0.200", "held": True, "keepalived": "active"}}
+             for g in ("gateway01", "gateway02")}
+    split = {"ok": False, "hosts": hosts, "shared_address": shared_address(hosts)}
+    for terminal in (True, False):
+        out = io.StringIO()
+        print_status(split, Console(file=out, width=100, force_terminal=terminal, color_system=None))
+        text = " ".join(out.getvalue().split())
+        assert "split: gateway01 and gateway02 each hold 10.213.0.200" in text, text
+    hosts["gateway02"]["shared_address"]["held"] = False
+    held = {"ok": True, "hosts": hosts, "shared_address": shared_address(hosts)}
+    out = io.StringIO()
+    print_status(held, Console(file=out, width=100, force_terminal=False))
+    assert "shared_address 10.213.0.200 held_by=gateway01\n" in out.getvalue()
+    out = io.StringIO()
+    print_status(held, Console(file=out, width=100, force_terminal=True, color_system=None))
+    assert "SHARED ADDRESS 10.213.0.200: held by gateway01" in out.getvalue()
+    assert "STATUS" not in out.getvalue()  # no replica in this status: no empty table

@@ -1,6 +1,7 @@
 """`invoke status`: what runs where, and whether it drifted from the inventory."""
 from __future__ import annotations
 
+import base64
 import shlex
 
 from converge.changes import Role
@@ -10,6 +11,7 @@ from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
 from roles.frontdoor.stats import server_rows
 from roles.serving_host import record_path
+from roles.service.serve import diffusion_in_force
 from roles.shared_address.keepalived import holds
 from roles.replicas import installed, replica_name, replica_unit, units_shell
 
@@ -26,16 +28,23 @@ class ServiceProbe(Fact):
             f"{units_shell(v)}; "
             f"for u in $units; do i=${{u%.service}}; i=${{i#{rt}-}}; i=${{i#{service}}}; i=${{i#-}}; "
             f"name={service}${{i:+-$i}}; port=$(({base} + ${{i:-0}})); "
-            f"printf '%s %s %s\\n' \"${{i:-0}}\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "
+            f"pid=$(systemctl show -p MainPID --value \"$u\" 2>/dev/null); "
+            # the command line it runs now (base64, one word): the settings in force, not the file's
+            f"argv=$(base64 -w0 /proc/${{pid:-0}}/cmdline 2>/dev/null); "
+            f"printf '%s %s %s %s\\n' \"${{i:-0}}\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "
             f"2>/dev/null || echo absent)\" \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 "
-            f"http://127.0.0.1:$port/health 2>/dev/null)\"; done")
+            f"http://127.0.0.1:$port/health 2>/dev/null)\" \"${{argv:--}}\"; done")
 
     def process(self, output, rc):
         found = {}
         for line in output.splitlines():
-            index, container, *health = line.split()
+            index, container, *rest = line.split()
             if index.isdigit():
-                found[int(index)] = {"container": container, "health": (health or [""])[0]}
+                # the health code is empty when nothing answers: the command line is then the only word
+                health = rest[0] if len(rest) > 1 else ""
+                encoded = rest[-1] if rest and rest[-1] != "-" and (len(rest) > 1 or not rest[0].isdigit()) else ""
+                argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded else []
+                found[int(index)] = {"container": container, "health": health, "diffusion": diffusion_in_force(argv)}
         return found
 
 
@@ -69,6 +78,8 @@ def status_role() -> Role:
                 "container": probe.get("container", "absent"), "health": probe.get("health") or "no answer",
                 "frontdoor": (in_front_door.get(f"replica{index}") or {}).get("status") or None,
                 "model": plan.get("model"), "planned": bool(plan), "gpus": [g.get("index") for g in used],
+                # the diffusion settings it runs with now (its process's command line)
+                "diffusion": probe.get("diffusion"),
                 "since": unit.get("ActiveEnterTimestampMonotonic"),
                 "gpu_memory_used_mib": sum(g.get("memory_used_mib") or 0 for g in used) if used else None,
                 "gpu_memory_total_mib": sum(g.get("memory_total_mib") or 0 for g in used) if used else None})

@@ -55,14 +55,14 @@ def print_status(data, console):
     if not console.is_terminal:
         print_lines(data, console)
         return
-    table = Table("host", "unit", "container", "health", "front door", "model", "image / digest", "GPU memory", "drift",
-                  title="STATUS", title_justify="left")
+    table = Table("host", "unit", "container", "health", "front door", "model", "diffusion", "image / digest",
+                  "GPU memory", "drift", title="STATUS", title_justify="left")
     gateways = {host: h for host, h in data["hosts"].items() if "gateway_servers" in h}
     for host, h in data["hosts"].items():
         if host in gateways:
             continue
         if not h["reachable"]:
-            table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", "", h["errors"][0][:80])
+            table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", "", "", h["errors"][0][:80])
             continue
         image = f"{(h.get('image') or '-').rsplit('/', 1)[-1]}\n{(h.get('digest') or '')[:19]}"
         drift = ("[green]none[/green]" if not h["drift"] and not h["errors"] else
@@ -78,7 +78,8 @@ def print_status(data, console):
             table.add_row(label, f"[{colour}]{state}[/{colour}]", r.get("container") or "",
                           "200" if r.get("health") == "200" else f"[red]{r.get('health')}[/red]",
                           _door(r.get("frontdoor")),
-                          (r.get("model") or h.get("model") or "-").split("/")[-1], image if n == 0 else "", mem,
+                          (r.get("model") or h.get("model") or "-").split("/")[-1], diffusion_text(r.get("diffusion")),
+                          image if n == 0 else "", mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
     if table.row_count:  # a status of the gateways alone has no replica to show
         console.print(table)
@@ -99,6 +100,23 @@ def print_status(data, console):
             console.print(f"SHARED ADDRESS {shared['address']}: held by [green]{shared['holders'][0]}[/green]"
                           if shared["holders"] else f"SHARED ADDRESS {shared['address']}: holder unknown "
                                                     f"(a gateway is unreachable)", highlight=False)
+
+
+def diffusion_text(settings: dict | None, sep: str = " ") -> str:
+    """The diffusion settings in force: ``canvas 256 steps 48 entropy_bound 0.1`` (the
+    sampler's own bound, named by the sampler), or ``-`` when the replica runs none."""
+    if not settings:
+        return "-"
+    words = []
+    if "canvas_length" in settings:
+        words.append(f"canvas{sep}{settings['canvas_length']}")
+    if "max_denoising_steps" in settings:
+        words.append(f"steps{sep}{settings['max_denoising_steps']}")
+    sampler = settings.get("diffusion_sampler")
+    if sampler:
+        bound = settings.get("diffusion_entropy_bound") if sampler == "entropy_bound" else None
+        words.append(f"{sampler}{sep}{bound}" if bound is not None else f"sampler{sep}{sampler}")
+    return (" " if sep == " " else ",").join(words)
 
 
 def _door(state: str | None) -> str:
@@ -128,7 +146,8 @@ def print_lines(data, console):
             model = (r.get("model") or h.get("model") or "-").split("/")[-1]
             planned = "" if r.get("planned", True) else " not-planned"
             say(f"{label} unit={r.get('unit_state', '?')} container={r.get('container') or '-'} "
-                f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} model={model} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
+                f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} model={model} "
+                f"diffusion={diffusion_text(r.get('diffusion'), ':')} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
                 f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
     for host, h in data["hosts"].items():
         if "gateway_servers" not in h:

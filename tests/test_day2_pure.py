@@ -98,3 +98,39 @@ def test_status_and_verify_off_a_terminal_print_every_name_whole():
     assert "a-very-long-host-name-of-the-lab unit=active/running" in text.getvalue()
     assert "frontdoor=DRAIN model=diffusiongemma-26B-A4B-it" in text.getvalue()
     assert "gateway gateway01 server=a-very-long-host-name-of-the-lab state=DRAIN" in text.getvalue()
+
+
+def test_the_diffusion_settings_in_force_come_from_the_running_command_line():
+    """A real capture: rtx01's `podman run` as /proc/PID/cmdline holds it (NUL-separated)."""
+    from pathlib import Path
+
+    from day2.status_table import diffusion_text
+    from roles.service.serve import diffusion_in_force, diffusion_wanted, serve_args
+    argv = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes().decode().split("\0")
+    running = diffusion_in_force(argv)
+    assert running == {"canvas_length": 256, "max_denoising_steps": 48, "diffusion_sampler": "entropy_bound",
+                       "diffusion_entropy_bound": 0.1}
+    assert running == diffusion_wanted({})  # the roles' defaults, as the lab runs them
+    # the last occurrence wins, as in vLLM's parser; -dc and --flag=value are read too
+    tuned = serve_args({"diffusion_entropy_bound": 0.2, "extra_serve_args": ["-dc", '{"canvas_length": 128}']},
+                       "google/diffusiongemma-26B-A4B-it", 0.9)
+    assert diffusion_in_force(tuned) == {"canvas_length": 128, "diffusion_sampler": "entropy_bound",
+                                         "diffusion_entropy_bound": 0.2}
+    assert diffusion_in_force(["vllm", "serve", '--hf-overrides={"diffusion_sampler": "x"}']) == \
+        {"diffusion_sampler": "x"}
+    assert diffusion_in_force(["vllm", "serve", "--diffusion-config", "not json"]) is None
+    assert diffusion_in_force([]) is None
+    assert diffusion_text(running) == "canvas 256 steps 48 entropy_bound 0.1"
+    assert diffusion_text(running, ":") == "canvas:256,steps:48,entropy_bound:0.1"
+    assert diffusion_text(None) == "-"
+
+
+def test_the_status_probe_reads_each_replicas_command_line():
+    import base64
+    from pathlib import Path
+
+    from day2.status import ServiceProbe
+    raw = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes()
+    out = ServiceProbe({}).process(f"0 running 200 {base64.b64encode(raw).decode()}\n1 exited 000 -\n", 0)
+    assert out[0]["health"] == "200" and out[0]["diffusion"]["max_denoising_steps"] == 48
+    assert out[1] == {"container": "exited", "health": "000", "diffusion": None}

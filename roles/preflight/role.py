@@ -10,6 +10,7 @@ from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.service.nixos import module_path
+from roles.service.serve import diffusion_wanted
 from roles.replicas import index_of_container, installed, more_units_glob
 from roles.serving_host import unit_file, unit_name, unit_path
 
@@ -167,6 +168,8 @@ def summary(ctx) -> dict:
     }
     choice = ctx.desired.get("choice")
     out["choice"] = choice.as_dict() if choice else None
+    # what a replica of this host is started with (inventory, group_vars, role defaults)
+    out["diffusion"] = diffusion_wanted(ctx.vars)
     return out
 
 

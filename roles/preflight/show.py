@@ -43,6 +43,12 @@ def print_tables(report, data: dict, console):
             table.add_row("image", choice["image"], choice["image_reason"])
             table.add_row("model", choice["model"], choice["model_reason"])
             table.add_row("utilization", str(choice["gpu_memory_utilization"]), choice["utilization_reason"])
+            if info.get("diffusion"):
+                d = info["diffusion"]
+                table.add_row("diffusion", f"canvas {d['canvas_length']}, {d['max_denoising_steps']} steps, "
+                                           f"{d['diffusion_sampler']} {d['diffusion_entropy_bound']}",
+                              "canvas_length, max_denoising_steps, diffusion_sampler, diffusion_entropy_bound "
+                              "(set per host or group); invoke status shows each replica's in force")
             for replica in choice.get("replicas", []):
                 gpus = ", ".join(f"{i} ({u})" for i, u in zip(replica["gpu_indices"], replica["gpus"]))
                 tp = f", tensor parallel {replica['tensor_parallel_size']}" if replica["tensor_parallel_size"] > 1 else ""

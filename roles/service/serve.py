@@ -57,6 +57,46 @@ def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: in
     return args
 
 
+# the diffusion settings (DOMAIN.md): two in --diffusion-config, two in --hf-overrides
+DIFFUSION_CONFIG = ("canvas_length", "max_denoising_steps")
+DIFFUSION_OVERRIDES = ("diffusion_sampler", "diffusion_entropy_bound")
+
+
+def diffusion_wanted(v: dict) -> dict:
+    """The diffusion settings the variables ask for (the roles' defaults filled in)."""
+    return {"canvas_length": v.get("canvas_length", 256), "max_denoising_steps": v.get("max_denoising_steps", 48),
+            "diffusion_sampler": v.get("diffusion_sampler", "entropy_bound"),
+            "diffusion_entropy_bound": v.get("diffusion_entropy_bound", 0.1)}
+
+
+def diffusion_in_force(argv: list[str]) -> dict | None:
+    """The diffusion settings a running replica was started with, from its command line (the
+    runtime's `run ... IMAGE MODEL --diffusion-config {...} --hf-overrides {...}`): the last
+    occurrence of each flag wins whole, as in vLLM's parser (``-dc`` and ``--flag=value`` too); a
+    setting it leaves out is vLLM's own default, not shown. None
+    when the command line names none (not a DiffusionGemma replica, or no process)."""
+    last: dict = {}  # flag group -> its last value: a later flag replaces the whole JSON, as argparse does
+    for i, arg in enumerate(argv):
+        flag, sep, value = arg.partition("=")
+        if flag not in ("--diffusion-config", "-dc", "--hf-overrides"):
+            continue
+        if not sep:
+            if i + 1 >= len(argv):
+                continue
+            value = argv[i + 1]
+        try:
+            data = json.loads(value)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        group = "overrides" if flag == "--hf-overrides" else "config"
+        keys = DIFFUSION_OVERRIDES if group == "overrides" else DIFFUSION_CONFIG
+        last[group] = {k: data[k] for k in keys if k in data}
+    found = {**last.get("config", {}), **last.get("overrides", {})}
+    return found or None
+
+
 def check_flags(args: list[str]):
     known = known_options()
     for arg in args:

@@ -34,10 +34,17 @@ def test_status_shows_the_fleet_and_drift(deployed, lab_copy, tmp_path):
         assert (h["unit_state"], h["container"], h["health"], h["drift"]) == ("active/running", "running", "200", [])
         assert h["digest"].startswith("sha256:") and h["image"].endswith(("-cu130",))
     assert data["hosts"]["h100-01"]["gpu_memory_used_mib"] > 0  # the stand-in holds what vLLM asked for
+    defaults = {"canvas_length": 256, "max_denoising_steps": 48, "diffusion_sampler": "entropy_bound",
+                "diffusion_entropy_bound": 0.1}
+    for host in ("spark01", "rtx01", "h100-01"):  # the settings each replica runs with, from its command line
+        assert [r["diffusion"] for r in data["hosts"][host]["replicas"]] == [defaults], data["hosts"][host]
     (lab_copy / "host_vars").mkdir(exist_ok=True)
-    (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 3\n")
+    (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 3\ndiffusion_entropy_bound: 0.2\n")
     invoke("status", "--hosts", "rtx01", "--json", out, inventory=lab_copy)
-    assert json.loads(out.read_text())["hosts"]["rtx01"]["drift"] == ["service: rolling restart"]
+    rtx = json.loads(out.read_text())["hosts"]["rtx01"]
+    assert rtx["drift"] == ["service: rolling restart"]
+    # what runs, not what the inventory now says: the new bound is in force once it has rolled
+    assert rtx["replicas"][0]["diffusion"] == defaults
 
 
 def test_start_stops_conflicting_units_and_stop_resume_brings_them_back(deployed):

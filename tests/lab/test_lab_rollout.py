@@ -359,6 +359,7 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
     assert {"spark01", "rtx01", "h100-01", "hgx01#0", "hgx01#3"} <= set(labels), status.stdout
     assert "gateway" in labels and "…" not in status.stdout
     assert f"shared_address {config.GATEWAY_ADDRESS} held_by=" in status.stdout, status.stdout[-800:]
+    assert "diffusion=canvas:256,steps:48,entropy_bound:0.1 " in status.stdout, status.stdout[-800:]
 
 
 # last: it leaves rtx01's front door configured for a fleet without a gateway (the module's

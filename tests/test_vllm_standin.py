@@ -134,3 +134,34 @@ def test_an_idle_kept_alive_connection_is_closed_as_vllm_closes_it(standin, monk
     assert conn.getresponse().status == 200
     time.sleep(0.6)
     assert conn.sock.recv(1) == b""  # the server closed it
+
+
+@pytest.fixture
+def autoregressive(standin):
+    """The stand-in as it serves Gemma 4 26B-A4B-it: a first token, then a steady rate."""
+    standin.autoregressive, standin.ttft_seconds, standin.token_seconds = True, 0.2, 0.05
+    yield standin
+    standin.autoregressive = False
+
+
+def test_an_autoregressive_model_pays_per_token_and_streams_token_by_token(autoregressive):
+    started = time.perf_counter()
+    assert call(autoregressive, "POST", "/v1/chat/completions", dict(CHAT, max_tokens=8), key=KEY)[0] == 200
+    took = time.perf_counter() - started
+    assert 0.2 + 8 * 0.05 <= took < 0.2 + 8 * 0.05 + 0.3, took  # 8 tokens: the first after 0.2 s, then 0.05 s each
+    conn = http.client.HTTPConnection("127.0.0.1", autoregressive.server_address[1], timeout=10)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(CHAT, stream=True, max_tokens=6)),
+                 headers=headers)
+    response = conn.getresponse()
+    started, arrivals = time.perf_counter(), []
+    for line in response:
+        if line.startswith(b"data: ") and b'"content": "token' in line:
+            arrivals.append(time.perf_counter() - started)
+    conn.close()  # its coroutine on the stand-in's loop ends now, not at the loop's close
+    assert len(arrivals) == 6 and arrivals[0] >= 0.15  # one chunk per token, the first after the prefill
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert all(gap >= 0.03 for gap in gaps), gaps
+    # a name it does not serve: vLLM's own 404 body
+    status, body = call(autoregressive, "POST", "/v1/chat/completions", dict(CHAT, model="gemma-4"), key=KEY)
+    assert status == 404 and json.loads(body)["message"] == "The model `gemma-4` does not exist."

@@ -3,6 +3,7 @@ environment, and put its table into docs/PERFORMANCE.md between its markers."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +27,37 @@ def cpu_times() -> tuple[int, int]:
     around a load give the machine's idle share during it."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return fields[3] + fields[4], sum(fields[:8])
+
+
+# HAProxy's httplog timers, TR/Tw/Tc/Tr/Ta, then the status ("+" before Ta: logged before the end)
+HAPROXY_TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\+?-?\d+) \d{3} ")
+
+
+def haproxy_timers(lines, path: str = "/v1/chat/completions") -> list[tuple[int, int]]:
+    """``(Tr, Ta)`` in whole ms for each request to ``path`` in an HAProxy access log (httplog)
+    that a server answered: Tr is the wait for the server's answer, ``Ta - Tr`` HAProxy's own
+    time (receiving the request, queueing, connecting, sending the answer). A line logged
+    twice (units written before the passthrough log driver logged each line twice) counts once."""
+    out = []
+    for line in dict.fromkeys(lines):
+        if f" {path} " not in line:
+            continue
+        found = HAPROXY_TIMERS.search(line)
+        if found:
+            tr, ta = int(found.group(4)), int(found.group(5).lstrip("+"))
+            if tr >= 0 and ta >= 0:
+                out.append((tr, ta))
+    return out
+
+
+def percentile(values, q: float) -> float:
+    """The ``q`` quantile of ``values``, interpolated between the two nearest; NaN when there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def write_section(begin: str, end: str, section: str, doc: Path = ROOT / "docs" / "PERFORMANCE.md"):

@@ -40,11 +40,12 @@ class ServiceProbe(Fact):
         for line in output.splitlines():
             index, container, *rest = line.split()
             if index.isdigit():
-                # the health code is empty when nothing answers: the command line is then the only word
-                health = rest[0] if len(rest) > 1 else ""
-                encoded = rest[-1] if rest and rest[-1] != "-" and (len(rest) > 1 or not rest[0].isdigit()) else ""
-                argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded else []
-                found[int(index)] = {"container": container, "health": health, "diffusion": diffusion_in_force(argv)}
+                # the last word is the command line ("-": no process); the health code before it is
+                # missing when curl printed none
+                encoded = rest.pop() if rest else "-"
+                argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded != "-" else []
+                found[int(index)] = {"container": container, "health": rest[0] if rest else "",
+                                     "diffusion": diffusion_in_force(argv)}
         return found
 
 

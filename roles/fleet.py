@@ -33,6 +33,11 @@ def is_gateway(hostvars: dict) -> bool:
     return GATEWAY_GROUP in (hostvars.get("group_names") or ())
 
 
+def shared_address(hostvars: dict) -> str | None:
+    """The address the gateways share (``gateway_address``), for a gateway; None elsewhere."""
+    return hostvars.get("gateway_address") if is_gateway(hostvars) else None
+
+
 def fleet_of(hostvars_by_name: dict[str, dict]) -> Fleet:
     serving, gateways = [], []
     for name, v in hostvars_by_name.items():

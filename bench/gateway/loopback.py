@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.toolkit import cpu_times  # noqa: E402  (stdlib only: `run` needs no toolkit environment)
+from bench.toolkit import cpu_times, haproxy_timers, percentile  # noqa: E402  (stdlib only: `run` needs no toolkit environment)
 
 STANDIN = ROOT / "lab" / "stubs" / "vllm"
 ROUTES = ROOT / "lab" / "stubs" / "vllm-routes.txt"
@@ -191,31 +190,26 @@ def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, sc
     return out
 
 
-TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\d+) (\d{3}) ")
-
-
-def haproxy_timers(log: Path, offset: int) -> tuple[dict, int]:
-    """Where a proxy's time went for the requests it logged from ``offset`` on, from its
-    access log's timers (httplog's TR/Tw/Tc/Tr/Ta, whole ms): the p50 and p99 of *server*
-    (Tr: from the request sent to the next hop until its answer's headers, the wait for
-    the stand-in or the front door) and of *own* (Ta - Tr: everything else, HAProxy's
-    own reading, queueing, connecting and sending)."""
+def proxy_timers(log: Path, offset: int) -> dict:
+    """Where a proxy's time went for the requests it logged from ``offset`` on (its access
+    log's timers, whole ms): the p50 and p99 of *server* (Tr: from the request sent to the
+    next hop until its answer's headers, the wait for the stand-in or the front door) and
+    of *own* (Ta - Tr: everything else, HAProxy's own reading, queueing, connecting and
+    sending)."""
     with open(log, "rb") as handle:
         handle.seek(offset)
-        text = handle.read().decode("utf-8", "replace")
-        end = handle.tell()
-    server, own = [], []
-    for match in TIMERS.finditer(text):
-        tr, ta = int(match.group(4)), int(match.group(5))
-        if tr >= 0:
-            server.append(tr)
-            own.append(ta - tr)
+        lines = handle.read().decode("utf-8", "replace").splitlines()
+    timers = haproxy_timers(lines)
+    server, own = [tr for tr, _ in timers], [ta - tr for tr, ta in timers]
+    out: dict = {"logged": len(timers)}
+    for name, values in (("server", server), ("own", own)):
+        for q in (50, 99):
+            out[f"{name}_p{q}_ms"] = percentile(values, q / 100) if values else None
+    return out
 
-    def pct(values, q):
-        values = sorted(values)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else None
-    return ({"logged": len(server), "server_p50_ms": pct(server, 0.5), "server_p99_ms": pct(server, 0.99),
-             "own_p50_ms": pct(own, 0.5), "own_p99_ms": pct(own, 0.99)}, end)
+
+# the proxies on each path, by the name of their log in the bench folder
+PROXIES = {"direct": (), "front door": ("frontdoor",), "front door + gateway": ("frontdoor", "gateway")}
 
 
 def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int = 1,
@@ -243,11 +237,7 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
                         wrk(folder, url, min(concurrency, 4), 1, threads, script, cpus)  # connections and caches warm
                         offsets = {name: (folder / f"{name}.log").stat().st_size for name in ("frontdoor", "gateway")}
                         result = wrk(folder, url, concurrency, seconds, threads, script, cpus)
-                        timers = {}
-                        for name in ("frontdoor", "gateway") if path != "direct" else ():
-                            if name == "gateway" and path == "front door":
-                                continue
-                            timers[name] = haproxy_timers(folder / f"{name}.log", offsets[name])[0]
+                        timers = {name: proxy_timers(folder / f"{name}.log", offsets[name]) for name in PROXIES[path]}
                         rows.append({"pace": pace_name, "path": path, "concurrency": concurrency, "round": number,
                                      **result, "haproxy": timers})
                         print(f"{pace_name:>9} {path:>22} c={concurrency:<3} round {number}: "

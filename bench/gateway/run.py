@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shlex
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.toolkit import cpu_times, in_toolkit_env, write_section  # noqa: E402
+from bench.toolkit import cpu_times, haproxy_timers, in_toolkit_env, percentile, write_section  # noqa: E402
 
 in_toolkit_env()
 
@@ -45,15 +44,6 @@ from converge.secrets import read_optional_secret as read_secret  # noqa: E402
 KNOB_DIR = ".vllm-standin"
 MARK_BEGIN = "<!-- bench/gateway: begin -->"
 MARK_END = "<!-- bench/gateway: end -->"
-
-
-def percentile(values, q):
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def knob_script(cache: str, on: bool) -> str:
@@ -197,24 +187,9 @@ def main():
         raise SystemExit("some requests failed: see the errors column")
 
 
-TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\+?-?\d+) \d{3} ")
-
-
 def own_ms(lines: list[str], path: str = "/v1/chat/completions") -> list[int]:
-    """HAProxy's own time for each request in its access log (httplog: TR/Tw/Tc/Tr/Ta),
-    ``Ta - Tr``: receiving the request, queueing, connecting, sending the answer; all
-    of it but the server's time. A line logged twice (units written before the
-    passthrough log driver logged each line twice) counts once."""
-    out = []
-    for line in dict.fromkeys(lines):
-        if f" {path} " not in line:
-            continue
-        found = TIMERS.search(line)
-        if found:
-            tr, ta = int(found.group(4)), int(found.group(5).lstrip("+"))
-            if tr >= 0 and ta >= 0:
-                out.append(ta - tr)
-    return out
+    """HAProxy's own time (``Ta - Tr``) for each request to ``path`` in its access log."""
+    return [ta - tr for tr, ta in haproxy_timers(lines, path)]
 
 
 def proxy_times(windows: list[dict], host, host_unit: str, gateway, gateway_unit: str) -> list[dict]:

@@ -12,7 +12,7 @@ from credentials.ca import ca_pem, host_certificate
 from credentials.keys import KeyStore, digest, service_key
 
 from converge.secrets import read_optional_secret as read_secret
-from roles.fleet import is_gateway
+from roles.fleet import shared_address
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def names(host: str, v: dict) -> list[str]:
     """What the certificate names: the inventory name and every address the host is reached at
     (a gateway: the address the gateways share too)."""
     out = [host]
-    shared = v.get("gateway_address") if is_gateway(v) else None
+    shared = shared_address(v)
     for value in (v.get("ansible_host"), v.get("api_host"), shared):
         if value and value not in ("0.0.0.0", "::") and value not in out:
             out.append(value)
@@ -118,7 +118,7 @@ def own_certificate(host: str, v: dict, fleet_ca: str) -> tuple[str, str, str]:
         raise StepFailed(f"{where} names {', '.join(named) or 'no name (no subjectAltName)'}, not {host}: the "
                          f"gateway and deploy's own check reach the front door under its inventory name; add "
                          f"DNS:{host} to the certificate")
-    shared = v.get("gateway_address") if is_gateway(v) else None
+    shared = shared_address(v)
     if shared and shared not in named:
         raise StepFailed(f"{where} does not name the gateways' shared address {shared} (gateway_address): clients "
                          f"reach the gateway there; add IP:{shared} to the certificate")

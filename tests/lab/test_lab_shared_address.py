@@ -10,6 +10,7 @@ import time
 import pytest
 
 from lab import config, sh
+from roles.shared_address.keepalived import holds, parse_addresses
 from tests import reliability
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 
@@ -25,8 +26,9 @@ def api_key():
 
 
 def holders() -> list[str]:
+    """The gateways holding the address now, read in their network namespaces."""
     return [g for g in GATEWAYS
-            if f" {SHARED}/" in sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout]
+            if holds(SHARED, parse_addresses(sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout))]
 
 
 def wait_holder(limit=30) -> str:

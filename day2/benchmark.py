@@ -128,10 +128,12 @@ def published_for(gpu: str | None) -> dict | None:
 
 
 def run_host(host: str, base_url: str, key: str | None, model: str, gpu: str | None, repeats: int = 4,
-             concurrency: int = 4, timeout: float = 300, progress=None, replica: int | None = None) -> HostBench:
-    """The three figures through the host's front door: over all its replicas, or pinned to
-    ``replica``."""
-    result = HostBench(host, base_url, model, gpu, published=published_for(gpu), replica=replica)
+             concurrency: int = 4, timeout: float = 300, progress=None, replica: int | None = None,
+             diffusion: bool = True) -> HostBench:
+    """The three figures through the host's front door for ``model``: over all its replicas, or
+    pinned to ``replica``; beside the seeds' figures for a diffusion model (they are DiffusionGemma's)."""
+    result = HostBench(host, base_url, model, gpu, published=published_for(gpu) if diffusion else None,
+                       replica=replica)
     tick = progress or (lambda text: None)
     tick("warm-up (excluded)")
     one(base_url, key, model, "warmup", FULL_PROMPT, True, timeout, replica)

@@ -84,13 +84,13 @@ def print_status(data, console):
     if table.row_count:  # a status of the gateways alone has no replica to show
         console.print(table)
     for host, h in gateways.items():
-        servers = Table("server", "state", "last check", "for", title=f"GATEWAY {host}", title_justify="left")
+        servers = Table("server", "pool", "state", "last check", "for", title=f"GATEWAY {host}", title_justify="left")
         for server in h["gateway_servers"]:
             colour = {"UP": "green", "DOWN": "red"}.get(server["state"].split()[0], "yellow")
-            servers.add_row(server["server"], f"[{colour}]{server['state']}[/{colour}]", server["check"],
-                            f"{server['since_s']} s" if server["since_s"] is not None else "")
+            servers.add_row(server["server"], server.get("pool", ""), f"[{colour}]{server['state']}[/{colour}]",
+                            server["check"], f"{server['since_s']} s" if server["since_s"] is not None else "")
         for error in h["errors"]:
-            servers.add_row("[red]error[/red]", error[:120], "", "")
+            servers.add_row("[red]error[/red]", "", error[:120], "", "")
         console.print(servers)
     shared = data.get("shared_address")
     if shared:
@@ -154,7 +154,8 @@ def print_lines(data, console):
             continue
         for server in h["gateway_servers"]:
             since = f" for={server['since_s']}s" if server["since_s"] is not None else ""
-            say(f"gateway {host} server={server['server']} state={server['state'].replace(' ', '_')} "
+            say(f"gateway {host} server={server['server']} pool={server.get('pool', '-')} "
+                f"state={server['state'].replace(' ', '_')} "
                 f"check={server['check'].replace(' ', '_') or '-'}{since}")
         for error in h["errors"]:
             say(f"gateway {host} error: {error}")

@@ -4,11 +4,12 @@ doors) and which are gateways. Offered to every host of a run as
 host, whichever hosts the run touches)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from converge.runner import RunService
 
 GATEWAY_GROUP = "gateway"
+MODEL_VARIABLES = ("models", "gpus", "model", "quantization", "served_model_name", "model_fallback")
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,9 @@ class FrontDoor:
     address: str  # where the gateway reaches it (its ansible_host)
     port: int
     ca_file: str = ""  # the CA of a certificate of its own (tls_ca_file), which the gateway must trust too
+    # what the host declares of its models (models:, served_model_name, model_fallback): the
+    # roles read the families it serves and their names from these (roles/frontdoor/pools.py)
+    models: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,8 @@ def fleet_of(hostvars_by_name: dict[str, dict]) -> Fleet:
     serving, gateways = [], []
     for name, v in hostvars_by_name.items():
         door = FrontDoor(name, v.get("ansible_host", name), int(v.get("api_port", 8000)),
-                         v.get("tls_ca_file") or "" if v.get("tls_cert_file") else "")
+                         v.get("tls_ca_file") or "" if v.get("tls_cert_file") else "",
+                         {k: v[k] for k in MODEL_VARIABLES if k in v})
         (gateways if is_gateway(v) else serving).append(door)
     return Fleet(tuple(serving), tuple(gateways))
 

@@ -15,19 +15,27 @@ UNIT_DIR = "/etc/systemd/system"
 
 @dataclass(frozen=True)
 class Served:
-    """What one replica runs: a model, a memory fraction, its GPUs by uuid (none: every
-    GPU, as a unit rendered without a placement) and its tensor-parallel size."""
+    """What one replica runs: a model of a family, a memory fraction, its GPUs by uuid (none:
+    every GPU, as a unit rendered without a placement), its tensor-parallel size and the
+    serving settings its family's ``models:`` entry sets for it alone."""
     index: int
     model: str
     utilization: float
     gpus: tuple = ()
     tensor_parallel_size: int = 1
+    family: str = "diffusiongemma"
+    settings: tuple = ()  # (name, value) pairs over the host's variables
 
     @classmethod
     def of(cls, replica) -> "Served":
         """From a placement's replica (roles/preflight/placement.Replica)."""
         return cls(replica.index, replica.model, replica.utilization, tuple(g["uuid"] for g in replica.gpus),
-                   replica.tensor_parallel_size)
+                   replica.tensor_parallel_size, replica.family,
+                   tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(replica.settings.items())))
+
+    def variables(self, v: dict) -> dict:
+        """The host's variables with this replica's own settings over them."""
+        return {**v, **{k: list(x) if isinstance(x, tuple) else x for k, x in self.settings}}
 
 
 def service(v: dict) -> str:

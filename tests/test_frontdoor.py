@@ -295,9 +295,10 @@ def test_the_gateway_takes_a_draining_front_door_out_of_balancing():
     from roles.frontdoor.render import GATEWAY
     from roles.gateway.role import BACKEND
     config = render_config("gateway01", {}, [Server("rtx01", "10.213.0.12:8000")], "g", proxy=GATEWAY, backend=BACKEND)
-    backend = config.split("backend servers", 1)[1].split("\nfrontend", 1)[0]
+    backend = config.split("backend pool_diffusiongemma", 1)[1].split("\nfrontend", 1)[0]
     assert "http-check disable-on-404" in backend
-    assert "draining" not in config.split("backend servers", 1)[0]  # a gateway's /health is its own servers'
+    assert "http-check send meth GET uri /health hdr X-Dgemma-Pool diffusiongemma" in backend
+    assert "draining" not in config.split("backend pool_", 1)[0]  # a gateway's /health is its own servers'
 
 
 def test_the_front_door_balances_its_replicas_and_a_request_may_name_one(front_door_of_three):

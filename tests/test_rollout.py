@@ -20,7 +20,7 @@ def _roll(**changes) -> Roll:
                                    ("GPU-b", "GPU-a")),),
                   env_path="/etc/dgemma/vllm-diffusiongemma.env", unit_file=unit, unit_path=unit.path,
                   image="10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130", same_image_ref=True,
-                  served_model_name="diffusiongemma", api_port=8000, frontdoor_address="127.0.0.1",
+                  api_port=8000, frontdoor_address="127.0.0.1",
                   drain_timeout=120, ready_timeout=600, alone=False)
     fields.update(changes)
     return Roll(**fields)

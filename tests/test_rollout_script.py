@@ -70,7 +70,7 @@ def _roll(host, fail_first: int, action="restart", write=True):
     deploy = dict(unit_file=unit, unit_path=unit.path, image="img:tag", same_image_ref=True) if write else {}
     roll = rollout.Roll(host="hgx01", runtime="podman", action=action,
                         replicas=(rollout.Target(1, "u.service", "c", 8101, ("GPU-b", "GPU-a")),),
-                        env_path=str(host / "env"), served_model_name="m", api_port=8000,
+                        env_path=str(host / "env"), api_port=8000,
                         frontdoor_address="127.0.0.1", drain_timeout=5, ready_timeout=5, alone=False,
                         remove_paths=(str(host / "unit.service"),) if action == "remove" else (), **deploy)
     text = rollout.script(roll).replace(rollout.ADMIN_SOCKET, str(host / "admin.sock"))

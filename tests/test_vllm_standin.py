@@ -164,4 +164,6 @@ def test_an_autoregressive_model_pays_per_token_and_streams_token_by_token(autor
     assert all(gap >= 0.03 for gap in gaps), gaps
     # a name it does not serve: vLLM's own 404 body
     status, body = call(autoregressive, "POST", "/v1/chat/completions", dict(CHAT, model="gemma-4"), key=KEY)
-    assert status == 404 and json.loads(body)["message"] == "The model `gemma-4` does not exist."
+    error = json.loads(body)["error"]
+    assert status == 404 and error["message"].startswith("The model `gemma-4` does not exist. Valid aliases: ")
+    assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)

@@ -56,15 +56,15 @@ def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
 
 
 def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None,
-           extra_ca_files: tuple = ()) -> Wanted:
+           extra_ca_files: tuple = (), pools: list | None = None) -> Wanted:
     """The certificate, the key list, the configuration, and the generation that
     names them (any change to one of them is a new generation)."""
     bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files)
     keys = render_keys(accepted)
-    unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend)
+    unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend, pools=pools)
     generation = hashlib.sha256((unnamed + keys + bundle.cert_pem).encode()).hexdigest()[:16]
-    return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, proxy=proxy, backend=backend),
-                  generation)
+    return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, proxy=proxy, backend=backend,
+                                              pools=pools), generation)
 
 
 def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: str | None = None,

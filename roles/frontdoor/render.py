@@ -10,6 +10,8 @@ from pathlib import Path
 import jinja2
 
 from roles.service.container import RUNTIME_PATHS, log_options
+
+from .pools import Pool, key_variable, model_names, models_list
 from roles.service.serve import command_line
 
 HERE = Path(__file__).parent
@@ -95,14 +97,17 @@ def _templates() -> jinja2.Environment:
 
 def render_config(host: str, v: dict, servers: list[Server], generation: str, *, proxy: Proxy = FRONTDOOR,
                   files: str = CONTAINER_DIR, socket: str | None = None, admin: str | None = None,
-                  backend: dict | None = None) -> str:
+                  backend: dict | None = None, pools: list | None = None) -> str:
     """``files``: where HAProxy reads tls.pem, ca.crt and keys.sha256 (the container's
     view of the proxy's folder); ``socket``, ``admin``: its runtime API and its stats page
-    with admin actions (both unix sockets); ``backend``: how servers are checked and retried."""
+    with admin actions (both unix sockets); ``backend``: how servers are checked and retried;
+    ``pools``: the pools (pools.Pool) requests are routed to by the model they name."""
+    pools = pools or [Pool("diffusiongemma", model_names("diffusiongemma", [v.get("served_model_name", "diffusiongemma")]),
+                           tuple(servers))]
     return _templates().get_template("haproxy.cfg.j2").render(
         host=host, kind=proxy.kind, bind=bind_address(v), dir=files,
         socket=socket or f"{proxy.socket_dir}/admin.sock", admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
-        servers=servers,
+        servers=servers, pools=pools, models_json=models_list(pools), aliases=[p.names[0] for p in pools],
         request_timeout=int(v.get("request_timeout_sec", 600)), metrics_port=proxy.metrics_port,
         generation=generation, upstream_key=proxy.upstream_key, backend=backend or {})
 
@@ -115,12 +120,21 @@ def render_keys(hashes: dict[str, str]) -> str:
     return "".join(lines)
 
 
+def upstream_key_names(v: dict, proxy: Proxy) -> list[str]:
+    """The environment variables of the gateway's external fallbacks' keys (by name only)."""
+    if proxy is not GATEWAY:
+        return []
+    return [key_variable(family) for family, rule in sorted((v.get("model_fallback") or {}).items())
+            if rule.get("url")]
+
+
 def container(v: dict, proxy: Proxy = FRONTDOOR) -> dict:
     """The proxy's container, whatever declares it (our unit, or a NixOS module)."""
     return {"name": proxy.name(v), "image": image_ref(v),
             # the master reads the 0600 files as root; its workers drop to the haproxy user.
             # The upstream key by name only: its value comes from the unit's EnvironmentFile
-            "options": ["--network=host", "--user", "root", "-e", proxy.upstream_key],
+            "options": ["--network=host", "--user", "root", "-e", proxy.upstream_key,
+                        *[x for name in upstream_key_names(v, proxy) for x in ("-e", name)]],
             "volumes": [f"{proxy.dir}:{CONTAINER_DIR}:ro", f"{proxy.socket_dir}:{proxy.socket_dir}"],
             "cmd": ["haproxy", "-f", f"{CONTAINER_DIR}/haproxy.cfg"]}
 

@@ -13,7 +13,10 @@ from roles.fleet import is_serving
 from roles.replicas import installed, more_units_glob, replica_port
 from roles.serving_host import env_path, unit_name
 
+from roles.preflight.declared import DEFAULT_FAMILY, served_name
+
 from . import proxy, tls
+from .pools import frontdoor_pools, pools_in_config
 from .admin import ADMIN_SOCKET, FRONTDOOR_SHELL
 from .render import FRONTDOOR, Server
 from .stats import ServerStates
@@ -38,11 +41,26 @@ def servers(ctx) -> list[Server]:
     return [Server(f"replica{i}", f"127.0.0.1:{replica_port(v, i)}") for i in indices]
 
 
+def pools(ctx, replicas: list[Server]) -> list:
+    """The host's replicas by family: as this deploy places them, or (a run that places
+    nothing) as the running configuration groups them."""
+    v = ctx.vars
+    if "replicas" in ctx.desired:
+        families = {r["index"]: r["family"] for r in ctx.desired["replicas"]}
+    else:
+        running = pools_in_config((ctx.facts.get("frontdoor_config") or {}).get("content") or "")
+        families = {int(s.name.removeprefix("replica")): running.get(int(s.name.removeprefix("replica")),
+                                                                      DEFAULT_FAMILY) for s in replicas}
+    aliases = {f: served_name(f, v) for f in set(families.values())}
+    return frontdoor_pools(families, aliases, replicas)
+
+
 def wanted(ctx) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # the gateway reaches the front doors with a key of its own
     accepted = tls.accepted_keys(ctx.name, ctx.vars, gateway=bool(fleet and fleet.has_gateway))
-    return proxy.wanted(ctx, FRONTDOOR, servers(ctx), accepted)
+    replicas = servers(ctx)
+    return proxy.wanted(ctx, FRONTDOOR, replicas, accepted, pools=pools(ctx, replicas))
 
 
 def plan(ctx):

@@ -10,9 +10,12 @@ from converge.facts import Fact
 
 
 def server_rows(text: str, backend: str = "servers") -> list[dict]:
-    """The rows of HAProxy's stats CSV (``/stats;csv``) for each server of ``backend``."""
+    """The rows of HAProxy's stats CSV (``/stats;csv``) for each server of ``backend`` (of every
+    backend whose name starts with it, when it ends in ``_``: the gateway's pools)."""
+    def wanted(name):
+        return name is not None and (name.startswith(backend) if backend.endswith("_") else name == backend)
     return [row for row in csv.DictReader(io.StringIO(text.lstrip("# ")))
-            if row.get("pxname") == backend and row.get("svname") not in (None, "FRONTEND", "BACKEND")]
+            if wanted(row.get("pxname")) and row.get("svname") not in (None, "FRONTEND", "BACKEND")]
 
 
 class ServerStates(Fact):

@@ -17,6 +17,9 @@ from credentials.keys import service_key
 
 from roles.fleet import is_gateway
 from roles.frontdoor import proxy, tls
+from converge.errors import SecretError
+from converge.secrets import read_secret_file
+from roles.frontdoor.pools import aliases, answers, fleet_families, gateway_pools, key_variable, serving
 from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, Server
 
 ENV_FILE = "/etc/dgemma/gateway.env"
@@ -28,9 +31,10 @@ def facts(v):
     return {**proxy.facts(v, GATEWAY, "gateway"), "gateway_env": FileState(ENV_FILE, secret=True)}
 
 
-def servers(fleet) -> list[Server]:
+def servers(fleet, doors=None) -> list[Server]:
+    """The front doors (``doors``, or every serving host's) as the gateway's servers."""
     out = []
-    for door in fleet.serving:
+    for door in fleet.serving if doors is None else doors:
         address = f"[{door.address}]" if ":" in door.address else door.address
         # the front door's certificate names the host's inventory name: checked, and sent as SNI
         out.append(Server(door.host, f"{address}:{door.port}",
@@ -43,7 +47,8 @@ def wanted(ctx) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # front doors with a certificate of their own: the gateway trusts their CAs too
     own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
-    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND, own_cas)
+    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND, own_cas,
+                        pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")))
 
 
 def plan(ctx):
@@ -57,12 +62,49 @@ def plan(ctx):
     except CredentialError as exc:
         yield Check("gateway key", ok=False, message=str(exc))
         return
+    problems = fallback_problems(fleet, ctx.vars.get("model_fallback") or {})
+    if problems:
+        yield Check("model_fallback", ok=False, message="; ".join(problems))
+        return
+    try:
+        # each external fallback's key: read on the control machine, held by the gateways alone
+        upstream_keys = {key_variable(family): read_secret_file(rule["key_file"], f"model_fallback.{family}.key_file",
+                                                                ctx.name)
+                         for family, rule in sorted((ctx.vars.get("model_fallback") or {}).items()) if rule.get("url")}
+    except SecretError as exc:
+        yield Check("model_fallback", ok=False, message=str(exc))
+        return
     want = wanted(ctx)
     ctx.desired["gateway_generation"] = want.generation
-    env = File("gateway environment", path=ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
+    content = f"GATEWAY_KEY={key}\n" + "".join(f"{name}={value}\n" for name, value in upstream_keys.items())
+    env = File("gateway environment", path=ENV_FILE, content=content, mode="0600", secret=True,
                current=ctx.facts.get("gateway_env"))
     yield env
     yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed())
+
+
+def fallback_problems(fleet, policy: dict) -> list[str]:
+    """What keeps ``model_fallback`` from working with this fleet, each naming the key."""
+    out = []
+    families = fleet_families(fleet)
+    for family, rule in policy.items():
+        where = f"model_fallback.{family}"
+        if family not in families:
+            out.append(f"{where}: no host of the fleet serves {family} (it serves {', '.join(families)})")
+            continue
+        target = rule.get("to")
+        if target is None:
+            continue
+        if target == family or target not in families:
+            out.append(f"{where}.to: {target} is {'the family itself' if target == family else 'served by no host'}; "
+                       f"name another family of the fleet ({', '.join(f for f in families if f != family)}) or a url")
+            continue
+        alias = aliases(fleet, family)[0]
+        deaf = [door.host for door in serving(fleet, target) if alias not in answers(door, target)]
+        if deaf:
+            out.append(f"{where}: the {target} replicas of {', '.join(deaf)} do not answer to {alias!r} (vLLM would "
+                       f"refuse its requests): set model_fallback where those hosts read it too (group_vars/all)")
+    return out
 
 
 def plan_keys(ctx):
@@ -74,6 +116,8 @@ def summary(ctx) -> dict:
     fleet = ctx.services.get("fleet")
     if out and fleet:
         out["gateway"]["servers"] = [door.host for door in fleet.serving]
+        out["gateway"]["pools"] = {family: [door.host for door in serving(fleet, family)]
+                                   for family in fleet_families(fleet)}
     return out
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .declared import declared, family_of, title
 from .memory import (WORKER_MIB, GpuMemory, budget_mib, check_words, gpu_memory, largest_safe_utilization,
                      passes_vllm_check, vllm_refusal)
 from .variants import Refused, candidates
@@ -38,9 +39,11 @@ class Replica:
     reason: str  # why this variant (and tensor parallel size)
     utilization_reason: str = ""
     memory: GpuMemory | None = None  # its first GPU's, as vLLM's check reads it
+    family: str = "diffusiongemma"  # the model family (models: in the inventory)
+    settings: dict = field(default_factory=dict)  # serving settings its models: entry sets for it alone
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "gpus": [g["uuid"] for g in self.gpus], "gpu_indices": [g["index"] for g in self.gpus],
+        return {"index": self.index, "family": self.family, "gpus": [g["uuid"] for g in self.gpus], "gpu_indices": [g["index"] for g in self.gpus],
                 "tensor_parallel_size": self.tensor_parallel_size, "model": self.model,
                 "quantization": self.quantization, "gpu_memory_utilization": self.utilization, "port": self.port,
                 "reason": self.reason, "utilization_reason": self.utilization_reason}
@@ -117,8 +120,8 @@ def _usable(gpu: dict, mem: GpuMemory, hostvars: dict, running: dict, apps: list
 
 
 def _variants(cc: str, hostvars: dict) -> list[tuple[str, dict]]:
-    """The catalog's variants for this compute capability, in preference order."""
-    return candidates(cc, hostvars)
+    """The catalog's variants of the family placed for this compute capability, in preference order."""
+    return candidates(cc, hostvars, hostvars.get("family", "diffusiongemma"))
 
 
 def _fits(spec: dict, size: int, budgets: list[float]) -> bool:
@@ -191,7 +194,7 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
                 continue
             placement.replicas.append(Replica(0, [gpu], 1, model, spec.get("quantization"), util, 0,
                                               reason, why, mem))
-        _tensor_parallel(alone, variants, name, placement)
+        _tensor_parallel(alone, variants, name, placement, hostvars.get("family_title", "DiffusionGemma"))
     placement.replicas.sort(key=lambda r: r.gpus[0]["index"])
     port = int(hostvars.get("replica_base_port", 8100))
     for index, replica in enumerate(placement.replicas):
@@ -222,7 +225,7 @@ def keep_indices(placement: Placement, previous: dict[str, int], base_port: int)
     return placement
 
 
-def _tensor_parallel(left: list, variants: list, name: str, placement: Placement):
+def _tensor_parallel(left: list, variants: list, name: str, placement: Placement, family: str):
     """GPUs no variant fits alone: served N at a time (the most free first), or left out."""
     left = sorted(left, key=lambda e: -e[1].free_mib)
     for size in TENSOR_PARALLEL_SIZES:
@@ -246,4 +249,60 @@ def _tensor_parallel(left: list, variants: list, name: str, placement: Placement
         held = f" ({mem.total_mib - mem.free_mib:.0f} MiB in use)" if mem.free_mib < mem.total_mib * 0.9 else ""
         together = "; nor with the other GPUs left out, in tensor parallel" if len(left) > 1 else ""
         placement.skipped.append({"uuid": gpu["uuid"], "index": gpu["index"],
-                                  "reason": f"no DiffusionGemma variant fits{held}: {shortfalls}{together}"})
+                                  "reason": f"no {family} variant fits{held}: {shortfalls}{together}"})
+
+
+def place_declared(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = None) -> Placement:
+    """Every family the host declares (``models:``, declared.py), each placed as ``place``
+    does on the GPUs its entry takes: named GPUs first, then counts from the GPUs left, then
+    the rest. A GPU no entry takes is left out with that reason; an entry that places nothing
+    is refused, with what each of its GPUs lacks."""
+    entries = declared(hostvars)
+    taken: dict[str, str] = {}  # GPU uuid -> the family serving there
+    reasons: dict[str, dict] = {}  # GPU uuid -> why left out (the first reason that is not a count's)
+    replicas = []
+    for entry in entries:
+        sub = {**hostvars, "gpus": entry.gpus, "family": entry.family, "family_title": title(entry.family),
+               "quantization": entry.quantization, **entry.settings}
+        sub.pop("model", None)
+        if entry.model:
+            sub["model"] = entry.model
+        if entry.named:
+            gpus = nvidia["gpus"]
+            for item in entry.gpus:
+                uuid = next((g["uuid"] for g in gpus if item in (g["index"], g["uuid"])), None)
+                if uuid in taken:
+                    raise Refused(f"{entry.where}.gpus: GPU {item} is taken by {taken[uuid]} too: give each GPU "
+                                  f"one family")
+        else:
+            gpus = [g for g in nvidia["gpus"] if g["uuid"] not in taken]
+            if not gpus:
+                raise Refused(f"{entry.where}: no GPU is left for {title(entry.family)} (the other entries take "
+                              f"every GPU): give it a list of GPUs, or fewer to the others")
+            if entry.counted and entry.gpus > len(gpus):
+                raise Refused(f"{entry.where}.gpus: {entry.gpus}, but {len(gpus)} GPU(s) are left for "
+                              f"{title(entry.family)}")
+        placed = place({**nvidia, "gpus": gpus}, meminfo, sub, running)
+        if not placed.replicas and len(entries) > 1:
+            raise Refused(f"{entry.where}: {title(entry.family)} can serve on none of its GPUs: "
+                          + "; ".join(f"GPU {s['index']} ({s['uuid']}): {s['reason']}" for s in placed.skipped))
+        for replica in placed.replicas:
+            replica.family, replica.settings = family_of(replica.model, entry.family), dict(entry.settings)
+            for gpu in replica.gpus:
+                taken[gpu["uuid"]] = entry.family
+                reasons.pop(gpu["uuid"], None)
+            replicas.append(replica)
+        for skip in placed.skipped:
+            if skip["uuid"] not in taken and (skip["uuid"] not in reasons or
+                                              reasons[skip["uuid"]]["reason"].startswith("gpus: ")):
+                reasons[skip["uuid"]] = skip
+    placement = Placement(sorted(replicas, key=lambda r: r.gpus[0]["index"]))
+    for gpu in nvidia["gpus"]:
+        if gpu["uuid"] not in taken and gpu["uuid"] not in reasons and len(entries) > 1:
+            reasons[gpu["uuid"]] = {"uuid": gpu["uuid"], "index": gpu["index"],
+                                    "reason": "no entry of models: takes it"}
+    placement.skipped = sorted(reasons.values(), key=lambda s: s["index"])
+    port = int(hostvars.get("replica_base_port", 8100))
+    for index, replica in enumerate(placement.replicas):
+        replica.index, replica.port = index, port + index
+    return placement

@@ -11,7 +11,7 @@ from converge.facts.nvidia import cuda_tuple
 
 from . import catalog
 from .memory import GpuMemory
-from .placement import place
+from .placement import place_declared
 from .variants import Refused, version
 
 
@@ -63,11 +63,31 @@ class Choice:
                 "memory_source": self.memory.source, **self.placement.as_dict()}
 
 
-def choose_image(arch: str, cuda: str | None, hostvars: dict) -> tuple[str, str]:
+def image_channel(hostvars: dict, families: list[str]) -> str:
+    """The image channel of a host that serves ``families`` (one image serves every replica of a
+    host): ``image_channel`` when set, checked to serve them all, else the first channel of the
+    first family that serves every other one too (the catalog's families: channels:)."""
+    fams = catalog.models()["families"]
+    serving = [fams[f]["channels"] for f in families]
+    wanted = hostvars.get("image_channel")
+    if wanted:
+        lacking = [catalog.models()["families"][f]["title"] for f, ch in zip(families, serving) if wanted not in ch]
+        if lacking:
+            raise Refused(f"image_channel {wanted}: its vLLM does not serve {', '.join(lacking)} (the model catalog's "
+                          f"channels:); leave image_channel unset or pick a channel that serves every model of the host")
+        return wanted
+    for channel in serving[0]:
+        if all(channel in ch for ch in serving):
+            return channel
+    raise Refused(f"no image channel serves {' and '.join(fams[f]['title'] for f in families)} together: give "
+                  f"them GPUs on different hosts")
+
+
+def choose_image(arch: str, cuda: str | None, hostvars: dict, families: list[str] | None = None) -> tuple[str, str]:
     if hostvars.get("image"):
         return hostvars["image"], "set by the inventory (image)"
     cat = catalog.images()
-    channel = hostvars.get("image_channel", "gemma")
+    channel = image_channel(hostvars, families or ["diffusiongemma"])
     rows = cat["channels"].get(channel)
     if not rows:
         raise Refused(f"image_channel {channel!r} is not in the image catalog (roles/preflight/images.yml); it has "
@@ -97,17 +117,18 @@ def choose(facts: dict, hostvars: dict, running: dict | None = None) -> Choice:
     utilization our replica there started with. The first replica's choice is the host's."""
     arch = facts["arch"]
     nvidia = facts["nvidia"]
-    image, image_reason = choose_image(arch, nvidia.get("cuda_version"), hostvars)
-    placement = place(nvidia, facts["meminfo"], hostvars, running)
+    placement = place_declared(nvidia, facts["meminfo"], hostvars, running)
     if not placement.replicas:
         raise Refused(_nothing_serves(placement.skipped, len(nvidia["gpus"])))
+    families = list(dict.fromkeys(r.family for r in placement.replicas))
+    image, image_reason = choose_image(arch, nvidia.get("cuda_version"), hostvars, families)
     return Choice(image, image_reason, placement)
 
 
 def _nothing_serves(skipped: list, gpus: int) -> str:
     if gpus == 1:
         reason = skipped[0]["reason"]
-        if reason.startswith("no DiffusionGemma variant fits"):
+        if reason.startswith("no DiffusionGemma variant fits"):  # the default family's words (place)
             return (f"not enough GPU memory for any DiffusionGemma variant: {reason.split(': ', 1)[1]}. "
                     f"Free memory on the GPU (stop what holds it) or use a larger GPU.")
         return reason

@@ -57,8 +57,8 @@ def container_spec(v: dict, image: str, served: Served, has_token: bool) -> Cont
     runtime = v.get("container_runtime", "podman")
     return ContainerSpec(
         runtime=runtime, name=replica_name(v, served.index), image=image,
-        cmd=serve_args(v, served.model, served.utilization, served.tensor_parallel_size,
-                       replica_port(v, served.index)),
+        cmd=serve_args(served.variables(v), served.model, served.utilization, served.tensor_parallel_size,
+                       replica_port(v, served.index), served.family),
         volumes=[f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
                  f"{v.get('compile_cache', '/var/cache/vllm')}:/root/.cache/vllm"],
         gpu=gpu_handover(runtime, list(served.gpus) or None),

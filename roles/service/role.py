@@ -20,6 +20,7 @@ from roles.serving_host import (STAMP_DIR, env_path, env_stamp_path, image_stamp
 
 from .container import RUNTIME_PATHS, container_spec, run_command
 from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
+from roles.preflight.declared import served_name, served_names
 from roles.replicas import (Served, installed, more_units_glob, replica_name, replica_port, replica_unit,
                        replica_unit_path, service)
 from .rollout import at_once, command as roll_command, fleet_throttle, fronted_by_gateway, is_running, plan_roll
@@ -106,7 +107,8 @@ def plan(ctx):
     nixos = is_nixos(ctx)
     module = render_module(v, image, served, bool(hf_token)) if nixos else None
     replicas = [{"index": s.index, "unit": replica_unit(v, s.index), "container": replica_name(v, s.index),
-                 "port": replica_port(v, s.index), "model": s.model, "gpus": list(s.gpus),
+                 "port": replica_port(v, s.index), "model": s.model, "gpus": list(s.gpus), "family": s.family,
+                 "served_name": served_name(s.family, v), "served_names": served_names(s.family, v),
                  "unit_path": module_path(v) if nixos else replica_unit_path(v, s.index),
                  "unit_text": module or render_unit(v, image, s, bool(hf_token))} for s in served]
     ctx.desired["replicas"] = replicas

@@ -97,7 +97,6 @@ class Roll:
     action: str
     replicas: tuple  # Target
     env_path: str
-    served_model_name: str
     api_port: int
     frontdoor_address: str
     drain_timeout: int
@@ -136,7 +135,8 @@ class Roll:
 
 def script(roll: Roll) -> str:
     q = shlex.quote
-    body = ('{"model": ' + f'"{roll.served_model_name}"' + ', "messages": [{"role": "user", "content": "Say OK."}], '
+    # no model named: the replica answers with its own (as vLLM does), whatever family it serves
+    body = ('{"messages": [{"role": "user", "content": "Say OK."}], '
             '"max_tokens": 8, "chat_template_kwargs": {"enable_thinking": false}}')
     resolve = q(f"{roll.host}:{roll.api_port}:{roll.frontdoor_address}")
     url = q(f"https://{roll.host}:{roll.api_port}/v1/chat/completions")
@@ -359,7 +359,7 @@ def plan_roll(ctx, action: str, indices: list[int], **change) -> Roll:
                                  or handed_gpus((unit_file(ctx, i) or {}).get("content", "")))) for i in indices)
     count = len(planned) or len(installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units")))
     return Roll(host=ctx.name, runtime=v.get("container_runtime", "podman"), action=action, replicas=targets,
-                env_path=env_path(v), served_model_name=v.get("served_model_name", "diffusiongemma"),
+                env_path=env_path(v),
                 api_port=int(v.get("api_port", 8000)), frontdoor_address=connect_address(v),
                 drain_timeout=int(v.get("drain_timeout", 120)), ready_timeout=int(v.get("ready_timeout", 600)),
                 alone=count <= len(indices) and not fronted_by_gateway(ctx), started=v.get("state", "started") == "started",

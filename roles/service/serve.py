@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from converge.errors import StepFailed
+from roles.preflight.declared import DEFAULT_FAMILY, is_diffusion, served_name, served_names
 
 HERE = Path(__file__).parent
 
@@ -19,30 +20,32 @@ def known_options() -> frozenset:
 
 
 def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: int = 1,
-               port: int | None = None) -> list[str]:
-    """``port``: the replica's loopback port (replica 0's, ``replica_base_port``, when None)."""
+               port: int | None = None, family: str = DEFAULT_FAMILY) -> list[str]:
+    """``port``: the replica's loopback port (replica 0's, ``replica_base_port``, when None);
+    ``family``: the model family (an autoregressive one takes no diffusion settings)."""
     dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
     args = [model,
-            # one name on every host, whatever variant it serves (the gateway balances over all of
-            # them); the variant's own name too, so that clients that ask for it still get it
-            "--served-model-name", v.get("served_model_name", "diffusiongemma"), model,
+            # one name per family on every host, whatever variant it serves (the gateway routes
+            # by it); the variant's own name too, so that clients that ask for it still get it
+            "--served-model-name", served_name(family, v), model, *served_names(family, v)[1:],
             # loopback only: the front door (roles/frontdoor) is the way in from the network
             "--host", "127.0.0.1", "--port", str(port or v.get("replica_base_port", 8100)),
             "--gpu-memory-utilization", f"{utilization:g}",
             "--max-num-seqs", str(v.get("max_num_seqs", 4)),
             "--max-num-batched-tokens", str(v.get("max_num_batched_tokens", 8192)),
-            "--attention-backend", v.get("attention_backend", "TRITON_ATTN"),
-            "--diffusion-config", dumps({"canvas_length": v.get("canvas_length", 256),
-                                         "max_denoising_steps": v.get("max_denoising_steps", 48)}),
-            "--hf-overrides", dumps({"diffusion_sampler": v.get("diffusion_sampler", "entropy_bound"),
-                                     "diffusion_entropy_bound": v.get("diffusion_entropy_bound", 0.1)}),
-            "--enable-auto-tool-choice",
-            "--tool-call-parser", v.get("tool_call_parser", "gemma4"),
-            "--reasoning-parser", v.get("reasoning_parser", "gemma4"),
-            # vLLM's default max_tokens is otherwise 256 (seed 000)
-            "--override-generation-config", dumps({"max_new_tokens": None}),
-            "--default-chat-template-kwargs", dumps({"enable_thinking": v.get("enable_thinking", True)}),
-            "--enable-chunked-prefill"]
+            "--attention-backend", v.get("attention_backend", "TRITON_ATTN")]
+    if is_diffusion(family):
+        args += ["--diffusion-config", dumps({"canvas_length": v.get("canvas_length", 256),
+                                              "max_denoising_steps": v.get("max_denoising_steps", 48)}),
+                 "--hf-overrides", dumps({"diffusion_sampler": v.get("diffusion_sampler", "entropy_bound"),
+                                          "diffusion_entropy_bound": v.get("diffusion_entropy_bound", 0.1)})]
+    args += ["--enable-auto-tool-choice",
+             "--tool-call-parser", v.get("tool_call_parser", "gemma4"),
+             "--reasoning-parser", v.get("reasoning_parser", "gemma4"),
+             # vLLM's default max_tokens is otherwise 256 (seed 000)
+             "--override-generation-config", dumps({"max_new_tokens": None}),
+             "--default-chat-template-kwargs", dumps({"enable_thinking": v.get("enable_thinking", True)}),
+             "--enable-chunked-prefill"]
     if tensor_parallel_size > 1:  # a variant that fits no single GPU here, split over the GPUs it was handed
         args += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if v.get("max_model_len"):

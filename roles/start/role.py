@@ -86,7 +86,8 @@ def summary(ctx) -> dict:
     if "replicas" not in d:
         return {}
     replicas = [{"index": r["index"], "unit": r["unit"], "unit_path": r["unit_path"], "unit_text": r["unit_text"],
-                 "container": r["container"], "vllm_port": r["port"], "model": r["model"], "gpus": r["gpus"]}
+                 "container": r["container"], "vllm_port": r["port"], "model": r["model"], "gpus": r["gpus"],
+                 "family": r["family"], "served_name": r["served_name"], "served_names": r["served_names"]}
                 for r in d["replicas"]]
     return {"expected": {
         # what declares each replica: its unit file, or on NixOS our module (the units NixOS generates)

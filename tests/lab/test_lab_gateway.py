@@ -35,7 +35,8 @@ def through_gateway(path, key=None, body=None, timeout=90):
 def states() -> dict:
     out = ssh("gateway01", "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'", check=False).stdout
     rows = csv.DictReader(io.StringIO(out.lstrip("# ")))
-    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "servers"
+    # the DiffusionGemma pool: every serving host of the lab is in it
+    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "pool_diffusiongemma"
             and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 

@@ -77,7 +77,8 @@ def drained_anywhere() -> dict[str, list[str]]:
 def gateway_states(gateway="gateway01") -> dict:
     out = ssh(gateway, "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'", check=False).stdout
     rows = csv.DictReader(io.StringIO(out.lstrip("# ")))
-    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "servers"
+    # the DiffusionGemma pool: every serving host of the lab is in it
+    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "pool_diffusiongemma"
             and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 

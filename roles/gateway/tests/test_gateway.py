@@ -50,10 +50,14 @@ def test_only_the_allowlist_goes_through_and_a_key_is_asked(https, fix):
 
 def test_every_serving_host_is_in_the_gateway_and_up(host, gateway, fix):
     out = host.run("curl -sS --max-time 5 'http://127.0.0.1:8405/stats;csv'")
-    rows = [r for r in csv.DictReader(io.StringIO(out.stdout.lstrip("# "))) if r["pxname"] == "servers"
+    rows = [r for r in csv.DictReader(io.StringIO(out.stdout.lstrip("# "))) if r["pxname"].startswith("pool_")
             and r["svname"] not in ("FRONTEND", "BACKEND")]
-    states = {r["svname"]: r["status"] for r in rows}
-    assert sorted(states) == sorted(gateway["servers"]), f"the gateway has {sorted(states)}; {fix}"
+    # each pool (a model family) over the front doors that serve it
+    pools = {}
+    for r in rows:
+        pools.setdefault(r["pxname"].removeprefix("pool_"), []).append(r["svname"])
+    assert pools == gateway["pools"], f"the gateway has {pools}, the inventory says {gateway['pools']}; {fix}"
+    states = {f"{r['svname']} ({r['pxname'].removeprefix('pool_')})": r["status"] for r in rows}
     down = {s: st for s, st in states.items() if st != "UP"}
     assert not down, f"not UP in the gateway: {down}; see: invoke status"
 

@@ -44,8 +44,10 @@ def test_models_lists_the_model_and_needs_the_key(api, expected, running, fix):
     for replica in running:
         code, body = api("/v1/models", port=replica["vllm_port"])
         assert code == 200, f"{replica['unit']}: /v1/models answered {code} with the key; {fix}"
-        # the fleet's one name first (what responses carry), the variant's own name after it
-        assert [m["id"] for m in json.loads(body)["data"]] == [expected["served_model_name"], replica["model"]], \
+        # its family's one name first (what responses carry), the variant's own name after it, then
+        # the names of the families that fall back to it
+        names = [replica["served_name"], replica["model"], *replica["served_names"][1:]]
+        assert [m["id"] for m in json.loads(body)["data"]] == names, \
             f"{replica['unit']}: {body[:300]}"
         code, _ = api("/v1/models", key=False, port=replica["vllm_port"])
         assert code == 401, f"{replica['unit']}: /v1/models answered {code} without the API key: auth is off; {fix}"

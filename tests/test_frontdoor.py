@@ -113,9 +113,19 @@ def front_door_of_three(tmp_path):
     yield from _front_door(tmp_path, 3)
 
 
-def _front_door(tmp_path, replicas: int):
+@pytest.fixture
+def front_door_of_two_families(tmp_path):
+    """Replicas 0 and 1 serve DiffusionGemma, replica 2 Gemma 4 (hgx01's kind of host)."""
+    from roles.frontdoor.pools import frontdoor_pools
+    yield from _front_door(tmp_path, 3, lambda servers: frontdoor_pools(
+        {0: "diffusiongemma", 1: "diffusiongemma", 2: "gemma4"}, {"diffusiongemma": "diffusiongemma",
+                                                                  "gemma4": "gemma4"}, servers))
+
+
+def _front_door(tmp_path, replicas: int, pools=None):
     """The rendered configuration in a real HAProxy (Debian's, as in the lab's image), before
-    ``replicas`` backends (each says its port in ``x-backend-port``)."""
+    ``replicas`` backends (each says its port in ``x-backend-port``); ``pools(servers)``: the
+    replicas by family (one family when None)."""
     if not shutil.which("haproxy"):
         pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
     backends = [ThreadingHTTPServer(("127.0.0.1", 0), Backend) for _ in range(replicas)]
@@ -128,7 +138,7 @@ def _front_door(tmp_path, replicas: int):
     v = {"api_host": "127.0.0.1", "api_port": port}
     servers = [Server(f"replica{i}", f"127.0.0.1:{b.server_address[1]}") for i, b in enumerate(backends)]
     config = render_config("rtx01", v, servers, "gen1", files=str(tmp_path), socket=str(tmp_path / "admin.sock"),
-                           admin=str(tmp_path / "admin-http.sock"))
+                           admin=str(tmp_path / "admin-http.sock"), pools=pools(servers) if pools else None)
     config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
     (tmp_path / "haproxy.cfg").write_text(config)
     proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
@@ -312,3 +322,42 @@ def test_the_front_door_balances_its_replicas_and_a_request_may_name_one(front_d
         assert pinned == {str(port)}
     # the header counts only with a key
     assert door("/v1/models", headers={"X-Dgemma-Replica": "1"})[0] == 401
+
+
+def test_a_request_goes_to_the_pool_of_the_model_it_names(front_door_of_two_families):
+    door = front_door_of_two_families
+    time.sleep(2.5)  # every server's first health check has passed (inter 2s)
+    key, dg, g4 = "Bearer alice-key", {str(p) for p in door.ports[:2]}, str(door.ports[2])
+
+    def served(body, headers=None):
+        status, _, answer = door("/v1/chat/completions", key, body=body, headers=headers)
+        assert status == 200, body
+        return answer["x-backend-port"], answer["x-dgemma-pool"]
+
+    assert {served({"model": "gemma4", "messages": []}) for _ in range(4)} == {(g4, "gemma4")}
+    assert {served({"model": "google/gemma-4-26B-A4B-it"})[0] for _ in range(4)} == {g4}
+    assert {served({"model": "diffusiongemma"})[0] for _ in range(8)} == dg
+    assert {served({"messages": []})[0] for _ in range(8)} == dg  # no model: the first pool's, as vLLM's own
+    # the gateway's fallback names the pool: DiffusionGemma's request to a Gemma 4 replica
+    assert served({"model": "diffusiongemma"}, {"X-Dgemma-Pool": "gemma4"}) == (g4, "gemma4")
+    # a model nobody serves: vLLM's 404 and error body, the name escaped as JSON
+    status, body, _ = door("/v1/chat/completions", key, body={"model": 'gpt-"5"', "messages": []})
+    assert status == 404 and body == {"error": {
+        "message": 'The model `gpt-"5"` does not exist. Valid aliases: diffusiongemma, gemma4.',
+        "type": "NotFoundError", "param": "model", "code": 404}}
+    assert door("/v1/chat/completions", body={"model": "gpt-5"})[0] == 401  # the key first, as vLLM's middleware
+    # one URL lists both families
+    status, body, _ = door("/v1/models", key)
+    assert status == 200 and [m["id"] for m in body["data"]] == ["diffusiongemma", "gemma4"]
+    assert all(m["object"] == "model" and m["owned_by"] == "vllm" for m in body["data"])
+
+
+def test_a_family_drained_says_so_for_its_pool_alone(front_door_of_two_families):
+    door = front_door_of_two_families
+    time.sleep(2.5)
+    assert _roll_shell(door, 2, "admin drain && echo out") == "out"
+    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[:2] == (404, {"status": "draining"})
+    assert door("/health", headers={"X-Dgemma-Pool": "diffusiongemma"})[0] == 200
+    assert door("/health")[0] == 200  # the host as a whole still serves
+    assert _roll_shell(door, 2, "admin ready && echo back") == "back"
+    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 200

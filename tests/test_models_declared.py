@@ -1,0 +1,145 @@
+"""Several model families on one host (models: in the inventory), on the real captures
+of a host with two H200s: placement per family, the image that serves them all, their
+units, and the gateway's pools and fallbacks, checked by a real HAProxy."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from roles.fleet import fleet_of
+from roles.frontdoor.pools import gateway_pools, pools_in_config
+from roles.frontdoor.render import GATEWAY, render_config
+from roles.gateway.role import BACKEND, fallback_problems, servers
+from roles.preflight.placement import place_declared
+from roles.preflight.select import Refused, choose, image_channel
+from roles.service.serve import serve_args
+from tests.test_placement import H200, nvidia
+
+BOTH = [{"family": "diffusiongemma", "gpus": 1}, {"family": "gemma4"}]
+
+
+def test_each_family_takes_its_gpus_and_the_default_places_as_before():
+    facts = nvidia(H200 / "idle-query.csv")
+    placed = place_declared(facts, {}, {"models": BOTH})
+    assert [(r.index, r.family, r.model, [g["index"] for g in r.gpus], r.port) for r in placed.replicas] == [
+        (0, "diffusiongemma", "google/diffusiongemma-26B-A4B-it", [0], 8100),
+        (1, "gemma4", "google/gemma-4-26B-A4B-it", [1], 8101)]
+    # named GPUs, the other way round
+    named = place_declared(facts, {}, {"models": [{"family": "gemma4", "gpus": [0]},
+                                                  {"family": "diffusiongemma", "gpus": [1]}]})
+    assert [(r.family, r.gpus[0]["index"]) for r in named.replicas] == [("gemma4", 0), ("diffusiongemma", 1)]
+    # without models: DiffusionGemma on every GPU, as before families could be declared
+    plain = place_declared(facts, {}, {})
+    assert [(r.family, r.model) for r in plain.replicas] == [("diffusiongemma", "google/diffusiongemma-26B-A4B-it")] * 2
+
+
+def test_a_family_whose_gpus_all_fail_vllms_check_is_refused_with_vllms_words():
+    facts = nvidia(H200 / "busy1-query.csv", H200 / "busy1-compute-apps-uuid.csv")
+    with pytest.raises(Refused, match=r"models\[1\]: Gemma 4 can serve on none of its GPUs: GPU 1 .*vLLM would "
+                                      r"refuse to start on GPU 1: Free memory on device cuda:0"):
+        place_declared(facts, {}, {"models": BOTH, "gpu_memory_utilization": 0.9})
+    # auto: each family on its GPU, Gemma 4 with what GPU 1 has left
+    placed = place_declared(facts, {}, {"models": BOTH})
+    assert [(r.family, r.gpus[0]["index"]) for r in placed.replicas] == [("diffusiongemma", 0), ("gemma4", 1)]
+
+
+@pytest.mark.parametrize("models, words", [
+    ([{"family": "llama"}], r"models\[0\].family: 'llama' is not in the model catalog .* it has diffusiongemma, gemma4"),
+    ([{"family": "gemma4"}, {"family": "gemma4", "gpus": 1}], r"models\[1\].family: gemma4 is declared twice"),
+    ([{"family": "gemma4"}, {"family": "diffusiongemma"}], r"models\[1\].gpus: both gemma4 and diffusiongemma take"),
+    ([{"family": "gemma4", "gpus": [0]}, {"family": "diffusiongemma", "gpus": [0]}],
+     r"models\[1\].gpus: GPU 0 is taken by gemma4 too"),
+    ([{"family": "gemma4", "gpus": 2}, {"family": "diffusiongemma"}], r"models\[1\]: no GPU is left for DiffusionGemma"),
+    ([{"family": "gemma4", "quantization": "nvfp4"}], r"Gemma 4 has no nvfp4 variant in the catalog \(it has bf16\)"),
+    ([{"family": "gemma4", "model": "google/diffusiongemma-26B-A4B-it"}],
+     r"models\[0\].model: google/diffusiongemma-26B-A4B-it is a diffusiongemma variant, not gemma4"),
+])
+def test_a_declaration_that_cannot_be_placed_is_refused_with_its_key(models, words):
+    with pytest.raises(Refused, match=words):
+        place_declared(nvidia(H200 / "idle-query.csv"), {}, {"models": models})
+
+
+def test_one_image_serves_every_family_of_a_host():
+    facts = {"arch": "x86_64", "nvidia": nvidia(H200 / "idle-query.csv"), "meminfo": {}}
+    assert choose(facts, {"models": BOTH}).image == "vllm/vllm-openai:gemma-x86_64-cu130"
+    assert choose(facts, {"models": [{"family": "gemma4"}]}).image == "vllm/vllm-openai:v0.33.0-x86_64"
+    assert image_channel({"image_channel": "stable"}, ["diffusiongemma", "gemma4"]) == "stable"
+
+
+def test_gemma4_is_served_without_diffusion_settings_and_answers_for_the_families_that_fall_back_to_it():
+    v = {"model_fallback": {"diffusiongemma": {"to": "gemma4"}}}
+    args = serve_args(v, "google/gemma-4-26B-A4B-it", 0.9, family="gemma4")
+    assert "--diffusion-config" not in args and "--hf-overrides" not in args
+    names = args[args.index("--served-model-name") + 1:args.index("--host")]
+    assert names == ["gemma4", "google/gemma-4-26B-A4B-it", "diffusiongemma"]
+    dg = serve_args(v, "google/diffusiongemma-26B-A4B-it", 0.9)
+    assert "--diffusion-config" in dg
+    assert dg[dg.index("--served-model-name") + 1:dg.index("--host")] == ["diffusiongemma",
+                                                                           "google/diffusiongemma-26B-A4B-it"]
+
+
+FALLBACK = {"diffusiongemma": {"to": "gemma4"}}
+
+
+def fleet(policy=FALLBACK, hgx_policy=FALLBACK):
+    return fleet_of({"rtx01": {"ansible_host": "10.0.0.2", "model_fallback": policy},
+                     "hgx01": {"ansible_host": "10.0.0.3", "models": BOTH, "model_fallback": hgx_policy},
+                     "gateway01": {"group_names": ["gateway"], "model_fallback": policy}})
+
+
+def test_the_gateway_routes_each_family_to_its_front_doors_and_falls_back_to_another(tmp_path):
+    f = fleet()
+    pools = gateway_pools(f, lambda doors: servers(f, doors), FALLBACK)
+    assert [(p.name, [s.name for s in p.servers]) for p in pools] == [("diffusiongemma", ["rtx01", "hgx01"]),
+                                                                     ("gemma4", ["hgx01"])]
+    config = render_config("gateway01", {}, servers(f), "g", proxy=GATEWAY, backend=BACKEND, pools=pools)
+    assert "use_backend fallback_diffusiongemma if names_diffusiongemma !diffusiongemma_up" in config
+    assert "use_backend fallback_diffusiongemma if !names_model !diffusiongemma_up" in config
+    fallback = config.split("\nbackend fallback_diffusiongemma", 1)[1].split("\nbackend ", 1)[0]
+    assert "http-request set-header X-Dgemma-Pool gemma4" in fallback and "track pool_gemma4/hgx01" in fallback
+    assert "http-request del-header x-dgemma-pool" in config  # a user does not choose the pool
+    _haproxy_accepts(tmp_path, config)
+
+
+def test_an_external_upstream_gets_its_key_from_the_environment_alone(tmp_path):
+    policy = {"gemma4": {"url": "https://api.example.com/openai/v1", "key_file": "/k"}}
+    f = fleet(policy, policy)
+    config = render_config("gateway01", {}, servers(f), "g", proxy=GATEWAY, backend=BACKEND,
+                           pools=gateway_pools(f, lambda doors: servers(f, doors), policy))
+    upstream = config.split("\nbackend fallback_gemma4", 1)[1]
+    assert 'http-request set-header Authorization "Bearer ${FALLBACK_KEY_GEMMA4}"' in upstream
+    assert "http-request replace-path ^/v1(.*) /openai/v1\\1" in upstream
+    assert "server upstream api.example.com:443 init-addr libc,none ssl verify required ca-file @system-ca" in upstream
+    _haproxy_accepts(tmp_path, config, FALLBACK_KEY_GEMMA4="k")
+
+
+def test_a_fallback_that_cannot_work_is_refused_with_its_key():
+    assert fallback_problems(fleet(), FALLBACK) == []
+    deaf = fallback_problems(fleet(hgx_policy={}), FALLBACK)
+    assert deaf == ["model_fallback.diffusiongemma: the gemma4 replicas of hgx01 do not answer to 'diffusiongemma' "
+                    "(vLLM would refuse its requests): set model_fallback where those hosts read it too "
+                    "(group_vars/all)"]
+    assert "served by no host" in fallback_problems(fleet(), {"diffusiongemma": {"to": "mistral"}})[0]
+    assert "no host of the fleet serves mistral" in fallback_problems(fleet(), {"mistral": {"to": "gemma4"}})[0]
+
+
+def test_a_run_that_places_nothing_keeps_the_front_doors_pools():
+    text = "backend pool_gemma4\n    server replica2 127.0.0.1:8102 track servers/replica2\nbackend rolling\n" \
+           "    server flag 127.0.0.1:9 disabled\nbackend pool_diffusiongemma\n    server replica0 127.0.0.1:8100 x\n"
+    assert pools_in_config(text) == {2: "gemma4", 0: "diffusiongemma"}
+
+
+def _haproxy_accepts(tmp_path, config: str, **env):
+    if not shutil.which("haproxy"):
+        pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
+    from credentials import ca as fleet_ca
+    issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01"])
+    (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
+    (tmp_path / "keys.sha256").write_text("")
+    config = (config.replace("/usr/local/etc/haproxy/ca.crt", str(tmp_path / "ca" / "ca.crt"))
+              .replace("/usr/local/etc/haproxy", str(tmp_path)).replace("/run/dgemma-gateway", str(tmp_path)))
+    (tmp_path / "haproxy.cfg").write_text(config)
+    proc = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True,
+                          env={**os.environ, "GATEWAY_KEY": "g", **env}, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

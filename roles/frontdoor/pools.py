@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from roles.preflight import catalog
-from roles.preflight.declared import declared, served_name, served_names
+from roles.preflight.declared import DEFAULT_FAMILY, declared, served_name, served_names
 from roles.preflight.variants import Refused
 
 
@@ -23,6 +23,12 @@ class Pool:
     names: tuple  # the model names routed to it: its aliases, then the catalog's ids of its variants
     servers: tuple  # render.Server
     fallback: dict | None = None  # the gateway's: {"to", "servers"} or {"url", "address", ...}
+
+
+def default_first(families) -> list[str]:
+    """Families in pool order: DiffusionGemma first where it is one (the pool of a request that
+    names no model), then as given."""
+    return sorted(dict.fromkeys(families), key=lambda f: f != DEFAULT_FAMILY)
 
 
 def families_of(door) -> list[str]:
@@ -37,8 +43,7 @@ def families_of(door) -> list[str]:
 def fleet_families(fleet) -> list[str]:
     """Every family the fleet serves, DiffusionGemma first when it is one (the pool of a
     request that names no model), then in inventory order."""
-    found = list(dict.fromkeys(f for door in fleet.serving for f in families_of(door)))
-    return sorted(found, key=lambda f: f != "diffusiongemma")
+    return default_first(f for door in fleet.serving for f in families_of(door))
 
 
 def serving(fleet, family: str) -> list:
@@ -63,7 +68,7 @@ def model_names(family: str, aliases) -> tuple:
 def frontdoor_pools(families: dict[int, str], aliases: dict[str, str], servers: list) -> list[Pool]:
     """``families``: replica index -> its family; ``aliases``: family -> its alias on this host;
     ``servers``: the replicas' servers (render.Server, named ``replica<N>``), in order."""
-    order = sorted(dict.fromkeys(families.values()), key=lambda f: f != "diffusiongemma")
+    order = default_first(families.values())
     by_name = {s.name: s for s in servers}
     return [Pool(f, model_names(f, [aliases.get(f, f)]),
                  tuple(by_name[f"replica{i}"] for i, fam in sorted(families.items())
@@ -131,7 +136,3 @@ def models_list(pools: list[Pool]) -> str | None:
     data = [{"id": pool.names[0], "object": "model", "created": 0, "owned_by": "vllm", "root": pool.names[0],
              "parent": None} for pool in pools]
     return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
-
-
-def aliases_of(pools: list[Pool]) -> list[str]:
-    return [name for pool in pools for name in pool.names]

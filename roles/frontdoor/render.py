@@ -11,6 +11,8 @@ import jinja2
 
 from roles.service.container import RUNTIME_PATHS, log_options
 
+from roles.preflight.declared import DEFAULT_FAMILY, served_name
+
 from .pools import Pool, key_variable, model_names, models_list
 from roles.service.serve import command_line
 
@@ -102,8 +104,7 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
     view of the proxy's folder); ``socket``, ``admin``: its runtime API and its stats page
     with admin actions (both unix sockets); ``backend``: how servers are checked and retried;
     ``pools``: the pools (pools.Pool) requests are routed to by the model they name."""
-    pools = pools or [Pool("diffusiongemma", model_names("diffusiongemma", [v.get("served_model_name", "diffusiongemma")]),
-                           tuple(servers))]
+    pools = pools or [Pool(DEFAULT_FAMILY, model_names(DEFAULT_FAMILY, [served_name(DEFAULT_FAMILY, v)]), tuple(servers))]
     return _templates().get_template("haproxy.cfg.j2").render(
         host=host, kind=proxy.kind, bind=bind_address(v), dir=files,
         socket=socket or f"{proxy.socket_dir}/admin.sock", admin_http=admin or admin_socket(proxy), allowed=ALLOWED,

@@ -52,8 +52,12 @@ def test_the_gateway_view_calls_a_draining_host_drain():
     (its /health said 404; the gateway's disable-on-404 made it NOLB)."""
     from day2.status import parse_stats_csv
     text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
-    states = {row["server"]: row["state"] for row in parse_stats_csv(text)}
-    assert states == {"spark01": "UP", "rtx01": "DRAIN", "h100-01": "UP", "hgx01": "UP"}
+    # the capture predates the gateway's pools: its one backend, `servers`, is DiffusionGemma's pool now
+    text = "\n".join("pool_diffusiongemma," + line[len("servers,"):] if line.startswith("servers,") else line
+                     for line in text.splitlines())
+    states = {(row["server"], row["pool"]): row["state"] for row in parse_stats_csv(text)}
+    assert states == {("spark01", "diffusiongemma"): "UP", ("rtx01", "diffusiongemma"): "DRAIN",
+                      ("h100-01", "diffusiongemma"): "UP", ("hgx01", "diffusiongemma"): "UP"}
 
 
 def test_the_front_door_fact_reads_the_same_stats_page():
@@ -82,7 +86,8 @@ def test_status_and_verify_off_a_terminal_print_every_name_whole():
         "a-very-long-host-name-of-the-lab": {"reachable": True, "errors": [], "drift": [], "image": "x/y:tag",
                                              "digest": "sha256:0123", "replicas": [replica]},
         "gateway01": {"reachable": True, "errors": [], "drift": [], "gateway_servers": [
-            {"server": "a-very-long-host-name-of-the-lab", "state": "DRAIN", "check": "L7STS", "since_s": 3}]}}}
+            {"server": "a-very-long-host-name-of-the-lab", "pool": "diffusiongemma", "state": "DRAIN", "check": "L7STS",
+             "since_s": 3}]}}}
     for printer, data in ((print_table, verify), (print_status, status)):
         piped = io.StringIO()
         printer(data, Console(file=piped, width=80, force_terminal=False))
@@ -97,7 +102,7 @@ def test_status_and_verify_off_a_terminal_print_every_name_whole():
     print_status(status, Console(file=text, width=80, force_terminal=False))
     assert "a-very-long-host-name-of-the-lab unit=active/running" in text.getvalue()
     assert "frontdoor=DRAIN model=diffusiongemma-26B-A4B-it" in text.getvalue()
-    assert "gateway gateway01 server=a-very-long-host-name-of-the-lab state=DRAIN" in text.getvalue()
+    assert "gateway gateway01 server=a-very-long-host-name-of-the-lab pool=diffusiongemma state=DRAIN" in text.getvalue()
 
 
 def test_the_diffusion_settings_in_force_come_from_the_running_command_line():

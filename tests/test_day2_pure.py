@@ -68,6 +68,12 @@ def test_the_front_door_fact_reads_the_same_stats_page():
     assert states["rtx01"] == {"status": "NOLB", "in_flight": 0} and set(states) == {"spark01", "rtx01", "h100-01",
                                                                                       "hgx01"}
     assert ServerStates("/run/x.sock").process("", 0) == {}
+    # a front door: a replica's requests through its family's pool (a tracking server) are its own
+    front_door = ("# pxname,svname,qcur,qmax,scur,status\nservers,replica0,0,0,1,DRAIN\nservers,replica1,0,0,0,UP\n"
+                  "pool_diffusiongemma,replica0,1,0,2,DRAIN\npool_gemma4,replica1,0,0,0,UP\n"
+                  "pool_diffusiongemma,BACKEND,1,0,2,UP\n")
+    assert ServerStates("/run/x.sock").process(front_door, 0) == {
+        "replica0": {"status": "DRAIN", "in_flight": 4}, "replica1": {"status": "UP", "in_flight": 0}}
 
 
 def test_status_and_verify_off_a_terminal_print_every_name_whole():

@@ -83,7 +83,9 @@ def test_the_units_hold_no_secret_and_name_vllms_key_only():
 
 class Backend(BaseHTTPRequestHandler):
     def _answer(self):
-        self.rfile.read(int(self.headers.get("content-length") or 0))
+        sent = self.rfile.read(int(self.headers.get("content-length") or 0))
+        # a request that asks to be held ({"hold": seconds}): one in flight, as a long generation
+        time.sleep(float((json.loads(sent) if sent.startswith(b"{") else {}).get("hold", 0)))
         body = json.dumps({"path": self.path, "auth": self.headers.get("authorization")}).encode()
         self.send_response(200)
         self.send_header("x-backend-port", str(self.server.server_address[1]))
@@ -361,3 +363,32 @@ def test_a_family_drained_says_so_for_its_pool_alone(front_door_of_two_families)
     assert door("/health")[0] == 200  # the host as a whole still serves
     assert _roll_shell(door, 2, "admin ready && echo back") == "back"
     assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 200
+
+
+def test_a_family_whose_replicas_are_down_is_down_for_its_pool_not_drained(front_door_of_two_families):
+    """Gemma 4's replica stopped (not drained): its pool's /health says 503, so the gateway
+    marks the host DOWN for it (a drained pool says 404: NOLB); DiffusionGemma's still 200."""
+    door = front_door_of_two_families
+    time.sleep(2.5)
+    door.backends[2].shutdown()
+    door.backends[2].server_close()
+    deadline = time.monotonic() + 15
+    while _roll_shell(door, 2, "fd_state").split()[-1] != "DOWN":
+        assert time.monotonic() < deadline, "the front door never saw the replica down"
+        time.sleep(0.3)
+    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 503
+    assert door("/health", headers={"X-Dgemma-Pool": "diffusiongemma"})[0] == 200
+
+
+def test_a_request_in_flight_through_its_pool_counts_for_its_replica(front_door_of_two_families):
+    """A family's requests go through pool_<family>, whose servers track the replicas': the
+    rolling deploy's drain waits on what the replica has in flight by either way."""
+    door = front_door_of_two_families
+    time.sleep(2.5)
+    held = threading.Thread(target=door, args=("/v1/chat/completions", "Bearer alice-key",
+                                               {"model": "gemma4", "hold": 3}))
+    held.start()
+    time.sleep(1)
+    assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["0 UP", "0 UP", "1 UP"]
+    held.join()
+    assert _roll_shell(door, 2, "fd_state") == "0 UP"

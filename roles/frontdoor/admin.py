@@ -23,7 +23,9 @@ admin() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null --data
 # the host's rolling flag: ready (raised) or maint (lowered); a front door without it says no
 flag() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null \
   --data "s={ROLLING_SERVER}&b={ROLLING_BACKEND}&action=$1" http://frontdoor/ 2>/dev/null | grep -q 'st=DONE'; }}
-# requests queued or in flight there, and its state (UP, DRAIN, DOWN, MAINT...)
+# requests queued or in flight there (through its pool too: a family's requests go by pool_<family>,
+# whose server tracks this one), and its state (UP, DRAIN, DOWN, MAINT...)
 fd_state() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" 'http://frontdoor/;csv' 2>/dev/null \
-  | awk -F, -v s="replica$I" '$1 == "servers" && $2 == s {{ print $3 + $5, $18; exit }}'; }}
+  | awk -F, -v s="replica$I" '$2 == s && ($1 == "servers" || $1 ~ /^pool_/) {{ n += $3 + $5 }}
+      $1 == "servers" && $2 == s {{ state = $18 }} END {{ if (state != "") print n, state }}'; }}
 """

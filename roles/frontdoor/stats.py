@@ -28,6 +28,18 @@ class ServerStates(Fact):
                         f"'http://proxy/;csv' 2>/dev/null; true")
 
     def process(self, output, rc):
+        # a server's requests also go through the backends whose servers track it (a front
+        # door's pool_<family>): they count as its own
+        tracking = {}
+        for row in server_rows(output, TRACKING_PREFIX):
+            tracking[row["svname"]] = tracking.get(row["svname"], 0) + _in_flight(row)
         return {row["svname"]: {"status": row.get("status", ""),
-                                 "in_flight": int(row.get("scur") or 0) + int(row.get("qcur") or 0)}
+                                 "in_flight": _in_flight(row) + tracking.get(row["svname"], 0)}
                 for row in server_rows(output, self.backend)}
+
+
+TRACKING_PREFIX = "pool_"
+
+
+def _in_flight(row: dict) -> int:
+    return int(row.get("scur") or 0) + int(row.get("qcur") or 0)

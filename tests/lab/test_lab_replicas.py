@@ -53,7 +53,8 @@ def test_four_replicas_each_on_its_own_gpu_behind_one_front_door(four, tmp_path)
                 not a.startswith("127.0.0.1:")]
     # the front door balances the four; users see one address
     haproxy = ssh(HOST, "cat /etc/dgemma/frontdoor/haproxy.cfg").stdout
-    assert [line.split()[1:3] for line in haproxy.splitlines() if line.strip().startswith("server replica")] == \
+    servers = haproxy.split("\nbackend servers\n", 1)[1].split("\nbackend ", 1)[0]
+    assert [line.split()[1:3] for line in servers.splitlines() if line.strip().startswith("server replica")] == \
         [[f"replica{i}", f"127.0.0.1:{8100 + i}"] for i in range(4)]
     assert "    server flag 127.0.0.1:9 disabled" in haproxy.splitlines()  # a roll's flag, never checked
     code, body, _ = front_door(HOST, "/v1/models", key=(config.STATE / "secrets" / "api-key").read_text().strip())

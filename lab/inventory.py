@@ -22,7 +22,9 @@ GROUP_VARS = {
             "conflicts": ["ollama.service"]},
     "h100": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": True},
     # a fixed fraction, as on shared servers: a GPU another job holds fails vLLM's check and is left out
-    "hgx": {"container_runtime": "podman", "gpu_memory_utilization": 0.9, "autostart": True},
+    # seed 001's two tiers on one host: DiffusionGemma on two GPUs, Gemma 4 on the rest
+    "hgx": {"container_runtime": "podman", "gpu_memory_utilization": 0.9, "autostart": True,
+            "models": [{"family": "diffusiongemma", "gpus": 2}, {"family": "gemma4"}]},
     "scale": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": False},
     # the gateways share one address on the lab network (VRRP between them)
     "gateway": {"container_runtime": "podman", "gateway_address": config.GATEWAY_ADDRESS},
@@ -73,6 +75,8 @@ def write(hosts: list[config.LabHost]) -> str:
         # the lab rebuilds its images when the stand-ins change: hosts follow the registry
         "image_pull": "always",
         "model_cache": "/srv/models/hf-cache",
+        # DiffusionGemma's requests go to Gemma 4 while no DiffusionGemma replica can take them
+        "model_fallback": {"diffusiongemma": {"to": "gemma4"}},
     }, "children": children}}
     header = "# Written by `invoke lab.up`: the lab's hosts. Regenerated on every lab.up.\n"
     (inv / "hosts.yml").write_text(header + yaml.safe_dump(data, sort_keys=False))

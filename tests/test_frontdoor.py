@@ -392,3 +392,21 @@ def test_a_request_in_flight_through_its_pool_counts_for_its_replica(front_door_
     assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["0 UP", "0 UP", "1 UP"]
     held.join()
     assert _roll_shell(door, 2, "fd_state") == "0 UP"
+
+
+def test_a_roll_taking_a_pools_last_replicas_raises_its_flag_first(front_door_of_two_families):
+    """The rolling deploy's shell: which pools a roll of some replicas leaves with none in service,
+    and each pool's flag, which makes /health 404 for that pool alone (the gateway stops sending
+    its family here before the replicas are drained)."""
+    door = front_door_of_two_families
+    time.sleep(2.5)
+    assert _roll_shell(door, 0, 'leaving_pools " 2 "') == "gemma4"
+    assert _roll_shell(door, 0, 'leaving_pools " 0 "') == ""  # replica 1 still serves DiffusionGemma
+    assert _roll_shell(door, 0, 'leaving_pools " 0 1 "') == "diffusiongemma"
+    assert _roll_shell(door, 0, "pool_flag gemma4 ready && raised_pool_flags") == "gemma4"
+    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[:2] == (404, {"status": "draining"})
+    assert door("/health", headers={"X-Dgemma-Pool": "diffusiongemma"})[0] == 200
+    # its replica still answers what reaches it (requests in flight, or sent before the gateway's check)
+    assert door("/v1/chat/completions", "Bearer alice-key", body={"model": "gemma4"})[0] == 200
+    assert _roll_shell(door, 0, "pool_flag gemma4 maint && raised_pool_flags") == ""
+    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 200

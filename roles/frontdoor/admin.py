@@ -23,6 +23,19 @@ admin() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null --data
 # the host's rolling flag: ready (raised) or maint (lowered); a front door without it says no
 flag() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null \
   --data "s={ROLLING_SERVER}&b={ROLLING_BACKEND}&action=$1" http://frontdoor/ 2>/dev/null | grep -q 'st=DONE'; }}
+# a pool's flag (flag_<family> in backend rolling): ready (raised: the gateway takes this host out
+# for that family, /health says 404 for it) or maint (lowered)
+pool_flag() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" -D - -o /dev/null \
+  --data "s={ROLLING_SERVER}_$1&b={ROLLING_BACKEND}&action=$2" http://frontdoor/ 2>/dev/null | grep -q 'st=DONE'; }}
+# the pools ($1: " 0 3 ", replica indices) with no replica in service but these: the roll takes
+# their last ones, so the gateway must stop sending that family here before they are drained
+leaving_pools() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" 'http://frontdoor/;csv' 2>/dev/null \
+  | awk -F, -v ids="$1" '$1 ~ /^pool_/ && $2 ~ /^replica[0-9]+$/ {{ p = substr($1, 6); i = substr($2, 8)
+      if (index(ids, " " i " ")) mine[p] = 1; else if ($18 == "UP") other[p] = 1 }}
+      END {{ for (p in mine) if (!(p in other)) print p }}'; }}
+# the pools whose flag is up (a roll cut short left it so)
+raised_pool_flags() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" 'http://frontdoor/;csv' 2>/dev/null \
+  | awk -F, '$1 == "{ROLLING_BACKEND}" && $2 ~ /^{ROLLING_SERVER}_/ && $18 !~ /^MAINT/ {{ print substr($2, 6) }}'; }}
 # requests queued or in flight there (through its pool too: a family's requests go by pool_<family>,
 # whose server tracks this one), and its state (UP, DRAIN, DOWN, MAINT...)
 fd_state() {{ curl -sS --max-time 5 --unix-socket "$ADMIN" 'http://frontdoor/;csv' 2>/dev/null \

@@ -45,6 +45,9 @@ class Proxy:
 
 FRONTDOOR = Proxy("front door", "frontdoor_name", "dgemma-frontdoor", "/etc/dgemma/frontdoor",
                   "/run/dgemma-frontdoor", "VLLM_API_KEY", 8404)
+# how often the gateway checks each front door for each pool: a roll taking a pool's last
+# replicas out raises its flag and waits this long (and a little) for the gateway to see it
+GATEWAY_CHECK_INTERVAL_S = 1
 GATEWAY = Proxy("gateway", "gateway_name", "dgemma-gateway", "/etc/dgemma/gateway", "/run/dgemma-gateway",
                 "GATEWAY_KEY", 8405)
 DIR = FRONTDOOR.dir

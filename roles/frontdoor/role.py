@@ -83,7 +83,8 @@ def back_in_service(ctx) -> Command:
     indices = [name.removeprefix("replica") for name in drained if name.removeprefix("replica").isdigit()]
     script = (f"ADMIN={shlex.quote(ADMIN_SOCKET)}\n{FRONTDOOR_SHELL}\n"
               + "".join(f"I={int(i)}; admin ready || {{ echo \"replica{int(i)} is still drained\"; exit 1; }}\n"
-                        for i in indices) + "flag maint || true\n")
+                        for i in indices) + "flag maint || true\n"
+              + 'for p in $(raised_pool_flags); do pool_flag "$p" maint || true; done\n')
     return Command("replicas in service", script=script, when=bool(indices),
                    describe=f"{', '.join(drained)} left drained in the front door (a rolling deploy cut short): "
                             f"back in service")

@@ -20,11 +20,11 @@ from roles.frontdoor import proxy, tls
 from converge.errors import SecretError
 from converge.secrets import read_secret_file
 from roles.frontdoor.pools import aliases, answers, fleet_families, gateway_pools, key_variable, serving
-from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, Server
+from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, Server
 
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second
-BACKEND = {"connect_timeout": "1s", "check_timeout": "2s", "inter": "1s", "tcp_keepalive": True}
+BACKEND = {"connect_timeout": "1s", "check_timeout": "2s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
 
 
 def facts(v):

@@ -35,6 +35,7 @@ from converge.changes import Command, File, Output, Produced, Throttle
 from converge.errors import StepFailed
 
 from roles.frontdoor.admin import ADMIN_SOCKET, FRONTDOOR_CA, FRONTDOOR_SHELL
+from roles.frontdoor.render import GATEWAY_CHECK_INTERVAL_S
 from roles.replicas import installed, replica_name, replica_port, replica_unit
 from roles.serving_host import connect_address, env_path, unit_file
 
@@ -102,6 +103,7 @@ class Roll:
     drain_timeout: int
     ready_timeout: int
     alone: bool  # no other replica of the host and no gateway: nobody answers while it is out
+    gateway_wait: bool = False  # a gateway fronts the fleet: a pool leaving waits for its next check
     unit_file: File | None = None
     unit_path: str = ""
     image: str = ""  # the image reference the new unit names
@@ -159,12 +161,13 @@ journal() {{ for j in {units}; do [ {len(roll.replicas)} -gt 1 ] && echo "  | --
 {FRONTDOOR_SHELL.strip()}
 {selectors}
 EACH={q(each)}
-drained=""; flagged=0
+drained=""; flagged=0; leaving=""
 is_drained() {{ case " $drained " in *" $I "*) return 0;; esac; return 1; }}
 undrain() {{
   for i in $drained; do r$i; if admin ready; then say "@in-service $I $(now_ms)"; else say "@undrain-failed $I"; fi; done
   drained=""
   if [ $flagged = 1 ]; then flag maint; flagged=0; fi
+  for p in $leaving; do pool_flag "$p" maint; done; leaving=""
 }}
 trap undrain EXIT
 {AWAIT_READY.strip()}
@@ -172,6 +175,13 @@ say "@begin $(now_ms)"
 
 # 1. out of service: the host's rolling flag up (the gateway holds it out while none is in
 # service), then no new requests for these replicas; those in flight finish (up to drain_timeout)
+# the last replicas in service of a family here: its pool's flag first, and the gateway's next
+# check (it checks each pool every {GATEWAY_CHECK_INTERVAL_S:g} s) takes the host out for it before they drain
+if [ -S "$ADMIN" ]; then
+  ids=" "; for r in $EACH; do $r; ids="$ids$I "; done
+  for p in $(leaving_pools "$ids"); do pool_flag "$p" ready && leaving="$leaving $p"; done
+  if [ -n "$leaving" ] && [ {int(roll.gateway_wait)} = 1 ]; then sleep {GATEWAY_CHECK_INTERVAL_S + 0.5:g}; fi
+fi
 for r in $EACH; do
   $r
   if [ -S "$ADMIN" ] && [ -n "$(fd_state)" ]; then
@@ -362,7 +372,8 @@ def plan_roll(ctx, action: str, indices: list[int], **change) -> Roll:
                 env_path=env_path(v),
                 api_port=int(v.get("api_port", 8000)), frontdoor_address=connect_address(v),
                 drain_timeout=int(v.get("drain_timeout", 120)), ready_timeout=int(v.get("ready_timeout", 600)),
-                alone=count <= len(indices) and not fronted_by_gateway(ctx), started=v.get("state", "started") == "started",
+                alone=count <= len(indices) and not fronted_by_gateway(ctx), gateway_wait=fronted_by_gateway(ctx),
+                started=v.get("state", "started") == "started",
                 **change)
 
 

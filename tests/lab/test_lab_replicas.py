@@ -1,6 +1,7 @@
 """Every GPU of a machine serves: hgx01 carries four GPU stand-ins (two of the real
 H200 captures, two built in their format). One vLLM replica per GPU, each its own
-unit, loopback port and GPU by uuid, behind the host's one front door."""
+unit, loopback port and GPU by uuid, behind the host's one front door: DiffusionGemma
+on GPUs 0 and 1, Gemma 4 on 2 and 3 (lab/inventory.py)."""
 import json
 
 import pytest
@@ -94,7 +95,10 @@ def test_status_and_day2_per_replica(four, tmp_path):
     js, cs = tmp_path / "bench.json", tmp_path / "bench.csv"
     invoke("bench", "--hosts", HOST, "--json", js, "--csv", cs, "--repeats", "1", "--concurrency", "2", check=True)
     benched = json.loads(js.read_text())["hosts"]
-    assert [b["replica"] for b in benched] == [None, 0, 1, 2, 3]
+    # each model apart (hgx01 serves both: lab/inventory.py)
+    assert [(b["replica"], b["model"]) for b in benched] == [
+        (None, "diffusiongemma"), (None, "gemma4"), (0, "diffusiongemma"), (1, "diffusiongemma"), (2, "gemma4"),
+        (3, "gemma4")]
     assert all(f["errors"] == 0 and f["mean_output_tokens"] > 0 for b in benched for f in b["figures"])
     wrong = invoke("stop", "--hosts", HOST, "--replica", "7")
     assert wrong.returncode != 0 and "has no replica 7 (it has 0, 1, 2, 3)" in wrong.stdout + wrong.stderr

@@ -1,0 +1,180 @@
+"""Two models behind one gateway on the lab (seed 001's quality tier): hgx01 serves
+DiffusionGemma on two GPUs and Gemma 4 26B-A4B-it on the other two (lab/inventory.py),
+the other hosts DiffusionGemma alone; DiffusionGemma's requests fall back to Gemma 4
+(model_fallback in group_vars/all)."""
+import csv
+import io
+import json
+import re
+import threading
+import time
+
+import pytest
+import yaml
+
+from lab import config
+from tests.lab.conftest import deploy_json, front_door, invoke, ssh
+from tests.lab.test_lab_rollout import gateway_states, main_pids, running_settings
+
+ALL = "spark01,rtx01,h100-01,hgx01,gateway01,gateway02"
+HGX = "hgx01"
+DG_ONLY = ("spark01", "rtx01", "h100-01")
+DG_REPLICAS, G4_REPLICAS = (0, 1), (2, 3)  # hgx01's: DiffusionGemma on GPUs 0-1, Gemma 4 on 2-3
+
+
+def chat(model):
+    return {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def api_key():
+    return (config.STATE / "secrets" / "api-key").read_text().strip()
+
+
+def through_gateway(path, body=None, timeout=90):
+    return front_door("gateway01", path, api_key(), body, timeout=timeout, address=config.GATEWAY_ADDRESS)
+
+
+def unit(index: int) -> str:
+    return "podman-vllm-diffusiongemma" + (f"-{index}" if index else "") + ".service"
+
+
+def chats_logged(index: int) -> int:
+    """Chat completions replica ``index`` of hgx01 has answered, from its own access log (the
+    container logs to the journal, through its unit)."""
+    out = ssh(HGX, f"journalctl -u {unit(index)} -o cat --no-pager | grep -c 'POST /v1/chat/completions' || true").stdout
+    return int(out.strip() or 0)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    proc, data = deploy_json("--hosts", ALL)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return data
+
+
+class ModelLoad:
+    """Clients sending chat completions naming ``model`` to the gateways' shared address; each
+    answer kept with the pool that served it and whether it was a fallback."""
+
+    def __init__(self, model, clients=4):
+        self.model, self.clients, self.stop, self.lock = model, clients, threading.Event(), threading.Lock()
+        self.outcomes = []  # (started, status or error, pool, fallback)
+
+    def _client(self):
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                status, body, headers = through_gateway("/v1/chat/completions", chat(self.model))
+                outcome = (started, status if status == 200 else f"{status} {body[:160]!r}",
+                           headers.get("x-dgemma-pool"), headers.get("x-dgemma-fallback"))
+            except OSError as exc:
+                outcome = (started, f"{type(exc).__name__}: {exc}", None, None)
+            with self.lock:
+                self.outcomes.append(outcome)
+
+    def __enter__(self):
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for t in self.threads:
+            t.start()
+        time.sleep(2)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+    @property
+    def failed(self):
+        return [o for o in self.outcomes if o[1] != 200]
+
+    def since(self, moment):
+        return [o for o in self.outcomes if o[0] >= moment]
+
+
+def test_one_url_lists_both_models_and_each_is_answered_by_its_own_replicas(deployed):
+    replicas = deployed["hosts"][HGX]
+    assert replicas["recap"]["failed"] == 0
+    status, body, _ = through_gateway("/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["diffusiongemma", "gemma4"]
+    # each family's replicas run its model: Gemma 4 without DiffusionGemma's flags
+    args = ssh(HGX, "ps -eo args | grep '[v]llm serve'").stdout.splitlines()
+    assert sorted(re.search(r"--port (\d+)", a).group(1) for a in args if "gemma-4-26B-A4B-it" in a) == \
+        ["8102", "8103"]
+    assert not [a for a in args if "gemma-4-26B-A4B-it" in a and "--diffusion-config" in a]
+    before = {i: chats_logged(i) for i in DG_REPLICAS + G4_REPLICAS}
+    for _ in range(6):
+        status, body, headers = through_gateway("/v1/chat/completions", chat("gemma4"))
+        assert status == 200 and headers["x-dgemma-pool"] == "gemma4", (status, body[:300])
+        assert json.loads(body)["model"] == "gemma4" and "x-dgemma-fallback" not in headers
+    after = {i: chats_logged(i) for i in DG_REPLICAS + G4_REPLICAS}
+    assert sum(after[i] - before[i] for i in G4_REPLICAS) == 6, (before, after)
+    assert all(after[i] == before[i] for i in DG_REPLICAS), (before, after)
+    for _ in range(6):
+        status, body, headers = through_gateway("/v1/chat/completions", chat("diffusiongemma"))
+        assert status == 200 and headers["x-dgemma-pool"] == "diffusiongemma", (status, body[:300])
+    assert all(chats_logged(i) == after[i] for i in G4_REPLICAS)
+    # a model nobody serves: vLLM's 404 and error body, at once
+    status, body, _ = through_gateway("/v1/chat/completions", chat("gpt-5"), timeout=10)
+    assert status == 404 and json.loads(body)["error"]["message"].startswith("The model `gpt-5` does not exist.")
+
+
+def test_every_diffusiongemma_replica_stopped_falls_back_to_gemma4_and_traffic_returns(deployed):
+    """4 clients naming DiffusionGemma; every DiffusionGemma replica of the fleet stopped (each
+    drained first): Gemma 4 answers them, marked as a fallback; started again: they return."""
+    with ModelLoad("diffusiongemma") as load:
+        for hosts, replica in ((",".join(DG_ONLY), None), (HGX, "0"), (HGX, "1")):
+            invoke("stop", "--hosts", hosts, *(["--replica", replica] if replica else []), check=True)
+        stopped = time.monotonic()
+        assert not [s for s in gateway_states().values() if s.split(" ")[0] == "UP"], gateway_states()
+        time.sleep(8)
+        starting = time.monotonic()
+        for hosts, replica in ((",".join(DG_ONLY), None), (HGX, "0"), (HGX, "1")):
+            invoke("start", "--hosts", hosts, *(["--replica", replica] if replica else []), check=True)
+        started = time.monotonic()
+        time.sleep(6)
+    assert len(load.outcomes) > 40 and not load.failed, (len(load.outcomes), load.failed[:10])
+    fell_back = [o for o in load.outcomes if o[3]]
+    assert fell_back and all(o[2] == "gemma4" and o[3] == "diffusiongemma" for o in fell_back)
+    while_stopped = [o for o in load.since(stopped) if o[0] < starting]
+    assert while_stopped and all(o[3] for o in while_stopped), while_stopped[:5]
+    returned = load.since(started + 3)
+    assert returned and all(o[2] == "diffusiongemma" and not o[3] for o in returned), returned[:5]
+    print(f"{len(load.outcomes)} requests naming diffusiongemma from 4 clients, 0 failed; {len(fell_back)} "
+          f"answered by gemma4 as a fallback while every DiffusionGemma replica was stopped")
+    # the gateways count them: their fallback backends' answers (the shared address is on one)
+    counted = 0
+    for gateway in ("gateway01", "gateway02"):
+        out = ssh(gateway, "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'").stdout
+        counted += sum(int(row["hrsp_2xx"] or 0) for row in csv.DictReader(io.StringIO(out.lstrip("# ")))
+                       if (row["pxname"], row["svname"]) == ("fallback_diffusiongemma", "BACKEND"))
+    assert counted >= len(fell_back), (counted, len(fell_back))
+
+
+def test_a_change_to_one_models_setting_rolls_its_replicas_alone(deployed, lab_copy):
+    """max_num_seqs for Gemma 4 alone (its entry in models:): its two replicas roll, one at a time,
+    while clients name both models; DiffusionGemma's replicas keep running as they were."""
+    group = lab_copy / "group_vars" / "hgx.yml"
+    hgx = yaml.safe_load(group.read_text())
+    hgx["models"][1]["max_num_seqs"] = 6
+    group.write_text(yaml.safe_dump(hgx))
+    pids = {host: main_pids(host) for host in DG_ONLY + (HGX,)}
+    with ModelLoad("diffusiongemma", clients=2) as dg, ModelLoad("gemma4", clients=2) as g4:
+        proc, data = deploy_json("--hosts", ALL, inventory=lab_copy)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rolls = [t for h in data["hosts"].values() for t in h["tasks"] if t["task"].startswith("rolling restart")]
+    assert [t["status"] for t in rolls] == ["changed", "changed"], rolls
+    settings = running_settings(HGX)
+    assert {port: settings[port] for port in (8102, 8103)} == {8102: "6", 8103: "6"}
+    assert settings[8100] == settings[8101] != "6"
+    after = {host: main_pids(host) for host in DG_ONLY + (HGX,)}
+    kept = {u for u in pids[HGX] if after[HGX][u] == pids[HGX][u]}
+    assert kept == {"podman-vllm-diffusiongemma.service", "podman-vllm-diffusiongemma-1.service"}, (pids, after)
+    assert all(after[h] == pids[h] for h in DG_ONLY)
+    assert len(dg.outcomes) > 20 and len(g4.outcomes) > 10 and not dg.failed and not g4.failed, \
+        (dg.failed[:5], g4.failed[:5])
+    # then nothing left to change (the modules after this one deploy the lab's own settings again)
+    proc, data = deploy_json("--hosts", ALL, inventory=lab_copy)
+    changed = [f"{h}: {t['role']}: {t['task']}" for h, d in data["hosts"].items() for t in d["tasks"]
+               if t["status"] == "changed"]
+    assert proc.returncode == 0 and changed == [], changed

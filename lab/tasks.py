@@ -109,12 +109,15 @@ def status(c, json_out=None):
 @task(help={"purge": "also delete the hosts' disks (the base rootfs cache stays)"})
 def down(c, purge=False):
     """Stop every lab host, the registry and the hub; remove namespaces and links."""
-    for host in config.hosts(64):  # every host a lab of any size may have started
-        if host.dir.exists() or Path(f"/run/netns/{host.netns}").exists():
-            machines.stop(host)
-            network.remove_host(host)
-            if purge:
-                shutil.rmtree(host.dir, ignore_errors=True)
+    # every host a lab of any size may have started
+    started = [h for h in config.hosts(64) if h.dir.exists() or Path(f"/run/netns/{h.netns}").exists()]
+    for host in started:
+        machines.request_poweroff(host)
+    for host in started:
+        machines.stop(host)
+        network.remove_host(host)
+        if purge:
+            shutil.rmtree(host.dir, ignore_errors=True)
     for name in ("uplink", "hub", "registry"):
         services.stop(name)
     for _ in range(40):  # processes of a host whose namespace is already gone (a crash)

@@ -9,10 +9,9 @@ from converge.facts import Fact
 
 from roles.fleet import is_gateway, is_serving
 from roles.frontdoor.render import GATEWAY
-from roles.frontdoor.stats import server_rows
+from roles.frontdoor.stats import POOL_PREFIX, server_rows
 from roles.serving_host import record_path
 
-POOL_PREFIX = "pool_"  # the gateway's backends: one per model family (roles/frontdoor/pools.py)
 from roles.service.serve import diffusion_in_force
 from roles.shared_address.keepalived import holds
 from roles.replicas import installed, replica_name, replica_unit, units_shell
@@ -102,7 +101,7 @@ def parse_stats_csv(text: str) -> list[dict]:
     """The gateway's stats page as CSV (``/stats;csv``): each server of each pool (a model
     family's front doors) with its state (UP, DOWN, DRAIN, MAINT, ...), last check and
     seconds since it changed."""
-    return [{"server": r["svname"], "pool": r["pxname"].removeprefix("pool_"), "state": gateway_state(r["status"]),
+    return [{"server": r["svname"], "pool": r["pxname"].removeprefix(POOL_PREFIX), "state": gateway_state(r["status"]),
              "check": r.get("check_status") or "",
              "since_s": int(r["lastchg"]) if (r.get("lastchg") or "").isdigit() else None}
             for r in server_rows(text, POOL_PREFIX)]

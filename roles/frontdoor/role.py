@@ -49,8 +49,8 @@ def pools(ctx, replicas: list[Server]) -> list:
         families = {r["index"]: r["family"] for r in ctx.desired["replicas"]}
     else:
         running = pools_in_config((ctx.facts.get("frontdoor_config") or {}).get("content") or "")
-        families = {int(s.name.removeprefix("replica")): running.get(int(s.name.removeprefix("replica")),
-                                                                      DEFAULT_FAMILY) for s in replicas}
+        indices = (int(s.name.removeprefix("replica")) for s in replicas)
+        families = {i: running.get(i, DEFAULT_FAMILY) for i in indices}
     aliases = {f: served_name(f, v) for f in set(families.values())}
     return frontdoor_pools(families, aliases, replicas)
 

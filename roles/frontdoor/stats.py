@@ -8,6 +8,10 @@ import shlex
 
 from converge.facts import Fact
 
+# the backends of a model family's pool, front door and gateway alike (templates/haproxy.cfg.j2):
+# a front door's pool servers track its replicas', a gateway's are the front doors
+POOL_PREFIX = "pool_"
+
 
 def server_rows(text: str, backend: str = "servers") -> list[dict]:
     """The rows of HAProxy's stats CSV (``/stats;csv``) for each server of ``backend`` (of every
@@ -31,14 +35,11 @@ class ServerStates(Fact):
         # a server's requests also go through the backends whose servers track it (a front
         # door's pool_<family>): they count as its own
         tracking = {}
-        for row in server_rows(output, TRACKING_PREFIX):
+        for row in server_rows(output, POOL_PREFIX):
             tracking[row["svname"]] = tracking.get(row["svname"], 0) + _in_flight(row)
         return {row["svname"]: {"status": row.get("status", ""),
                                  "in_flight": _in_flight(row) + tracking.get(row["svname"], 0)}
                 for row in server_rows(output, self.backend)}
-
-
-TRACKING_PREFIX = "pool_"
 
 
 def _in_flight(row: dict) -> int:

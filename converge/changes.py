@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import difflib
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
@@ -60,6 +61,10 @@ class File(Step):
         return (cur is None or cur["sha256"] != self.sha256 or cur["mode"] != self.mode.rjust(4, "0")
                 or cur["owner"] != self.owner or cur["group"] != self.group)
 
+    def is_env(self) -> bool:
+        """An environment file (KEY=value lines: systemd's EnvironmentFile), by its name."""
+        return self.path.endswith(".env")
+
     def content_changed(self) -> bool:
         return self.current is None or self.current["sha256"] != self.sha256
 
@@ -68,7 +73,7 @@ class File(Step):
         if self.secret:
             # the host's secret never comes back; show which keys we write, never their values
             old = [] if cur is None else [f"(secret content, sha256 {cur['sha256'][:12]})\n"]
-            new = [f"(secret content, sha256 {self.sha256[:12]})\n"] + mask_env(self.content).splitlines(keepends=True)
+            new = [f"(secret content, sha256 {self.sha256[:12]})\n"] + mask_secret(self.content, self.is_env()).splitlines(keepends=True)
             text = "".join(difflib.unified_diff(old, new, f"{self.path} (on host)" if cur else "/dev/null",
                                                  f"{self.path} (wanted)"))
         else:
@@ -87,13 +92,26 @@ class File(Step):
                                    self.keep_previous)
 
 
-def mask_env(text: str) -> str:
-    """``KEY=value`` lines with the value hidden."""
-    out = []
-    for line in text.splitlines(keepends=True):
-        key, sep, _ = line.partition("=")
-        out.append(f"{key}={MASK}\n" if sep and not line.lstrip().startswith("#") else line)
-    return "".join(out)
+ENV_LINE = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def mask_secret(text: str, env: bool = False) -> str:
+    """What a diff may show of a secret file: its comments and, of an environment file's
+    (``env``) ``KEY=value`` lines, the key. Any other line (a PEM body, a map's value) may be
+    the secret itself: a run of them shows as a count."""
+    out, hidden = [], 0
+    for line in text.splitlines():
+        key = ENV_LINE.match(line) if env else None
+        if key or line.lstrip().startswith("#") or not line.strip():
+            if hidden:
+                out.append(f"({hidden} secret line{'s' if hidden > 1 else ''})")
+                hidden = 0
+            out.append(f"{key.group(0)}{MASK}" if key else line)
+        else:
+            hidden += 1
+    if hidden:
+        out.append(f"({hidden} secret line{'s' if hidden > 1 else ''})")
+    return "".join(line + "\n" for line in out)
 
 
 def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:

@@ -2,7 +2,7 @@
 atomic writes with the previous version kept, secret-safe diffs, host lock."""
 import os
 
-from converge.changes import File, mask_env
+from converge.changes import File, mask_secret
 from converge.transport.local import LocalTransport as LocalConnection
 from converge.errors import RemoteCommandError
 from converge.facts import Gathering, gather, split, script
@@ -41,14 +41,20 @@ def test_atomic_write_keeps_previous_and_reports_no_change_after(tmp_path):
 
 def test_secret_file_content_never_leaves_the_host_nor_shows_in_a_diff(tmp_path):
     conn = LocalConnection()
-    path = str(tmp_path / "env")
+    path = str(tmp_path / "vllm.env")
     secret = File("env", path=path, content="VLLM_API_KEY=s3cr3t\n", mode="0600", secret=True, current=None)
     assert "s3cr3t" not in secret.diff() and "VLLM_API_KEY=********" in secret.diff()
     assert "s3cr3t" not in secret.script()  # base64 in a heredoc on stdin, not on a command line
     conn.run(secret.script())
     state = gather(conn, {"env": FileState(path, secret=True)})["env"]
     assert "content" not in state and state["mode"] == "0600"
-    assert mask_env("A=1\n# c\n") == "A=********\n# c\n"
+    assert mask_secret("A=1\n# c\n", env=True) == "A=********\n# c\n"
+    # a PEM's body, or a map's values, may be the secret itself: counted, never shown
+    pem = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADAN=\nBgkqhkiG9w0B\n-----END PRIVATE KEY-----\n"
+    assert mask_secret(pem) == "(4 secret lines)\n"
+    assert mask_secret("# keys\ngemma4 sk-live-1\n") == "# keys\n(1 secret line)\n"
+    tls = File("tls", path=str(tmp_path / "tls.pem"), content=pem, mode="0600", secret=True, current=state)
+    assert "MIIEvQ" not in tls.diff() and "PRIVATE" not in tls.diff()
 
 
 def test_host_lock_is_exclusive_and_released_with_the_connection():

@@ -124,6 +124,21 @@ def front_door_of_two_families(tmp_path):
                                                                   "gemma4": "gemma4"}, servers))
 
 
+@pytest.fixture
+def front_door_with_a_queue(tmp_path):
+    """hgx01's kind of host, DiffusionGemma falling back on a queue: each of its two replicas
+    takes one request at once, and a queue busy for two seconds makes its /health say full."""
+    from dataclasses import replace
+
+    from roles.frontdoor.pools import frontdoor_pools
+
+    def pools(servers):
+        made = frontdoor_pools({0: "diffusiongemma", 1: "diffusiongemma", 2: "gemma4"},
+                               {"diffusiongemma": "diffusiongemma", "gemma4": "gemma4"}, servers)
+        return [replace(made[0], queue={"limit": 1, "after_s": 2}), made[1]]
+    yield from _front_door(tmp_path, 3, pools)
+
+
 def _front_door(tmp_path, replicas: int, pools=None):
     """The rendered configuration in a real HAProxy (Debian's, as in the lab's image), before
     ``replicas`` backends (each says its port in ``x-backend-port``); ``pools(servers)``: the
@@ -139,10 +154,15 @@ def _front_door(tmp_path, replicas: int, pools=None):
     port = _free_port()
     v = {"api_host": "127.0.0.1", "api_port": port}
     servers = [Server(f"replica{i}", f"127.0.0.1:{b.server_address[1]}") for i, b in enumerate(backends)]
-    config = render_config("rtx01", v, servers, "gen1", files=str(tmp_path), socket=str(tmp_path / "admin.sock"),
-                           admin=str(tmp_path / "admin-http.sock"), pools=pools(servers) if pools else None)
-    config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
-    (tmp_path / "haproxy.cfg").write_text(config)
+    def write_config(servers, generation="gen1"):
+        config = render_config("rtx01", v, servers, generation, files=str(tmp_path),
+                               socket=str(tmp_path / "admin.sock"), admin=str(tmp_path / "admin-http.sock"),
+                               pools=pools(servers) if pools else None)
+        config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
+        (tmp_path / "haproxy.cfg").write_text(config)
+        return config
+
+    write_config(servers)
     proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
                             env={**os.environ, "VLLM_API_KEY": "vllm-own-key"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -172,6 +192,7 @@ def _front_door(tmp_path, replicas: int, pools=None):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
         time.sleep(0.1)
     call.ports = [b.server_address[1] for b in backends]
+    call.proc, call.write_config = proc, write_config
     call.admin = str(tmp_path / "admin-http.sock")
     call.backends = backends
     yield call
@@ -392,6 +413,78 @@ def test_a_request_in_flight_through_its_pool_counts_for_its_replica(front_door_
     assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["0 UP", "0 UP", "1 UP"]
     held.join()
     assert _roll_shell(door, 2, "fd_state") == "0 UP"
+
+
+def test_a_family_whose_replicas_are_all_busy_with_a_queue_past_its_time_says_full(front_door_with_a_queue):
+    """Each DiffusionGemma replica at its limit (one request) and a third request queued: the
+    pool's /health (what the gateways check) says 200 until the queue has been busy for two
+    seconds (to within one: dates in seconds), then 404 full (the gateways fall back); the queued request waits and is answered;
+    the queue empty, 200 again. Gemma 4's pool, and the host, say 200 throughout."""
+    door = front_door_with_a_queue
+    time.sleep(2.5)
+    dg = {"X-Dgemma-Pool": "diffusiongemma"}
+    assert door("/health", headers=dg)[:2] == (200, {"status": "ok"})
+    answers = []
+
+    def held():
+        answers.append(door("/v1/chat/completions", "Bearer alice-key", {"model": "diffusiongemma", "hold": 5})[0])
+
+    clients = [threading.Thread(target=held) for _ in range(3)]
+    for client in clients:
+        client.start()
+    time.sleep(0.3)
+    assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["1 UP", "1 UP", "0 UP"]  # the third waits
+    started, seen = time.monotonic(), []
+    while (got := door("/health", headers=dg))[0] == 200:
+        seen.append(time.monotonic() - started)
+        assert time.monotonic() - started < 3.5, "the pool never said full"
+        time.sleep(0.2)
+    assert got[:2] == (404, {"status": "full"}) and seen  # it said 200 first, as the queue began
+    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 200 and door("/health")[0] == 200
+    for client in clients:
+        client.join()
+    assert answers == [200, 200, 200]  # the queued one too (it waited about 5 s)
+    assert door("/health", headers=dg)[0] == 200
+
+
+def test_a_reload_keeps_a_down_servers_state_and_takes_a_moved_servers_new_port(front_door_of_three, tmp_path):
+    """What deploy's reload does (proxy.reload_action): the servers' states dumped through the
+    runtime API, then SIGUSR2. A replica found down stays down in the new instance (not called
+    up until its checks, which would send it requests); a replica whose port moved in the new
+    configuration is reached at the new port (HAProxy would restore the old one from the file)."""
+    from roles.frontdoor.proxy import reload_action
+    from roles.frontdoor.render import FRONTDOOR
+    door = front_door_of_three
+    time.sleep(2.5)
+    door.backends[2].shutdown()
+    door.backends[2].server_close()
+    deadline = time.monotonic() + 15
+    while _roll_shell(door, 2, "fd_state").split()[-1] != "DOWN":
+        assert time.monotonic() < deadline, "the front door never saw replica 2 down"
+        time.sleep(0.3)
+    moved = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=moved.serve_forever, daemon=True).start()
+    servers = [Server("replica0", f"127.0.0.1:{door.ports[0]}"), Server("replica1", f"127.0.0.1:{moved.server_address[1]}"),
+               Server("replica2", f"127.0.0.1:{door.ports[2]}")]
+    config = door.write_config(servers, "gen2")
+    script = (reload_action(FRONTDOOR, "u", config).replace(FRONTDOOR.socket_dir, str(tmp_path))
+              .replace("systemctl reload u", f"kill -USR2 {door.proc.pid}"))
+    subprocess.run(["bash", "-c", script], check=True, timeout=30)
+    state = [line.split() for line in (tmp_path / "servers.state").read_text().splitlines()[2:] if line]
+    carried = {(f[1], f[3]): f[5] for f in state}  # (backend, server): srv_op_state (0: down, 2: up)
+    assert carried[("servers", "replica2")] == "0" and carried[("servers", "replica0")] == "2"
+    assert ("servers", "replica1") not in carried  # moved: not carried over
+    deadline = time.monotonic() + 10
+    while door("/health")[2].get("x-frontdoor-generation") != "gen2":
+        assert time.monotonic() < deadline, "the reload did not take"
+        time.sleep(0.1)
+    # from the new instance's first moment: replica 2 down, replica 1 at its new port
+    assert _roll_shell(door, 2, "fd_state").split()[-1] == "DOWN"
+    ports = {door("/v1/chat/completions", "Bearer alice-key", {"messages": []})[2]["x-backend-port"]
+             for _ in range(8)}
+    assert ports == {str(door.ports[0]), str(moved.server_address[1])}
+    moved.shutdown()
+    moved.server_close()
 
 
 def test_a_roll_taking_a_pools_last_replicas_raises_its_flag_first(front_door_of_two_families):

@@ -59,6 +59,13 @@ def test_wrong_type_unknown_key_and_shell_metacharacters(inv):
     assert "group_vars/rtx.yml:5: conflicts[0]: 'ollama.service; rm -rf /' is not allowed (contains ' ' ';')" in found
 
 
+def test_a_fallback_on_a_queue_is_checked_with_its_file_line_and_key(inv):
+    (inv / "group_vars" / "rtx.yml").write_text(
+        "container_runtime: podman\nmodel_fallback:\n  diffusiongemma: {to: gemma4, after_queued_s: 0}\n")
+    found = "\n".join(problems(inv))
+    assert "group_vars/rtx.yml:3: model_fallback.diffusiongemma.after_queued_s: 0 is less than the minimum 1" in found
+
+
 def test_bad_host_address_and_yaml_syntax(inv):
     (inv / "hosts.yml").write_text((inv / "hosts.yml").read_text().replace(
         "ansible_host: rtx01.lab.example", "ansible_host: \"rtx01;reboot\""))

@@ -1,19 +1,28 @@
 """Several model families on one host (models: in the inventory), on the real captures
 of a host with two H200s: placement per family, the image that serves them all, their
 units, and the gateway's pools and fallbacks, checked by a real HAProxy."""
+import json
 import os
 import shutil
+import signal
+import ssl
 import subprocess
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 from roles.fleet import fleet_of
-from roles.frontdoor.pools import gateway_pools, pools_in_config
-from roles.frontdoor.render import GATEWAY, render_config
+from credentials.keys import digest
+from roles.frontdoor.pools import gateway_pools, pools_in_config, render_upstream_keys
+from roles.frontdoor.render import GATEWAY, container, render_config, render_keys
 from roles.gateway.role import BACKEND, fallback_problems, servers
 from roles.preflight.placement import place_declared
 from roles.preflight.select import Refused, choose, image_channel
 from roles.service.serve import serve_args
+from tests import openai_upstream
+from tests.test_frontdoor import _free_port
 from tests.test_placement import H200, nvidia
 
 BOTH = [{"family": "diffusiongemma", "gpus": 1}, {"family": "gemma4"}]
@@ -102,16 +111,69 @@ def test_the_gateway_routes_each_family_to_its_front_doors_and_falls_back_to_ano
     _haproxy_accepts(tmp_path, config)
 
 
-def test_an_external_upstream_gets_its_key_from_the_environment_alone(tmp_path):
+def test_an_external_upstream_gets_its_key_from_the_gateways_map(tmp_path):
     policy = {"gemma4": {"url": "https://api.example.com/openai/v1", "key_file": "/k"}}
     f = fleet(policy, policy)
     config = render_config("gateway01", {}, servers(f), "g", proxy=GATEWAY, backend=BACKEND,
                            pools=gateway_pools(f, lambda doors: servers(f, doors), policy))
     upstream = config.split("\nbackend fallback_gemma4", 1)[1]
-    assert 'http-request set-header Authorization "Bearer ${FALLBACK_KEY_GEMMA4}"' in upstream
+    assert ('http-request set-header Authorization "Bearer %[str(gemma4),map(/usr/local/etc/haproxy/'
+            'upstream-keys.map)]"') in upstream
     assert "http-request replace-path ^/v1(.*) /openai/v1\\1" in upstream
     assert "server upstream api.example.com:443 init-addr libc,none ssl verify required ca-file @system-ca" in upstream
-    _haproxy_accepts(tmp_path, config, FALLBACK_KEY_GEMMA4="k")
+    assert render_upstream_keys({"gemma4": "k"}).endswith("\ngemma4 k\n")
+    (tmp_path / "upstream-keys.map").write_text(render_upstream_keys({"gemma4": "k"}))
+    _haproxy_accepts(tmp_path, config)
+    # the unit does not carry it: a new key or upstream is a reload, not a restart
+    assert not [o for o in container({"model_fallback": policy}, GATEWAY)["options"] if "FALLBACK" in o]
+
+
+def test_a_real_gateway_sends_the_maps_key_upstream_and_a_reload_takes_a_new_one(tmp_path):
+    """Every DiffusionGemma front door down (a closed port): the gateway's fallback is an
+    external API on this machine; it gets the key of the map, then, after the map is
+    rewritten and HAProxy's master told to reload (what the deploy does), the new key."""
+    upstream = openai_upstream.serve("127.0.0.1")
+    policy = {"diffusiongemma": {"url": f"http://127.0.0.1:{upstream.server_address[1]}/v1", "key_file": "/k"}}
+    closed = _free_port()
+    f = fleet_of({"rtx01": {"ansible_host": "127.0.0.1", "api_port": closed, "model_fallback": policy},
+                  "gateway01": {"group_names": ["gateway"], "model_fallback": policy}})
+    port = _free_port()
+    v = {"api_host": "127.0.0.1", "api_port": port}
+    config = render_config("gateway01", v, servers(f), "g", proxy=GATEWAY, backend=BACKEND,
+                           pools=gateway_pools(f, lambda doors: servers(f, doors), policy))
+    keys = tmp_path / "upstream-keys.map"
+    keys.write_text(render_upstream_keys({"diffusiongemma": "first-key"}))
+    proc = _haproxy_runs(tmp_path, config, accepted={"alice": digest("alice-key")})
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca" / "ca.crt"))
+
+    def chat():
+        req = urllib.request.Request(f"https://127.0.0.1:{port}/v1/chat/completions",
+                                     data=json.dumps({"model": "diffusiongemma", "messages": []}).encode(),
+                                     headers={"Authorization": "Bearer alice-key", "Host": "gateway01"})
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=context) as resp:
+                return resp.status, resp.headers.get("x-dgemma-pool"), resp.headers.get("x-dgemma-fallback")
+        except (urllib.error.URLError, OSError) as exc:
+            return getattr(exc, "code", None), None, None
+
+    try:
+        deadline = time.monotonic() + 15  # until the checks find the front door down
+        while (got := chat()) != (200, "upstream", "diffusiongemma"):
+            assert proc.poll() is None and time.monotonic() < deadline, got
+            time.sleep(0.2)
+        assert upstream.seen[-1][1] == "Bearer first-key"
+        keys.write_text(render_upstream_keys({"diffusiongemma": "second-key"}))
+        proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while upstream.seen[-1][1] != "Bearer second-key":
+            assert chat()[0] == 200, "a request failed during the reload"
+            assert time.monotonic() < deadline, upstream.seen[-3:]
+        assert {brought for _, brought, _ in upstream.seen} == {"Bearer first-key", "Bearer second-key"}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        upstream.shutdown()
+        upstream.server_close()
 
 
 def test_a_fallback_that_cannot_work_is_refused_with_its_key():
@@ -130,16 +192,32 @@ def test_a_run_that_places_nothing_keeps_the_front_doors_pools():
     assert pools_in_config(text) == {2: "gemma4", 0: "diffusiongemma"}
 
 
-def _haproxy_accepts(tmp_path, config: str, **env):
+def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:
+    """The gateway's files in ``tmp_path`` (its certificate from a new fleet CA there), and its
+    configuration as it reads them there."""
     if not shutil.which("haproxy"):
         pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
     from credentials import ca as fleet_ca
-    issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01"])
+    issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01", "127.0.0.1"])
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
-    (tmp_path / "keys.sha256").write_text("")
+    (tmp_path / "keys.sha256").write_text(render_keys(accepted or {}))
     config = (config.replace("/usr/local/etc/haproxy/ca.crt", str(tmp_path / "ca" / "ca.crt"))
-              .replace("/usr/local/etc/haproxy", str(tmp_path)).replace("/run/dgemma-gateway", str(tmp_path)))
-    (tmp_path / "haproxy.cfg").write_text(config)
-    proc = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True,
+              .replace("/usr/local/etc/haproxy", str(tmp_path)).replace("/run/dgemma-gateway", str(tmp_path))
+              .replace("    user haproxy\n    group haproxy\n", ""))  # this test may not run as root
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(config)
+    return str(path)
+
+
+def _haproxy_accepts(tmp_path, config: str, **env):
+    path = _gateway_files(tmp_path, config)
+    proc = subprocess.run(["haproxy", "-c", "-f", path], capture_output=True, text=True,
                           env={**os.environ, "GATEWAY_KEY": "g", **env}, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _haproxy_runs(tmp_path, config: str, accepted: dict) -> subprocess.Popen:
+    """A real HAProxy (master and worker, as in the container) on the gateway's files."""
+    path = _gateway_files(tmp_path, config, accepted)
+    return subprocess.Popen(["haproxy", "-W", "-db", "-f", path], env={**os.environ, "GATEWAY_KEY": "g"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -23,6 +23,9 @@ class Pool:
     names: tuple  # the model names routed to it: its aliases, then the catalog's ids of its variants
     servers: tuple  # render.Server
     fallback: dict | None = None  # the gateway's: {"to", "servers"} or {"url", "address", ...}
+    # a front door's, when the family falls back on a queue (after_queued_s): {"limit": requests
+    # each replica takes at once, "after_s": how long the queue may be busy before /health says full}
+    queue: dict | None = None
 
 
 def default_first(families) -> list[str]:
@@ -75,6 +78,20 @@ def frontdoor_pools(families: dict[int, str], aliases: dict[str, str], servers: 
                        if fam == f and f"replica{i}" in by_name)) for f in order]
 
 
+def queue_rule(v: dict, family: str) -> dict | None:
+    """The front door's queue for ``family``: each replica takes max_num_seqs requests at once
+    (its models: entry's, else the host's), when ``model_fallback`` falls back on a queue."""
+    after = ((v.get("model_fallback") or {}).get(family) or {}).get("after_queued_s")
+    if not after:
+        return None
+    try:
+        entry = next((e for e in declared(v) if e.family == family), None)
+    except Refused:
+        entry = None
+    limit = (entry.settings if entry else {}).get("max_num_seqs", v.get("max_num_seqs", 4))
+    return {"limit": int(limit), "after_s": int(after)}
+
+
 def pools_in_config(text: str) -> dict[int, str]:
     """Replica index -> family, as a front door's running configuration groups them (a run
     that places nothing, e.g. keys add, renders them as they are)."""
@@ -105,9 +122,15 @@ def upstream(spec: dict) -> dict:
             "prefix": url.path.rstrip("/") or "/v1"}
 
 
-def key_variable(family: str) -> str:
-    """The environment variable that carries a family's upstream key into the gateway."""
-    return f"FALLBACK_KEY_{family.upper()}"
+UPSTREAM_KEYS = "upstream-keys.map"  # in the gateway's folder, 0600: each family's upstream key
+
+
+def render_upstream_keys(keys: dict[str, str]) -> str:
+    """HAProxy's map of each family's external upstream key (``keys``: family to key). A
+    file, not the environment: a new key, or a new upstream, is then a reload (the listening
+    sockets stay open), where an environment change is a restart."""
+    return "# Managed by dgemma-fleet: each family's external fallback key (0600, gateways only)\n" + "".join(
+        f"{family} {key}\n" for family, key in sorted(keys.items()))
 
 
 def gateway_pools(fleet, servers_of, policy: dict | None) -> list[Pool]:
@@ -123,7 +146,7 @@ def gateway_pools(fleet, servers_of, policy: dict | None) -> list[Pool]:
         if rule and rule.get("to") in base:
             fallback = {"to": rule["to"], "servers": tuple(base[rule["to"]])}
         elif rule and rule.get("url"):
-            fallback = {**upstream(rule), "key_variable": key_variable(family)}
+            fallback = upstream(rule)
         pools.append(Pool(family, model_names(family, aliases(fleet, family)), tuple(base[family]), fallback))
     return pools
 

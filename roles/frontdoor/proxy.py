@@ -10,6 +10,7 @@ revoked key is refused when the step returns."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 import textwrap
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from relay.probe import fallback_note, relay_steps, usable_relay
 from roles.serving_host import connect_address
 
 from . import tls
-from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit
+from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit, runtime_socket, state_file
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,15 @@ def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
 
 
 def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None,
-           extra_ca_files: tuple = (), pools: list | None = None) -> Wanted:
+           extra_ca_files: tuple = (), pools: list | None = None, secret_files: str = "") -> Wanted:
     """The certificate, the key list, the configuration, and the generation that
-    names them (any change to one of them is a new generation)."""
+    names them (any change to one of them is a new generation). ``secret_files``: the
+    text of other files it reads (the gateway's upstream keys): only their digest counts."""
     bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files)
     keys = render_keys(accepted)
     unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend, pools=pools)
-    generation = hashlib.sha256((unnamed + keys + bundle.cert_pem).encode()).hexdigest()[:16]
+    secrets = hashlib.sha256(secret_files.encode()).hexdigest() if secret_files else ""
+    generation = hashlib.sha256((unnamed + keys + bundle.cert_pem + secrets).encode()).hexdigest()[:16]
     return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, proxy=proxy, backend=backend,
                                               pools=pools), generation)
 
@@ -109,6 +112,44 @@ done
 """
 
 
+def kept_servers(config: str) -> list[str]:
+    """``backend server address port`` of each server of ``config`` at a literal address: the
+    servers whose state a reload may carry over. HAProxy would otherwise restore a server's
+    old address and port from the state file over a new one in the configuration."""
+    out, backend = [], None
+    for line in config.splitlines():
+        head = re.match(r"(backend|frontend|listen|defaults|global)\b\s*(\S*)", line)
+        if head:
+            backend = head.group(2) if head.group(1) in ("backend", "listen") else None
+            continue
+        server = re.match(r"\s+server\s+(\S+)\s+\[?([0-9a-fA-F.:]+?)\]?:([0-9]+)(\s|$)", line)
+        if backend and server and re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+", server.group(2)):
+            out.append(f"{backend} {server.group(1)} {server.group(2)} {server.group(3)}")
+    return out
+
+
+def reload_action(proxy: Proxy, unit: str, config: str) -> str:
+    """A reload that keeps what the running instance knows of its servers: their states,
+    dumped through its runtime API (curl speaks telnet to the unix socket: no socat needed
+    on the host) to the file the new instance reads, for the servers whose address and port
+    ``config`` keeps. Without it, a pool whose servers are all down would be called up, and
+    sent requests, until the new instance's first checks."""
+    sock, state = shlex.quote(runtime_socket(proxy)), shlex.quote(state_file(proxy))
+    keep = "\n".join(kept_servers(config))
+    # fields of `show servers state` (version 1): 2 be_name, 4 srv_name, 5 srv_addr, 19 srv_port
+    return (f"keep=$(mktemp)\ncat > \"$keep\" <<'DGEMMA_KEPT_SERVERS'\n{keep}\nDGEMMA_KEPT_SERVERS\n"
+            f"echo 'show servers state' | curl -sS --max-time 5 --unix-socket {sock} telnet://localhost 2>/dev/null \\\n"
+            f"  | awk 'NR == FNR {{ k[$0] = 1; next }} /^#/ || NF < 19 {{ print; next }} "
+            f"(($2 \" \" $4 \" \" $5 \" \" $19) in k)' \"$keep\" - > {state}.new "
+            f"&& mv -f {state}.new {state} || rm -f {state}.new\nrm -f \"$keep\"\n"
+            f"systemctl reload {shlex.quote(unit)}")
+
+
+def fresh_start(proxy: Proxy) -> str:
+    """Before a start or restart: no state of an earlier instance (its checks find the servers' own)."""
+    return f"rm -f {shlex.quote(state_file(proxy))}\n"
+
+
 def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
     """Pull ``ref``; through the run's relay when there is one (each layer crosses the uplink
     once for all hosts of the run), tagged as ``ref``, the relay's name dropped; from the
@@ -149,11 +190,13 @@ def file_steps(ctx, proxy: Proxy, prefix: str, want: Wanted) -> list[File]:
                  current=f.get(f"{prefix}_ca"))]
 
 
-def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_changed: bool = False):
-    """Everything the instance needs, in order; ``env_changed``: its environment file changed in this run."""
+def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_changed: bool = False,
+          extra_files: tuple = ()):
+    """Everything the instance needs, in order; ``env_changed``: its environment file changed in this run;
+    ``extra_files``: other files it reads at start and reload (a change is a reload)."""
     v = ctx.vars
     nixos = (ctx.facts.get("os") or {}).get("ID") == "nixos"
-    files = file_steps(ctx, proxy, prefix, want)
+    files = file_steps(ctx, proxy, prefix, want) + list(extra_files)
     reload = any(f.needed() for f in files)
     yield from files
     runtime, ref = v.get("container_runtime", "podman"), image_ref(v)
@@ -185,15 +228,15 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
     active = state.get("ActiveState") == "active"
     served = ctx.facts.get(f"{prefix}_served")
     q = shlex.quote(unit)
-    restart = f"systemctl daemon-reload\nsystemctl restart {q}"
+    restart = f"{fresh_start(proxy)}systemctl daemon-reload\nsystemctl restart {q}"
     fallback = None
     if not active:
-        action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
-                             "start", f"was {state.get('ActiveState', 'absent')}")
+        action, verb, why = (f"{fresh_start(proxy)}systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\n"
+                             f"systemctl start {q}", "start", f"was {state.get('ActiveState', 'absent')}")
     elif unit_changed or env_changed:
         action, verb, why = restart, "restart", "its unit or environment changed"
     elif reload:
-        action, verb, why = (f"systemctl reload {q}", "reload",
+        action, verb, why = (reload_action(proxy, unit, want.config), "reload",
                              "keys, certificate or servers changed: reloaded, not restarted")
         fallback = restart
     elif served != want.generation:
@@ -215,23 +258,25 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
                                        f"{unit} answers https on port {v.get('api_port', 8000)} ({why})"))
 
 
-def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted):
+def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted, extra_files: tuple = ()):
     """`invoke keys.add` and `keys.revoke`: the key list and the configuration naming its
-    generation, then a reload (a restart only if the reload does not take). A host
-    where the instance is not deployed yet gets its keys at its first deploy."""
+    generation (and ``extra_files``, which that generation counts), then a reload (a restart
+    only if the reload does not take). A host where the instance is not deployed yet gets
+    its keys at its first deploy."""
     state = ctx.facts.get(f"{prefix}_unit") or {}
     if state.get("ActiveState") != "active" or ctx.facts.get(f"{prefix}_config") is None:
         yield Check(f"{proxy.kind} deployed", ok=True,
                     message="not deployed here yet: the keys take effect at its first deploy")
         return
     files = [f for f in file_steps(ctx, proxy, prefix, want) if f.path.endswith(("keys.sha256", "haproxy.cfg"))]
+    files += list(extra_files)
     needed = any(f.needed() for f in files)
     yield from files
     unit = proxy.unit_name(ctx.vars)
     timeout = int(ctx.vars.get("frontdoor_ready_timeout", 60))
     yield Command(f"{proxy.kind} reloaded",
-                  script=wait_script(ctx, proxy, f"systemctl reload {shlex.quote(unit)}", want.generation, timeout,
-                                     fallback=f"systemctl restart {shlex.quote(unit)}"),
+                  script=wait_script(ctx, proxy, reload_action(proxy, unit, want.config), want.generation, timeout,
+                                     fallback=f"{fresh_start(proxy)}systemctl restart {shlex.quote(unit)}"),
                   when=needed, describe=f"systemctl reload {unit}; wait for the new keys to answer",
                   timeout=timeout + 30, interpret=_interpret(proxy, unit, timeout, "reloaded: the new keys answer"))
 

@@ -13,7 +13,7 @@ from roles.service.container import RUNTIME_PATHS, log_options
 
 from roles.preflight.declared import DEFAULT_FAMILY, served_name
 
-from .pools import Pool, key_variable, model_names, models_list
+from .pools import UPSTREAM_KEYS, Pool, model_names, models_list
 from roles.service.serve import command_line
 
 HERE = Path(__file__).parent
@@ -52,6 +52,18 @@ GATEWAY = Proxy("gateway", "gateway_name", "dgemma-gateway", "/etc/dgemma/gatewa
                 "GATEWAY_KEY", 8405)
 DIR = FRONTDOOR.dir
 SOCKET_DIR = FRONTDOOR.socket_dir
+
+
+STATE_FILE = "servers.state"  # beside the runtime API's socket: written before a reload, read by the new instance
+
+
+def runtime_socket(proxy: Proxy) -> str:
+    """HAProxy's runtime API (root only)."""
+    return f"{proxy.socket_dir}/admin.sock"
+
+
+def state_file(proxy: Proxy) -> str:
+    return f"{proxy.socket_dir}/{STATE_FILE}"
 
 
 def admin_socket(proxy: Proxy) -> str:
@@ -108,12 +120,13 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
     with admin actions (both unix sockets); ``backend``: how servers are checked and retried;
     ``pools``: the pools (pools.Pool) requests are routed to by the model they name."""
     pools = pools or [Pool(DEFAULT_FAMILY, model_names(DEFAULT_FAMILY, [served_name(DEFAULT_FAMILY, v)]), tuple(servers))]
+    socket = socket or runtime_socket(proxy)
     return _templates().get_template("haproxy.cfg.j2").render(
-        host=host, kind=proxy.kind, bind=bind_address(v), dir=files,
-        socket=socket or f"{proxy.socket_dir}/admin.sock", admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
+        host=host, kind=proxy.kind, bind=bind_address(v), dir=files, socket=socket,
+        state_file=str(Path(socket).parent / STATE_FILE), admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
         servers=servers, pools=pools, models_json=models_list(pools), aliases=[p.names[0] for p in pools],
         request_timeout=int(v.get("request_timeout_sec", 600)), metrics_port=proxy.metrics_port,
-        generation=generation, upstream_key=proxy.upstream_key, backend=backend or {})
+        generation=generation, upstream_key=proxy.upstream_key, upstream_keys=UPSTREAM_KEYS, backend=backend or {})
 
 
 def render_keys(hashes: dict[str, str]) -> str:
@@ -124,21 +137,12 @@ def render_keys(hashes: dict[str, str]) -> str:
     return "".join(lines)
 
 
-def upstream_key_names(v: dict, proxy: Proxy) -> list[str]:
-    """The environment variables of the gateway's external fallbacks' keys (by name only)."""
-    if proxy is not GATEWAY:
-        return []
-    return [key_variable(family) for family, rule in sorted((v.get("model_fallback") or {}).items())
-            if rule.get("url")]
-
-
 def container(v: dict, proxy: Proxy = FRONTDOOR) -> dict:
     """The proxy's container, whatever declares it (our unit, or a NixOS module)."""
     return {"name": proxy.name(v), "image": image_ref(v),
             # the master reads the 0600 files as root; its workers drop to the haproxy user.
             # The upstream key by name only: its value comes from the unit's EnvironmentFile
-            "options": ["--network=host", "--user", "root", "-e", proxy.upstream_key,
-                        *[x for name in upstream_key_names(v, proxy) for x in ("-e", name)]],
+            "options": ["--network=host", "--user", "root", "-e", proxy.upstream_key],
             "volumes": [f"{proxy.dir}:{CONTAINER_DIR}:ro", f"{proxy.socket_dir}:{proxy.socket_dir}"],
             "cmd": ["haproxy", "-f", f"{CONTAINER_DIR}/haproxy.cfg"]}
 

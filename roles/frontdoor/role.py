@@ -5,6 +5,7 @@ The steps are proxy.py's, shared with the gateway."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 from converge.changes import Command, File, Role
 from converge.facts.host import UnitFiles, UnitState
@@ -16,7 +17,7 @@ from roles.serving_host import env_path, unit_name
 from roles.preflight.declared import DEFAULT_FAMILY, served_name
 
 from . import proxy, tls
-from .pools import frontdoor_pools, pools_in_config
+from .pools import frontdoor_pools, pools_in_config, queue_rule
 from .admin import ADMIN_SOCKET, FRONTDOOR_SHELL
 from .render import FRONTDOOR, Server
 from .stats import ServerStates
@@ -52,7 +53,7 @@ def pools(ctx, replicas: list[Server]) -> list:
         indices = (int(s.name.removeprefix("replica")) for s in replicas)
         families = {i: running.get(i, DEFAULT_FAMILY) for i in indices}
     aliases = {f: served_name(f, v) for f in set(families.values())}
-    return frontdoor_pools(families, aliases, replicas)
+    return [replace(pool, queue=queue_rule(v, pool.name)) for pool in frontdoor_pools(families, aliases, replicas)]
 
 
 def wanted(ctx) -> proxy.Wanted:

@@ -7,7 +7,8 @@ second, two failures) and back after two good ones; a request that reached no
 server, or got no answer at all (a link cut mid-request is found by TCP
 keepalives), is tried on another one, so a host going down costs no failed
 non-streaming request. It reaches the front doors with a key of its own, which
-only this host holds (in a 0600 environment file)."""
+only this host holds (in a 0600 environment file); an external fallback's key sits
+in a 0600 map beside its configuration, so that setting or changing one is a reload."""
 from __future__ import annotations
 
 from converge.changes import Check, File, Role
@@ -19,7 +20,8 @@ from roles.fleet import is_gateway
 from roles.frontdoor import proxy, tls
 from converge.errors import SecretError
 from converge.secrets import read_secret_file
-from roles.frontdoor.pools import aliases, answers, fleet_families, gateway_pools, key_variable, serving
+from roles.frontdoor.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
+                                   render_upstream_keys, serving)
 from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, Server
 
 ENV_FILE = "/etc/dgemma/gateway.env"
@@ -28,7 +30,8 @@ BACKEND = {"connect_timeout": "1s", "check_timeout": "2s", "inter": f"{GATEWAY_C
 
 
 def facts(v):
-    return {**proxy.facts(v, GATEWAY, "gateway"), "gateway_env": FileState(ENV_FILE, secret=True)}
+    return {**proxy.facts(v, GATEWAY, "gateway"), "gateway_env": FileState(ENV_FILE, secret=True),
+            "gateway_upstream_keys": FileState(f"{GATEWAY.dir}/{UPSTREAM_KEYS}", secret=True)}
 
 
 def servers(fleet, doors=None) -> list[Server]:
@@ -43,12 +46,34 @@ def servers(fleet, doors=None) -> list[Server]:
     return out
 
 
-def wanted(ctx) -> proxy.Wanted:
+def upstream_keys(ctx) -> str:
+    """The map of each external fallback's key, read on the control machine (SecretError
+    names the file and the key of the inventory)."""
+    keys = {}
+    for family, rule in sorted((ctx.vars.get("model_fallback") or {}).items()):
+        if rule.get("url"):
+            where = f"model_fallback.{family}.key_file"
+            key = read_secret_file(rule["key_file"], where, ctx.name).strip()
+            if any(c.isspace() for c in key):
+                raise SecretError(f"{ctx.name}: {where}: {rule['key_file']} holds blanks inside the key; an API key "
+                                  f"is one word: write it alone on the line")
+            keys[family] = key
+    return render_upstream_keys(keys)
+
+
+def wanted(ctx, keys_map: str) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # front doors with a certificate of their own: the gateway trusts their CAs too
     own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
     return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND, own_cas,
-                        pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")))
+                        pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")),
+                        secret_files=keys_map)
+
+
+def keys_map_file(ctx, content: str) -> File:
+    # no previous version kept: a key taken out of the policy leaves the host with it
+    return File("gateway upstream keys", path=f"{GATEWAY.dir}/{UPSTREAM_KEYS}", content=content, mode="0600",
+                secret=True, current=ctx.facts.get("gateway_upstream_keys"), keep_previous=False)
 
 
 def plan(ctx):
@@ -67,20 +92,17 @@ def plan(ctx):
         yield Check("model_fallback", ok=False, message="; ".join(problems))
         return
     try:
-        # each external fallback's key: read on the control machine, held by the gateways alone
-        upstream_keys = {key_variable(family): read_secret_file(rule["key_file"], f"model_fallback.{family}.key_file",
-                                                                ctx.name)
-                         for family, rule in sorted((ctx.vars.get("model_fallback") or {}).items()) if rule.get("url")}
+        keys_map = upstream_keys(ctx)
     except SecretError as exc:
         yield Check("model_fallback", ok=False, message=str(exc))
         return
-    want = wanted(ctx)
+    want = wanted(ctx, keys_map)
     ctx.desired["gateway_generation"] = want.generation
-    content = f"GATEWAY_KEY={key}\n" + "".join(f"{name}={value}\n" for name, value in upstream_keys.items())
-    env = File("gateway environment", path=ENV_FILE, content=content, mode="0600", secret=True,
+    env = File("gateway environment", path=ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
                current=ctx.facts.get("gateway_env"))
     yield env
-    yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed())
+    yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed(),
+                           extra_files=(keys_map_file(ctx, keys_map),))
 
 
 def fallback_problems(fleet, policy: dict) -> list[str]:
@@ -108,7 +130,13 @@ def fallback_problems(fleet, policy: dict) -> list[str]:
 
 
 def plan_keys(ctx):
-    yield from proxy.reload_steps(ctx, GATEWAY, "gateway", wanted(ctx))
+    try:
+        keys_map = upstream_keys(ctx)
+    except SecretError as exc:
+        yield Check("model_fallback", ok=False, message=str(exc))
+        return
+    yield from proxy.reload_steps(ctx, GATEWAY, "gateway", wanted(ctx, keys_map),
+                                  extra_files=(keys_map_file(ctx, keys_map),))
 
 
 def summary(ctx) -> dict:

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+import secrets
 import threading
 import time
 
@@ -13,6 +14,9 @@ import pytest
 import yaml
 
 from lab import config
+from roles.frontdoor.pools import UPSTREAM_KEYS
+from roles.frontdoor.render import GATEWAY
+from tests import openai_upstream
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 from tests.lab.test_lab_rollout import gateway_states, main_pids, running_settings
 
@@ -133,40 +137,132 @@ def test_one_url_lists_both_models_and_each_is_answered_by_its_own_replicas(depl
     assert status == 404 and json.loads(body)["error"]["message"].startswith("The model `gpt-5` does not exist.")
 
 
-def test_every_diffusiongemma_replica_stopped_falls_back_to_gemma4_and_traffic_returns(deployed):
-    """4 clients naming DiffusionGemma; every DiffusionGemma replica of the fleet stopped (each
-    drained first): Gemma 4 answers them, marked as a fallback; started again: they return."""
-    with ModelLoad("diffusiongemma") as load:
-        for hosts, replica in ((",".join(DG_ONLY), None), (HGX, "0"), (HGX, "1")):
-            invoke("stop", "--hosts", hosts, *(["--replica", replica] if replica else []), check=True)
-        stopped = time.monotonic()
-        assert not [s for s in gateway_states().values() if s.split(" ")[0] == "UP"], gateway_states()
-        time.sleep(8)
-        starting = time.monotonic()
-        for hosts, replica in ((",".join(DG_ONLY), None), (HGX, "0"), (HGX, "1")):
-            which = ["--hosts", hosts, *(["--replica", replica] if replica else [])]
-            if invoke("start", *which).returncode != 0:
-                # seen once in CI on the lab's nspawn podman hosts: systemd could not set up the unit's
-                # cgroup (status=219/CGROUP) and the gate failed it; a user starts it again, so does this
-                invoke("start", *which, check=True)
-        started = time.monotonic()
-        time.sleep(6)
+def where_key(host, key) -> dict:
+    """Where ``key`` is on a lab host: process command lines, the last 15 minutes of its journal,
+    files under /etc, /run, /srv and /var/lib/dgemma*. Looked for with the key on stdin, so
+    that no command line of the search holds it."""
+    search = ('f=$(mktemp); cat > "$f"; echo "argv $(ps -eo args | grep -cFf "$f")"; '
+              'echo "journal $(journalctl --no-pager -o cat --since -15min | grep -cFf "$f")"; '
+              'grep -rlFf "$f" /etc /run /srv /var/lib/dgemma* 2>/dev/null | sed "s/^/file /"; rm -f "$f"')
+    found = {"files": []}
+    for line in ssh(host, search, input=key + "\n").stdout.splitlines():
+        what, value = line.split(" ", 1)
+        found["files"].append(value) if what == "file" else found.update({what: value})
+    return found
+
+
+def inventory_with(lab_copy, policy):
+    """``lab_copy`` with ``policy`` as every host's model_fallback."""
+    hosts_yml = lab_copy / "hosts.yml"
+    inventory = yaml.safe_load(hosts_yml.read_text())
+    inventory["all"]["vars"]["model_fallback"] = policy
+    hosts_yml.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return lab_copy
+
+
+def _stop_or_start(action, hosts):
+    """Every DiffusionGemma replica of ``hosts`` (hgx01's two alone: its Gemma 4 replicas serve on)."""
+    plain = ",".join(h for h in hosts if h != HGX)
+    for hosts, replica in ([(plain, None)] if plain else []) + ([(HGX, "0"), (HGX, "1")] if HGX in hosts else []):
+        which = ["--hosts", hosts, *(["--replica", replica] if replica else [])]
+        if invoke(action, *which).returncode != 0:
+            # seen once in CI on the lab's nspawn podman hosts: systemd could not set up the unit's
+            # cgroup (status=219/CGROUP) and the gate failed it; a user starts it again, so does this
+            invoke(action, *which, check=True)
+
+
+def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(deployed, lab_copy, tmp_path):
+    """4 clients naming DiffusionGemma. hgx01 alone serving it (the other hosts' replicas
+    stopped), with the fallback on a queue (after_queued_s: 1) and 8 more clients: its two
+    replicas (4 requests each at once) are full, and the requests over are answered by Gemma 4,
+    marked as a fallback, while the rest are DiffusionGemma's. Then every DiffusionGemma replica
+    of the fleet stopped (each drained first): Gemma 4 answers them all; then, still stopped, the
+    gateways' fallback set to an external API on the control machine (its key in a file here):
+    it answers them; started again: they return to DiffusionGemma. No request fails, the
+    policy's switches included (a reload of each gateway)."""
+    key = secrets.token_urlsafe(24)
+    upstream = openai_upstream.serve(config.GATEWAY, key)  # on the lab's side of this machine
+    key_file = tmp_path / "upstream.key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    upstream_policy = {"diffusiongemma": {"url": f"http://{config.GATEWAY}:{upstream.server_address[1]}/v1",
+                                          "key_file": str(key_file)}}
+    keys_map = f"{GATEWAY.dir}/{UPSTREAM_KEYS}"
+    outputs = []
+    try:
+        with ModelLoad("diffusiongemma") as load:
+            _stop_or_start("stop", DG_ONLY)
+            queue_policy = {"diffusiongemma": {"to": "gemma4", "after_queued_s": 1}}
+            proc, _ = deploy_json("--hosts", HGX, inventory=inventory_with(lab_copy, queue_policy))
+            assert proc.returncode == 0, proc.stdout[-3000:]
+            with ModelLoad("diffusiongemma", clients=8) as burst:
+                time.sleep(6)
+            _stop_or_start("stop", (HGX,))
+            stopped = time.monotonic()
+            assert not [s for s in gateway_states().values() if s.split(" ")[0] == "UP"], gateway_states()
+            time.sleep(5)
+            switching = time.monotonic()
+            proc, data = deploy_json("--hosts", "gateway01,gateway02", inventory=inventory_with(lab_copy, upstream_policy))
+            outputs.append(proc.stdout + proc.stderr + json.dumps(data))
+            assert proc.returncode == 0, proc.stdout[-3000:]
+            switched = time.monotonic()
+            for gateway in ("gateway01", "gateway02"):
+                tasks = {t["task"]: t for t in data["hosts"][gateway]["tasks"]}
+                assert "reload" in tasks["gateway answering"]["message"], tasks["gateway answering"]
+                assert ssh(gateway, f"stat -c '%a %U' {keys_map}").stdout.split() == ["600", "root"]
+                # the map alone holds it (not the unit's environment, nor the container's spec)
+                assert where_key(gateway, key)["files"] == [keys_map], gateway
+            time.sleep(5)
+            restoring = time.monotonic()
+            proc, data = deploy_json("--hosts", f"gateway01,gateway02,{HGX}")  # the lab's own policy again
+            outputs.append(proc.stdout + proc.stderr + json.dumps(data))
+            assert proc.returncode == 0, proc.stdout[-3000:]
+            starting = time.monotonic()
+            _stop_or_start("start", DG_ONLY + (HGX,))
+            started = time.monotonic()
+            time.sleep(6)
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
     assert len(load.outcomes) > 40 and not load.failed, (len(load.outcomes), load.failed[:10])
+    # hgx01 full: requests over its replicas' limit fell back, the others were its own
+    assert not burst.failed, burst.failed[:10]
+    began, ended = min(o[0] for o in burst.outcomes), max(o[0] for o in burst.outcomes)
+    full = [o for o in load.outcomes + burst.outcomes if began <= o[0] <= ended]
+    queued_over = [o for o in full if o[3]]
+    assert queued_over and all(o[2] == "gemma4" and o[3] == "diffusiongemma" for o in queued_over)
+    assert [o for o in full if o[2] == "diffusiongemma" and not o[3]]
+    print(f"hgx01's DiffusionGemma full (12 clients, 8 places): {len(queued_over)} of {len(full)} requests fell "
+          f"back to gemma4 on its queue, the rest served by DiffusionGemma")
     fell_back = [o for o in load.outcomes if o[3]]
-    assert fell_back and all(o[2] == "gemma4" and o[3] == "diffusiongemma" for o in fell_back)
-    while_stopped = [o for o in load.since(stopped) if o[0] < starting]
-    assert while_stopped and all(o[3] for o in while_stopped), while_stopped[:5]
+    assert fell_back and all(o[2] in ("gemma4", "upstream") and o[3] == "diffusiongemma" for o in fell_back)
+    to_gemma4 = [o for o in load.since(stopped) if o[0] < switching]
+    assert to_gemma4 and all(o[3] and o[2] == "gemma4" for o in to_gemma4), to_gemma4[:5]
+    to_upstream = [o for o in load.since(switched + 1) if o[0] < restoring]
+    assert to_upstream and all(o[3] and o[2] == "upstream" for o in to_upstream), to_upstream[:5]
+    assert len(upstream.seen) >= len(to_upstream) and all(ok for _, _, ok in upstream.seen), upstream.seen[:5]
+    assert {path for path, _, _ in upstream.seen} == {"/v1/chat/completions"}
+    assert all(o[3] for o in load.since(restoring) if o[0] < starting)
     returned = load.since(started + 3)
     assert returned and all(o[2] == "diffusiongemma" and not o[3] for o in returned), returned[:5]
-    print(f"{len(load.outcomes)} requests naming diffusiongemma from 4 clients, 0 failed; {len(fell_back)} "
-          f"answered by gemma4 as a fallback while every DiffusionGemma replica was stopped")
-    # the gateways count them: their fallback backends' answers (the shared address is on one)
+    print(f"{len(load.outcomes)} requests naming diffusiongemma from 4 clients, 0 failed; {len(fell_back)} fell "
+          f"back ({len([o for o in fell_back if o[2] == 'gemma4'])} to gemma4, "
+          f"{len([o for o in fell_back if o[2] == 'upstream'])} to the external API) while every DiffusionGemma "
+          f"replica was stopped")
+    # the gateways count them: their fallback backends' answers (the shared address is on one;
+    # a reload starts the counters again)
     counted = 0
     for gateway in ("gateway01", "gateway02"):
         out = ssh(gateway, "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'").stdout
         counted += sum(int(row["hrsp_2xx"] or 0) for row in csv.DictReader(io.StringIO(out.lstrip("# ")))
                        if (row["pxname"], row["svname"]) == ("fallback_diffusiongemma", "BACKEND"))
-    assert counted >= len(fell_back), (counted, len(fell_back))
+    assert counted > 0
+    # the upstream's key: in no deploy output; on no serving host; in no process's argv or journal
+    # anywhere (looked for with the key on stdin, so that no command line of the search holds it)
+    assert not [o for o in outputs if key in o]
+    for host in DG_ONLY + (HGX, "gateway01", "gateway02"):
+        # the gateways held it (0600) while it was the policy; it left with it
+        assert where_key(host, key) == {"argv": "0", "journal": "0", "files": []}, host
 
 
 def test_a_change_to_one_models_setting_rolls_its_replicas_alone(deployed, lab_copy):

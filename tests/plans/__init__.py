@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import roles
-from converge.changes import Check, Command, File, HostContext, Produced, mask_env
+from converge.changes import Check, Command, File, HostContext, Produced, mask_secret
 from converge.errors import StepFailed
 from converge.facts import Facts
 from converge.transport import Result
@@ -74,7 +74,7 @@ def describe(step) -> dict:
     if isinstance(step, File):
         out.update(path=step.path, mode=step.mode, owner=f"{step.owner}:{step.group}")
         if step.needed():
-            out["content"] = (mask_env(step.content) if step.secret else step.content).splitlines()
+            out["content"] = (mask_secret(step.content, step.is_env()) if step.secret else step.content).splitlines()
     elif isinstance(step, Command):
         out.update({k: True for k in ("background", "probe", "maybe") if getattr(step, k)})
         if not step.changes:

@@ -63,6 +63,7 @@ def test_every_serving_host_is_in_the_gateway_and_up(host, gateway, fix):
 
 
 def test_the_gateways_secrets_are_0600(host, gateway, fix):
-    for path in (f"{gateway['dir']}/tls.pem", f"{gateway['dir']}/keys.sha256", "/etc/dgemma/gateway.env"):
+    for path in (f"{gateway['dir']}/tls.pem", f"{gateway['dir']}/keys.sha256", "/etc/dgemma/gateway.env",
+                 f"{gateway['dir']}/upstream-keys.map"):
         f = host.file(path)
         assert f.exists and f.mode == 0o600 and f.user == "root", f"{path}: mode {oct(f.mode)}; {fix}"

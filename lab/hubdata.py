@@ -11,12 +11,17 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 DEFAULT_MIB = 4
 BLOCK = 1024 * 1024
+# the hub answers each request in a thread of its own: the first requests of a fresh cache
+# (two hosts asking at once) must not write the same checkpoint side by side, nor read one
+# another is still writing (a host got a corrupt blob, another an empty reply)
+_WRITING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -67,21 +72,25 @@ def _safetensors(repo: str, size_mib: int, where: Path) -> RepoFile:
     where.mkdir(parents=True, exist_ok=True)
     path = where / f"{hashlib.sha1(repo.encode()).hexdigest()[:16]}-{size_mib}.safetensors"
     record = path.with_suffix(".sums")
-    if not (path.exists() and record.exists()):
-        sha256, sha1 = hashlib.sha256(), hashlib.sha1()
-        total = len(head) + n * 2
-        sha1.update(b"blob %d\0" % total)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as handle:
-            for piece in [head] + [block] * (n * 2 // BLOCK) + [block[:n * 2 % BLOCK]]:
-                if piece:
-                    handle.write(piece)
-                    sha256.update(piece)
-                    sha1.update(piece)
-        os.replace(tmp, path)
-        record.write_text(f"{sha256.hexdigest()} {sha1.hexdigest()}\n")
+    with _WRITING:
+        if not (path.exists() and record.exists()):
+            _write_safetensors(path, record, head, block, n)
     sha256, sha1 = record.read_text().split()
     return RepoFile("model.safetensors", path.stat().st_size, sha256, sha1, True, disk=str(path))
+
+
+def _write_safetensors(path: Path, record: Path, head: bytes, block: bytes, n: int):
+    sha256, sha1 = hashlib.sha256(), hashlib.sha1()
+    sha1.update(b"blob %d\0" % (len(head) + n * 2))
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as handle:
+        for piece in [head] + [block] * (n * 2 // BLOCK) + [block[:n * 2 % BLOCK]]:
+            if piece:
+                handle.write(piece)
+                sha256.update(piece)
+                sha1.update(piece)
+    os.replace(tmp, path)
+    record.write_text(f"{sha256.hexdigest()} {sha1.hexdigest()}\n")
 
 
 @lru_cache(maxsize=None)

@@ -130,3 +130,40 @@ def test_facts_of_an_8_gpu_host_come_in_one_round_trip(tmp_path, monkeypatch):
     gpus = got["nvidia"]["gpus"]
     assert [g["index"] for g in gpus] == list(range(8)) and len({g["uuid"] for g in gpus}) == 8
     assert "replica_units" in got.values and got["replica_units"] == {}
+
+
+H100 = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h100"
+METRICS_QUERY = ("--query-gpu=index,uuid,name,pci.bus_id,utilization.gpu,utilization.memory,memory.used,memory.total,"
+                 "memory.free,temperature.gpu,temperature.memory,power.draw,power.limit,clocks.sm,clocks.max.sm,"
+                 "clocks_throttle_reasons.active,clocks_event_reasons.active,clocks_event_reasons.hw_slowdown,"
+                 "clocks_event_reasons.sw_thermal_slowdown,clocks_event_reasons.sw_power_cap,fan.speed,pstate,"
+                 "ecc.errors.uncorrected.volatile.total")
+
+
+def test_the_gpu_metrics_answer_as_the_real_h100_does_and_follow_the_load(tmp_path):
+    """The fields a GPU collector reads, idle, in the formats of the real H100's capture
+    (with and without units: the header renames two fields, SXM has no fan); then busy."""
+    import fcntl
+    env = standin_on_path(tmp_path, "h100")
+    smi = lambda fmt: subprocess.run(["nvidia-smi", METRICS_QUERY, f"--format={fmt}"], env=env, capture_output=True,
+                                     text=True).stdout
+    uuid = json.loads((ROOT / "lab" / "profiles" / "h100.json").read_text())["uuid"]
+    real_uuid = "GPU-006c44ad-ab74-3351-53cd-8fa1bb220cbf"
+    for fmt, capture in (("csv", "metrics-query.csv"), ("csv,noheader,nounits", "metrics-query-nounits.csv")):
+        want = (H100 / capture).read_text().replace(real_uuid, uuid)
+        assert smi(fmt).replace(" 74.56, ", " 74.57, ") == want, fmt  # the captures are two samples apart
+    # a vLLM process on the GPU, running two requests: busy, hot, drawing power, at full clock
+    apps, activity = tmp_path / "stub" / "apps", tmp_path / "stub" / "activity"
+    apps.mkdir(exist_ok=True)
+    activity.mkdir()
+    with open(apps / "vllm-4242.json", "w") as entry:
+        json.dump({"pid": 4242, "name": "VLLM::EngineCore", "uuid": uuid, "used_mib": 60000}, entry)
+        entry.flush()
+        fcntl.flock(entry, fcntl.LOCK_EX)
+        (activity / "4242.json.gpus").write_text(json.dumps([uuid]))
+        (activity / "4242.json").write_text(json.dumps({"pid": 4242, "running": 2}))
+        cells = [c.strip() for c in smi("csv,noheader,nounits").split(",")]
+    util, mem_util, used, temp, power, clock, reasons = (cells[4], cells[5], cells[6], cells[9], cells[11], cells[13],
+                                                         cells[15])
+    assert (util, used, clock, reasons) == ("100", "60000", "1980", "0x0000000000000000")
+    assert int(temp) > 46 and float(power) > 74.56 and int(mem_util) > 0

@@ -5,6 +5,8 @@ import http.client
 import importlib.machinery
 import importlib.util
 import json
+import shutil
+import subprocess
 import threading
 import time
 
@@ -167,3 +169,53 @@ def test_an_autoregressive_model_pays_per_token_and_streams_token_by_token(autor
     error = json.loads(body)["error"]
     assert status == 404 and error["message"].startswith("The model `gemma-4` does not exist. Valid aliases: ")
     assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)
+
+
+def _samples(text: str) -> dict:
+    """Prometheus text -> {'name{labels}': value} (comments dropped)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_metrics_are_vllms_names_and_follow_the_load(standin, slow_canvases):
+    """vLLM 0.33.0's series (vllm/v1/metrics/loggers.py): with --max-num-seqs 1, of two
+    requests one runs and one waits, the KV cache holds the running one; once both are done the
+    counters and histograms count them, the wait in the queue time and the time to first token."""
+    loader = importlib.machinery.SourceFileLoader("vllm_standin", str(STUBS / "vllm"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("vllm_standin", loader))
+    loader.exec_module(module)
+    standin.engine = module.Engine("gemma", max_num_seqs=1, kv_tokens=1000)
+    base = 'model_name="gemma",engine="0"'
+    results = []
+    clients = [threading.Thread(target=lambda: results.append(call(standin, "POST", "/v1/chat/completions", CHAT,
+                                                                     key=KEY)[0])) for _ in range(2)]
+    for client in clients:
+        client.start()
+    time.sleep(slow_canvases / 2)
+    during = _samples(call(standin, "GET", "/metrics")[1].decode())
+    for client in clients:
+        client.join()
+    status, text = call(standin, "GET", "/metrics")
+    after = _samples(text.decode())
+    assert results == [200, 200]
+    assert during[f"vllm:num_requests_running{{{base}}}"] == 1 and during[f"vllm:num_requests_waiting{{{base}}}"] == 1
+    assert 0 < during[f"vllm:kv_cache_usage_perc{{{base}}}"] <= 1
+    assert after[f"vllm:num_requests_running{{{base}}}"] == after[f"vllm:num_requests_waiting{{{base}}}"] == 0
+    assert after[f"vllm:kv_cache_usage_perc{{{base}}}"] == 0
+    assert after[f'vllm:request_success_total{{{base},finished_reason="length"}}'] == 2  # max_tokens reached
+    assert after[f"vllm:generation_tokens_total{{{base}}}"] == 16  # 8 tokens each
+    assert after[f"vllm:e2e_request_latency_seconds_count{{{base}}}"] == 2
+    # the second waited for the first: its queue time is a canvas, its first token after two
+    assert after[f"vllm:request_queue_time_seconds_sum{{{base}}}"] >= slow_canvases * 0.8
+    assert after[f"vllm:time_to_first_token_seconds_sum{{{base}}}"] >= slow_canvases * 2.6
+    assert after[f'vllm:time_to_first_token_seconds_bucket{{{base},le="+Inf"}}'] == 2
+    assert after['http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"}'] == 2
+    assert not any(k.startswith('http_requests_total{handler="/metrics"') for k in after)  # not instrumented
+    assert after["process_start_time_seconds"] > 1.6e9
+    if shutil.which("promtool"):  # the text parses as Prometheus reads it (vLLM's names have colons)
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+        assert b"error" not in check.stdout + check.stderr.lower()

@@ -55,6 +55,9 @@ class Report:
     services: dict = field(default_factory=dict)  # what each of the run's services did (name -> figures)
     progress_every_s: float | None = None  # plain progress lines off a terminal (None: the default)
     transfers: Transfers | None = None
+    # hosts whose failures are reported but do not fail the run (Ansible's ignore_errors and
+    # ignore_unreachable for a whole host): the caller says which (a host off the serving path)
+    advisory: frozenset = frozenset()
 
     def __post_init__(self):
         if self.console is None and not self.quiet:
@@ -115,7 +118,12 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return bool(self.interrupted) or any(r.failed or r.unreachable or r.interrupted for r in self.recap.values())
+        return bool(self.interrupted) or any(r.failed or r.unreachable or r.interrupted for host, r in self.recap.items()
+                                             if host not in self.advisory)
+
+    def advisory_failures(self) -> list[str]:
+        """The advisory hosts that failed or were unreachable (reported, the run not failed for them)."""
+        return [host for host, r in self.recap.items() if host in self.advisory and (r.failed or r.unreachable)]
 
     def print_recap(self, title: str = "PLAY RECAP"):
         self.transfers.close()
@@ -131,7 +139,9 @@ class Report:
             self.console.print(
                 f"[{colour}]{escape(host):<{width}}[/{colour}] : ok={r.ok:<3} changed={r.changed:<3} "
                 f"unreachable={r.unreachable:<3} failed={r.failed:<3} skipped={r.skipped:<3}"
-                + (f" interrupted={r.interrupted}" if r.interrupted else ""))
+                + (f" interrupted={r.interrupted}" if r.interrupted else "")
+                + (" (advisory: the run does not fail for it)" if host in self.advisory and (r.failed or r.unreachable)
+                   else ""))
 
     def as_dict(self) -> dict:
         hosts = {}
@@ -140,7 +150,9 @@ class Report:
                            "tasks": [asdict(t) for t in self.tasks if t.host == host]}
             hosts[host].update(self.extra.get(host, {}))
         return {"ok": not self.failed, "seconds": round(time.monotonic() - self.started, 3), "hosts": hosts,
-                "interrupted": self.interrupted, **({"halted": self.halted} if self.halted else {}), **self.services}
+                "interrupted": self.interrupted, **({"halted": self.halted} if self.halted else {}),
+                **({"advisory_failures": self.advisory_failures()} if self.advisory_failures() else {}),
+                **self.services}
 
 
 def write_json(data, target: str | None):

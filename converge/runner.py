@@ -420,7 +420,7 @@ def run(targets: list[Target], roles: list[Role], report: Report, *, check: bool
             if len(groups) > 1:
                 report.note(f"[bold]batch {number} of {len(groups)}[/bold]: {', '.join(t.name for t in batch)}")
             list(pool.map(one, batch))
-            failed = [t.name for t in batch if _failed(report, t.name)]
+            failed = [t.name for t in batch if _failed(report, t.name) and t.name not in report.advisory]
             if serial and too_many_failed(len(failed), len(batch), max_fail) and number < len(groups):
                 left = [t.name for later in groups[number:] for t in later]
                 why = (f"{len(failed)} of {len(batch)} hosts of batch {number} failed ({', '.join(failed)}; "

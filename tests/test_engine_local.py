@@ -159,3 +159,31 @@ def test_an_http_header_fact_reads_a_live_answer_and_is_none_when_nothing_answer
         server.server_close()
     gone = gather(LocalConnection(), {"served": HttpHeader(f"http://127.0.0.1:{port}/health", "X-Anything")})
     assert gone["served"] is None
+
+
+def test_an_advisory_hosts_failure_is_reported_and_fails_no_run():
+    """Two local hosts, one advisory (off the serving path): it fails, the run does not; the
+    recap and the JSON say so; a failure of the other one still fails the run."""
+    import io
+
+    from rich.console import Console
+
+    from converge import runner
+    from converge.changes import Check, Role
+    from converge.report import Report
+
+    def plan(ctx):
+        yield Check("works here", ok=ctx.name != "watcher", message="broken on purpose")
+
+    role = Role("probe", lambda v: {}, plan)
+    out = io.StringIO()
+    report = Report(console=Console(file=out, width=200, color_system=None))
+    report.advisory = frozenset({"watcher"})
+    targets = [runner.Target(name, {}, lambda: LocalConnection(name).open()) for name in ("server", "watcher")]
+    runner.run(targets, [role], report, lock_name=f"advisory-test-{os.getpid()}")
+    report.print_recap()
+    assert report.recap["watcher"].failed == 1 and not report.failed
+    assert report.as_dict()["advisory_failures"] == ["watcher"] and report.as_dict()["ok"] is True
+    assert "(advisory: the run does not fail for it)" in out.getvalue()
+    report.advisory = frozenset({"server"})
+    assert report.failed  # the one that failed is not advisory

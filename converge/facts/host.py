@@ -68,6 +68,17 @@ class DiskFree(Fact):
         return {"path": self.path, "mount": fields[5], "free_mib": int(fields[3]) // 1024}
 
 
+class Directory(Fact):
+    """Whether ``path`` is a directory."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.command = f"[ -d {shlex.quote(path)} ] && echo yes || echo no"
+
+    def process(self, output, rc):
+        return output.strip() == "yes"
+
+
 class Systemd(Fact):
     command = ("if [ -d /run/systemd/system ]; then printf 'running '; systemctl --version | head -n 1; "
                "systemctl is-system-running 2>/dev/null; else echo absent; fi")

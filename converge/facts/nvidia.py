@@ -157,3 +157,17 @@ def parse_nvidia_smi_sections(output: str, timeout: int = 15) -> dict:
         "cuda_version": version.get("cuda_version"),
         "compute_apps": apps,
     }
+
+
+class Dcgm(Fact):
+    """Whether the host runs NVIDIA's DCGM host engine (DGX OS and data-centre installs
+    start ``nvidia-dcgm.service``): ``{"hostengine": bool, "dcgmi": path or None}``."""
+
+    command = ("printf 'dcgmi %s\\n' \"$(command -v dcgmi || echo -)\"; "
+               "printf 'service %s\\n' \"$(systemctl is-active nvidia-dcgm.service 2>/dev/null || true)\"; "
+               "printf 'process %s\\n' \"$(pgrep -x nv-hostengine >/dev/null 2>&1 && echo yes || echo no)\"")
+
+    def process(self, output, rc):
+        seen = dict(line.partition(" ")[::2] for line in output.splitlines() if " " in line)
+        return {"hostengine": seen.get("service", "").strip() == "active" or seen.get("process", "").strip() == "yes",
+                "dcgmi": None if seen.get("dcgmi", "-").strip() in ("-", "") else seen["dcgmi"].strip()}

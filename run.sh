@@ -10,11 +10,16 @@ setup() {
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip git
   fi
-  # the tests evaluate the NixOS modules with Debian's Nix (nix-instantiate)
-  # and run the front door's configuration in Debian's HAProxy (the lab's image has the same one)
-  if [ "${1:-}" = test ] && { ! command -v nix-instantiate >/dev/null || ! command -v haproxy >/dev/null; }; then
+  # the tests evaluate the NixOS modules with Debian's Nix (nix-instantiate), run the front door's
+  # configuration in Debian's HAProxy (the lab's image has the same one), and check the monitoring
+  # configuration and rules with Debian's promtool and amtool (the lab's images run the same versions),
+  # and watch `invoke top` in tmux
+  if [ "${1:-}" = test ] && { ! command -v nix-instantiate >/dev/null || ! command -v haproxy >/dev/null \
+                              || ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
+                              || ! command -v tmux >/dev/null; }; then
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin haproxy
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin haproxy prometheus \
+      prometheus-alertmanager tmux
   fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
@@ -29,6 +34,8 @@ case "${1:-}" in
     .venv/bin/invoke lab.up
     .venv/bin/invoke deploy
     .venv/bin/invoke verify
+    # where to look: the gateway's address, Open WebUI's lines, Prometheus and Alertmanager, invoke top
+    .venv/bin/invoke endpoints
     ;;
   test)
     setup test

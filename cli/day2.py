@@ -5,6 +5,8 @@ import sys
 
 from invoke import Collection, Exit, task
 
+from converge.errors import ConvergeError
+
 from . import runs
 
 
@@ -22,11 +24,16 @@ def _ops(inventory, hosts, role, set=None, json_target=None, title="RECAP", ask_
 def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
     """One table for the fleet: unit, container, health, model, image, GPU memory, drift."""
     import roles
-    from day2.status import gateway_status_role, status_role
+    from day2.status import gateway_status_role, monitoring_status_role, status_role
     from day2.status_table import print_status, status_document
+    from roles.fleet import is_monitoring
     play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
-    report = runs.run(play, roles.load() + [status_role(), gateway_status_role()], hosts, json, check=True)
-    data = status_document(report)
+    selected = runs.select(play, hosts)
+    # the monitoring hosts too, whichever hosts are asked for: the alerts that fire are theirs
+    monitors = [h for h in play.inventory.host_names if is_monitoring(play.hostvars(h)) and h not in selected]
+    report = runs.run(play, roles.load() + [status_role(), gateway_status_role(), monitoring_status_role()],
+                      ",".join(selected + monitors), json, check=True)
+    data = status_document(report, selected if hosts else None)
     print_status(data, report.console)
     runs.finish(report, data, json, ok=data["ok"])
 
@@ -104,13 +111,14 @@ def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=
 def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
     """Where the fleet answers (https), the CA file to trust, and the lines Open WebUI takes."""
     from converge.report import write_json
-    from day2.endpoints import api_key, endpoints as endpoints_of, open_webui_lines
+    from day2.endpoints import api_key, endpoints as endpoints_of, monitoring, monitoring_lines, open_webui_lines
     runs.writable(json)
     play = runs.load_play(inventory)
-    from roles.fleet import is_gateway
+    from roles.fleet import is_gateway, is_monitoring, is_serving
     selected = {h: play.hostvars(h) for h in runs.select(play, hosts)}
     gateways = {h: v for h, v in selected.items() if is_gateway(v)}
-    doc = endpoints_of({h: v for h, v in selected.items() if h not in gateways}, gateways)
+    doc = endpoints_of({h: v for h, v in selected.items() if is_serving(v)}, gateways)
+    doc["monitoring"] = monitoring({h: v for h, v in selected.items() if is_monitoring(v)})
     if json:
         write_json(doc, json)
         return
@@ -124,6 +132,9 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
         print(f"  {problem}", file=sys.stderr)
     print()
     print(open_webui_lines(doc, key), end="")
+    if doc["monitoring"]:
+        print()
+        print(monitoring_lines(doc["monitoring"]), end="")
 
 
 @task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
@@ -143,4 +154,32 @@ def bench(c, inventory=None, hosts=None, json="bench.json", csv="bench.csv", rep
         raise Exit(code=1)
 
 
-ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench)
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
+                                 "once": "print one view and end (for scripts and pipes)",
+                                 "json": "write one view as JSON to FILE ('-' for standard output) and end",
+                                 "every": "seconds between two refreshes (default 2)",
+                                 "source": "auto (Prometheus when a monitoring host answers, else the hosts), "
+                                           "prometheus or hosts",
+                                 "ask_become_pass": runs.HELP["ask_become_pass"]})
+def top(c, inventory=None, hosts=None, once=False, json=None, every="2", source="auto", ask_become_pass=False):
+    """The fleet live: per replica requests, tokens/s, time to first token, KV cache, GPU, errors; firing alerts."""
+    from day2.top_run import run as watch
+    runs.writable(json)
+    if source not in ("auto", "prometheus", "hosts"):
+        raise Exit(f"--source {source}: expected auto, prometheus or hosts", code=2)
+    try:
+        every = float(every)
+    except ValueError:
+        every = -1
+    if not 0.5 <= every <= 3600:
+        raise Exit("--every: expected seconds between 0.5 and 3600", code=2)
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    try:
+        ok = watch(play, runs.select(play, hosts), once, json, every, source)
+    except ConvergeError as exc:
+        raise Exit(str(exc), code=2)
+    if not ok:
+        raise Exit(code=1)
+
+
+ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top)

@@ -118,8 +118,9 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
         # what each host should look like: the roles' plan in check mode (changes nothing)
         report = runs.run(play, roles.load(), hosts, json, check=True, connections=connections)
         expected = {h: {**x.get("expected", {}), "frontdoor": x.get("frontdoor"), "gateway": x.get("gateway"),
-                        "shared_address": x.get("shared_address")}
-                    for h, x in report.extra.items() if "expected" in x or "gateway" in x}
+                        "shared_address": x.get("shared_address"), "exporters": x.get("exporters"),
+                        "monitoring": x.get("monitoring"), "serving": "expected" in x}
+                    for h, x in report.extra.items() if "expected" in x or "gateway" in x or "monitoring" in x}
         # hosts the check run could not reach or become on are failures of their own
         unreachable = {t.host: t.message for t in report.tasks if t.status == "unreachable"
                        or (t.role == "connect" and t.status == "failed")}
@@ -135,15 +136,20 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
 
 
 @task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "set": runs.HELP["set"],
-                            "format": "systemd (the unit) or nixos (a NixOS oci-containers module)",
+                            "format": "systemd (the unit), nixos (a NixOS oci-containers module) or prometheus "
+                                      "(scrape configuration, targets, rules and credentials for a Prometheus "
+                                      "of your own)",
                             "ask_become_pass": runs.HELP["ask_become_pass"]}, iterable=["set"])
 def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False):
-    """Print the unit (or NixOS module) deploy would write, for hosts you manage yourself."""
+    """Print the unit (or NixOS module) deploy would write, or the fleet's scrape configuration."""
     from roles.preflight.role import FACTS_ROLE
     from roles.service.render import FORMATS, RENDER_ROLE
-    if format not in FORMATS:
-        raise Exit(f"--format {format}: expected one of {', '.join(FORMATS)}", code=2)
+    if format not in FORMATS + ("prometheus",):
+        raise Exit(f"--format {format}: expected one of {', '.join(FORMATS + ('prometheus',))}", code=2)
     play = runs.load_play(inventory, set, ask_become_pass)
+    if format == "prometheus":
+        _render_prometheus(play, hosts)
+        return
     report = runs.run(play, [FACTS_ROLE, RENDER_ROLE], hosts, check=True)
     failed = False
     for host in report.recap:
@@ -157,6 +163,34 @@ def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become
         for path, text in rendered[format]:
             print(f"# ---- {host}: {path}")
             print(text, end="")
+    runs.finish(report, None, None, ok=not failed)
+
+
+def _render_prometheus(play, hosts):
+    """Every exporting host's scrape targets (their replicas placed by this run's facts), then
+    the files a Prometheus of one's own takes."""
+    from credentials import CredentialError
+    from roles.monitoring import render as prometheus_render
+    from roles.preflight.role import FACTS_ROLE
+    report = runs.run(play, [FACTS_ROLE, prometheus_render.RENDER_ROLE], hosts, check=True)
+    groups, failed = {}, False
+    for host in report.recap:
+        found = report.extra.get(host, {}).get("scrape_targets")
+        if found is None:
+            problems = [t.message for t in report.tasks if t.host == host and t.status in ("failed", "unreachable")]
+            if problems:
+                print(f"# {host}: not in the targets: {'; '.join(problems)}", file=sys.stderr)
+                failed = True
+            continue
+        groups[host] = found
+    any_vars = play.hostvars(next(iter(play.inventory.host_names)))
+    try:
+        rendered = prometheus_render.files(groups, any_vars)
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    for name, text in rendered:
+        print(f"# ---- {name}")
+        print(text, end="" if text.endswith("\n") else "\n")
     runs.finish(report, None, None, ok=not failed)
 
 

@@ -120,11 +120,16 @@ def report_for(json_target, show_diff=False, quiet=False):
 def run(play, roles, hosts, json_target=None, *, title=None, show_diff=False, check=False, **options):
     """The one way a task runs roles on hosts: the engine's errors are exit 2 with
     their message, a recap is printed under ``title`` (none: quiet, the task prints
-    its own table). Returns the report; `finish` ends the task."""
+    its own table). Returns the report; `finish` ends the task. A host off the serving
+    path (roles.advisory: a monitoring host) is reported, and fails the run only when
+    nothing else ran."""
     from converge import play as playlib
-    from roles import LOCK_NAME
+    from roles import LOCK_NAME, advisory
     from roles.fleet import FleetService
     report = report_for(json_target, show_diff, quiet=title is None)
+    selected = select(play, hosts)
+    off_path = frozenset(h for h in selected if advisory(play.hostvars(h)))
+    report.advisory = off_path if off_path != frozenset(selected) else frozenset()
     # every host's roles see the whole fleet (a gateway lists every front door), whichever hosts run
     fleet = FleetService({h: play.hostvars(h) for h in play.inventory.host_names})
     options["services"] = (fleet, *options.get("services", ()))

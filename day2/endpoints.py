@@ -50,3 +50,39 @@ def open_webui_lines(doc: dict, key: str) -> str:
             f"OPENAI_API_KEYS=\"{';'.join(key for _ in urls)}\"\n"
             f"# Open WebUI must trust the fleet CA: SSL_CERT_FILE={doc['ca_file']} "
             f"(and REQUESTS_CA_BUNDLE, AIOHTTP_CLIENT_SESSION_SSL=true)\n")
+
+
+def monitoring(hostvars: dict[str, dict]) -> list[dict]:
+    """Where to look at the monitoring hosts' Prometheus and Alertmanager: they listen on
+    their host's loopback alone, so through an SSH tunnel (the way in the inventory gives:
+    its user, port and ProxyJump)."""
+    import re
+    out = []
+    for name, v in hostvars.items():
+        user = v.get("ansible_user", "root")
+        address = v.get("ansible_host", name)
+        options = f" -p {int(v['ansible_port'])}" if v.get("ansible_port") else ""
+        if v.get("ansible_ssh_private_key_file"):
+            options += f" -i {v['ansible_ssh_private_key_file']}"
+        if v.get("known_hosts_file"):
+            options += f" -o UserKnownHostsFile={v['known_hosts_file']}"
+        jump = re.search(r"ProxyJump=(\S+)", v.get("ansible_ssh_common_args") or "")
+        options += f" -J {jump.group(1)}" if jump else ""
+        forwards = " ".join(f"-L {p}:127.0.0.1:{p}" for p in (int(v.get("prometheus_port", 9090)),
+                                                              int(v.get("alertmanager_port", 9093))))
+        out.append({"host": name, "prometheus": f"http://127.0.0.1:{int(v.get('prometheus_port', 9090))}",
+                    "alertmanager": f"http://127.0.0.1:{int(v.get('alertmanager_port', 9093))}",
+                    "tunnel": f"ssh -N {forwards}{options} {user}@{address}"})
+    return out
+
+
+def monitoring_lines(entries: list[dict]) -> str:
+    lines = []
+    for m in entries:
+        lines += [f"{'monitoring':<12} {m['host']}: Prometheus and Alertmanager on its loopback; to look, run",
+                  f"{'':<12}   {m['tunnel']}",
+                  f"{'':<12}   then open {m['prometheus']} (Prometheus) and {m['alertmanager']} (Alertmanager)"]
+    if entries:
+        lines += [f"{'dashboards':<12} grafana/dashboards/*.json for your Grafana (provisioning: grafana/provisioning)",
+                  f"{'live':<12} invoke top (the fleet in this terminal); invoke status (load and firing alerts)"]
+    return "".join(line + "\n" for line in lines)

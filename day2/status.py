@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import base64
+import json
 import shlex
 
 from converge.changes import Role
 from converge.facts import Fact
 
-from roles.fleet import is_gateway, is_serving
+from roles.fleet import is_gateway, is_monitoring, is_serving
 from roles.frontdoor.render import GATEWAY
 from roles.frontdoor.stats import POOL_PREFIX, server_rows
 from roles.serving_host import record_path
@@ -18,8 +19,9 @@ from roles.replicas import installed, replica_name, replica_unit, units_shell
 
 
 class ServiceProbe(Fact):
-    """Each replica's container state and /health, from the host itself: replica index ->
-    {"container", "health"}, for every replica unit the host has (replica 0 when none)."""
+    """Each replica's container state, /health and load (requests running and waiting, KV
+    cache, from its /metrics), from the host itself: replica index -> {"container",
+    "health", "load", "diffusion"}, for every replica unit the host has (replica 0 when none)."""
 
     def __init__(self, v):
         rt = shlex.quote(v.get("container_runtime", "podman"))
@@ -32,22 +34,39 @@ class ServiceProbe(Fact):
             f"pid=$(systemctl show -p MainPID --value \"$u\" 2>/dev/null); "
             # the command line it runs now (base64, one word): the settings in force, not the file's
             f"argv=$(base64 -w0 /proc/${{pid:-0}}/cmdline 2>/dev/null); "
-            f"printf '%s %s %s %s\\n' \"${{i:-0}}\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "
-            f"2>/dev/null || echo absent)\" \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 "
-            f"http://127.0.0.1:$port/health 2>/dev/null)\" \"${{argv:--}}\"; done")
+            f"health=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.1:$port/health 2>/dev/null); "
+            # vLLM's own gauges: requests running and waiting, KV cache ("-": no answer)
+            f"load=$(curl -s --max-time 5 http://127.0.0.1:$port/metrics 2>/dev/null | awk "
+            f"'/^vllm:num_requests_running[{{ ]/ {{ r += $NF }} /^vllm:num_requests_waiting[{{ ]/ {{ w += $NF }} "
+            f"/^vllm:kv_cache_usage_perc[{{ ]/ {{ k = $NF; seen = 1 }} "
+            f"END {{ if (seen) printf \"%g,%g,%g\", r, w, k; else printf \"-\" }}'); "
+            f"printf '%s %s %s %s %s\\n' \"${{i:-0}}\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "
+            f"2>/dev/null || echo absent)\" \"${{health:--}}\" \"${{load:--}}\" \"${{argv:--}}\"; done")
 
     def process(self, output, rc):
         found = {}
         for line in output.splitlines():
-            index, container, *rest = line.split()
-            if index.isdigit():
-                # the last word is the command line ("-": no process); the health code before it is
-                # missing when curl printed none
-                encoded = rest.pop() if rest else "-"
-                argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded != "-" else []
-                found[int(index)] = {"container": container, "health": rest[0] if rest else "",
-                                     "diffusion": diffusion_in_force(argv)}
+            fields = line.split()
+            if len(fields) != 5 or not fields[0].isdigit():
+                continue
+            index, container, health, load, encoded = fields
+            # the command line it runs ("-": no process), base64 of its NUL-separated words
+            argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded != "-" else []
+            found[int(index)] = {"container": container, "health": "" if health == "-" else health,
+                                 "load": parse_load(load), "diffusion": diffusion_in_force(argv)}
         return found
+
+
+def parse_load(text: str) -> dict | None:
+    """``running,waiting,kv`` as the probe prints it; None when vLLM's /metrics did not answer."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        return None
+    try:
+        running, waiting, kv = (float(p) for p in parts)
+    except ValueError:
+        return None
+    return {"running": int(running), "waiting": int(waiting), "kv_cache_usage": round(kv, 4)}
 
 
 def status_role() -> Role:
@@ -82,6 +101,8 @@ def status_role() -> Role:
                 "model": plan.get("model"), "planned": bool(plan), "gpus": [g.get("index") for g in used],
                 # the diffusion settings it runs with now (its process's command line)
                 "diffusion": probe.get("diffusion"),
+                # its load now: requests running and waiting, KV cache (vLLM's /metrics)
+                "load": probe.get("load"),
                 "since": unit.get("ActiveEnterTimestampMonotonic"),
                 "gpu_memory_used_mib": sum(g.get("memory_used_mib") or 0 for g in used) if used else None,
                 "gpu_memory_total_mib": sum(g.get("memory_total_mib") or 0 for g in used) if used else None})
@@ -140,3 +161,41 @@ def gateway_status_role() -> Role:
 
     return Role("gateway status", lambda v: {"gateway_servers": GatewayServers()}, lambda ctx: iter(()),
                 summary=summary, hosts=is_gateway)
+
+
+class FiringAlerts(Fact):
+    """The alerts Alertmanager holds as firing (active, neither silenced nor inhibited), from
+    the monitoring host itself (it listens on loopback only), with the command each names."""
+
+    def __init__(self, v: dict):
+        port = int(v.get("alertmanager_port", 9093))
+        self.command = (f"curl -sS --max-time 5 'http://127.0.0.1:{port}/api/v2/alerts?active=true&silenced=false"
+                        f"&inhibited=false' 2>&1")
+
+    def process(self, output, rc):
+        if rc != 0:
+            return {"error": output.strip()[-200:] or f"curl exit {rc}", "alerts": []}
+        try:
+            alerts = json.loads(output)
+        except ValueError:
+            return {"error": f"Alertmanager answered what is not JSON: {output.strip()[:120]!r}", "alerts": []}
+        return {"error": None, "alerts": sorted((firing(a) for a in alerts if isinstance(a, dict)),
+                                                key=lambda a: (a["severity"] != "critical", a["alertname"], a["host"]))}
+
+
+def firing(alert: dict) -> dict:
+    labels, notes = alert.get("labels") or {}, alert.get("annotations") or {}
+    return {"alertname": labels.get("alertname", ""), "severity": labels.get("severity", ""),
+            "host": labels.get("host", ""), "replica": labels.get("replica", ""), "server": labels.get("server", ""),
+            "summary": notes.get("summary", ""), "fix": notes.get("fix", ""), "since": alert.get("startsAt", "")}
+
+
+def monitoring_status_role() -> Role:
+    def summary(ctx):
+        if ctx.facts is None:
+            return {}
+        seen = ctx.facts.get("firing_alerts") or {"error": "not read", "alerts": []}
+        return {"monitoring": seen}
+
+    return Role("monitoring status", lambda v: {"firing_alerts": FiringAlerts(v)}, lambda ctx: iter(()),
+                summary=summary, hosts=is_monitoring)

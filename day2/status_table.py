@@ -4,8 +4,11 @@ from __future__ import annotations
 from rich.table import Table
 
 
-def status_document(report) -> dict:
-    hosts = {}
+def status_document(report, selected: list[str] | None = None) -> dict:
+    """The status of the hosts; the monitoring hosts' firing alerts (about the ``selected``
+    hosts alone, when given) under "alerts", their own state under "monitoring": a monitoring
+    host that does not answer is reported, the status does not fail for it."""
+    hosts, monitoring, alerts = {}, {}, []
     for host, recap in report.recap.items():
         tasks = [t for t in report.tasks if t.host == host]
         unreachable = [t.message for t in tasks if t.status == "unreachable"]
@@ -15,6 +18,14 @@ def status_document(report) -> dict:
                  **report.extra.get(host, {}).get("status", {})}
         entry.pop("record", None)
         extra = report.extra.get(host, {})
+        if "monitoring" in extra or (host in report.advisory and "status" not in extra):
+            seen = extra.get("monitoring") or {}
+            monitoring[host] = {"reachable": not unreachable, "errors": unreachable + failed, "drift": drift,
+                                "alertmanager_error": seen.get("error")}
+            alerts += [a for a in seen.get("alerts", []) if selected is None or a["host"] in selected
+                       or a["server"] in selected]
+            if "gateway_servers" not in extra:
+                continue
         if "gateway_servers" in extra:  # a gateway: its servers' states, not a model
             entry["gateway_servers"] = extra["gateway_servers"]
             if extra.get("gateway_error"):
@@ -24,7 +35,9 @@ def status_document(report) -> dict:
         hosts[host] = entry
     shared = shared_address(hosts)
     ok = all(h["reachable"] and not h["errors"] for h in hosts.values()) and not (shared and shared["problem"])
-    return {"ok": ok, "hosts": hosts, **({"shared_address": shared} if shared else {})}
+    unique = list({(a["alertname"], a["host"], a["replica"], a["server"]): a for a in alerts}.values())
+    return {"ok": ok, "hosts": hosts, **({"shared_address": shared} if shared else {}),
+            **({"monitoring": monitoring, "alerts": unique} if monitoring else {})}
 
 
 def shared_address(hosts: dict) -> dict | None:
@@ -55,14 +68,14 @@ def print_status(data, console):
     if not console.is_terminal:
         print_lines(data, console)
         return
-    table = Table("host", "unit", "container", "health", "front door", "model", "diffusion", "image / digest",
-                  "GPU memory", "drift", title="STATUS", title_justify="left")
+    table = Table("host", "unit", "container", "health", "front door", "load", "model", "diffusion",
+                  "image / digest", "GPU memory", "drift", title="STATUS", title_justify="left")
     gateways = {host: h for host, h in data["hosts"].items() if "gateway_servers" in h}
     for host, h in data["hosts"].items():
         if host in gateways:
             continue
         if not h["reachable"]:
-            table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", "", "", h["errors"][0][:80])
+            table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", "", "", "", h["errors"][0][:80])
             continue
         image = f"{(h.get('image') or '-').rsplit('/', 1)[-1]}\n{(h.get('digest') or '')[:19]}"
         drift = ("[green]none[/green]" if not h["drift"] and not h["errors"] else
@@ -77,7 +90,7 @@ def print_status(data, console):
             colour = "green" if state == "active/running" else "yellow"
             table.add_row(label, f"[{colour}]{state}[/{colour}]", r.get("container") or "",
                           "200" if r.get("health") == "200" else f"[red]{r.get('health')}[/red]",
-                          _door(r.get("frontdoor")),
+                          _door(r.get("frontdoor")), load_text(r.get("load")),
                           (r.get("model") or h.get("model") or "-").split("/")[-1], diffusion_text(r.get("diffusion")),
                           image if n == 0 else "", mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
@@ -92,6 +105,7 @@ def print_status(data, console):
         for error in h["errors"]:
             servers.add_row("[red]error[/red]", "", error[:120], "", "")
         console.print(servers)
+    print_alerts(data, console)
     shared = data.get("shared_address")
     if shared:
         if shared["problem"]:
@@ -100,6 +114,41 @@ def print_status(data, console):
             console.print(f"SHARED ADDRESS {shared['address']}: held by [green]{shared['holders'][0]}[/green]"
                           if shared["holders"] else f"SHARED ADDRESS {shared['address']}: holder unknown "
                                                     f"(a gateway is unreachable)", highlight=False)
+
+
+def load_text(load: dict | None, words: bool = True) -> str:
+    """``2 running 1 waiting kv 3%`` (vLLM's own gauges; ``running:2,waiting:1,kv:3%`` for a
+    line), ``-`` when its /metrics did not answer."""
+    if not load:
+        return "-"
+    kv = f"{load['kv_cache_usage'] * 100:.0f}%"
+    if words:
+        return f"{load['running']} running {load['waiting']} waiting kv {kv}"
+    return f"running:{load['running']},waiting:{load['waiting']},kv:{kv}"
+
+
+def alert_where(a: dict) -> str:
+    return a["server"] or (a["host"] + (f"/{a['replica']}" if a["replica"] else ""))
+
+
+def print_alerts(data, console):
+    """The monitoring hosts' firing alerts, each with the command that fixes it."""
+    if "monitoring" not in data:
+        return
+    for host, m in data["monitoring"].items():
+        problem = (m["errors"] or [None])[0] or m["alertmanager_error"]
+        if problem:
+            console.print(f"[yellow]MONITORING {host}: alerts not read: {problem}[/yellow]", highlight=False)
+        elif m["drift"]:
+            console.print(f"[yellow]MONITORING {host}: drift: {'; '.join(m['drift'])}[/yellow]", highlight=False)
+    if not data["alerts"]:
+        console.print("ALERTS: [green]none firing[/green]", highlight=False)
+        return
+    table = Table("alert", "severity", "where", "fix", title="ALERTS (firing)", title_justify="left")
+    for a in data["alerts"]:
+        colour = "red" if a["severity"] == "critical" else "yellow"
+        table.add_row(f"[{colour}]{a['alertname']}[/{colour}]", a["severity"], alert_where(a), a["fix"] or a["summary"])
+    console.print(table)
 
 
 def diffusion_text(settings: dict | None, sep: str = " ") -> str:
@@ -146,7 +195,8 @@ def print_lines(data, console):
             model = (r.get("model") or h.get("model") or "-").split("/")[-1]
             planned = "" if r.get("planned", True) else " not-planned"
             say(f"{label} unit={r.get('unit_state', '?')} container={r.get('container') or '-'} "
-                f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} model={model} "
+                f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} "
+                f"load={load_text(r.get('load'), words=False)} model={model} "
                 f"diffusion={diffusion_text(r.get('diffusion'), ':')} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
                 f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
     for host, h in data["hosts"].items():
@@ -159,6 +209,14 @@ def print_lines(data, console):
                 f"check={server['check'].replace(' ', '_') or '-'}{since}")
         for error in h["errors"]:
             say(f"gateway {host} error: {error}")
+    for host, m in (data.get("monitoring") or {}).items():
+        problem = (m["errors"] or [None])[0] or m["alertmanager_error"]
+        if problem:
+            say(f"monitoring {host} alerts not read: {problem}")
+    for a in data.get("alerts") or []:
+        say(f"alert {a['alertname']} severity={a['severity']} where={alert_where(a)} fix: {a['fix'] or a['summary']}")
+    if "monitoring" in data and not data["alerts"]:
+        say("alerts none firing")
     shared = data.get("shared_address")
     if shared:
         holders = ",".join(shared["holders"]) or "-"

@@ -46,7 +46,9 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "py
             # Debian's HAProxy, for the lab's image of the front door (library/haproxy)
             "haproxy",
             # Debian's keepalived: the gateways' shared address (VRRP), as on a real gateway host
-            "keepalived"]
+            "keepalived",
+            # Debian's node exporter, for the lab's image of prom/node-exporter (both arches)
+            "prometheus-node-exporter"]
 IMAGE_TAGS = {
     "x86_64": ["gemma-x86_64-cu130", "gemma-cu129", "v0.33.0-x86_64", "v0.33.0-x86_64-cu129"],
     "aarch64": ["gemma-aarch64-cu130", "gemma-aarch64-cu129", "v0.33.0-aarch64", "v0.33.0-aarch64-cu129"],
@@ -55,6 +57,16 @@ REPOSITORY = "vllm/vllm-openai"
 # the front door's image: one tag, both arches (a manifest list, as Docker Hub's)
 FRONTDOOR_REPOSITORY = "library/haproxy"
 FRONTDOOR_TAG = "2.6"
+# the monitoring stack's images (roles/preflight/images.yml names the same), built from Debian's
+# packages: (repository, tag, the package, its program, the official image's, the arches)
+MONITORING_IMAGES = {
+    "node_exporter": ("prom/node-exporter", "v1.5.0", "prometheus-node-exporter", "/usr/bin/prometheus-node-exporter",
+                      "/bin/node_exporter", ("x86_64", "aarch64")),
+    "prometheus": ("prom/prometheus", "v2.42.0", "prometheus", "/usr/bin/prometheus", "/bin/prometheus",
+                   ("x86_64",)),
+    "alertmanager": ("prom/alertmanager", "v0.25.0", "prometheus-alertmanager", "/usr/bin/prometheus-alertmanager",
+                     "/bin/alertmanager", ("x86_64",)),
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class LabHost:
     login: str = "root"  # the user people log in as (root's SSH login is off otherwise)
     docker: bool = True  # whether the Docker engine runs (installed everywhere)
     gateway: bool = False  # the fleet's gateway (inventory group `gateway`): no GPU, not the bastion
+    monitoring: bool = False  # runs Prometheus and Alertmanager (inventory group `monitoring`)
 
     @property
     def address(self) -> str:
@@ -89,7 +102,7 @@ class LabHost:
 
     @property
     def bastion(self) -> bool:
-        return self.profile is None and not self.gateway
+        return self.profile is None and not self.gateway and not self.monitoring
 
     @property
     def has_gpu(self) -> bool:
@@ -118,6 +131,10 @@ DEFAULT_HOSTS = [
     LabHost("gateway01", "x86_64", None, 100, networks=("lab", "private"), docker=False, gateway=True),
     # its twin: the two hold one address between them (VRRP), so no gateway is a single door
     LabHost("gateway02", "x86_64", None, 101, networks=("lab", "private"), docker=False, gateway=True),
+    # the fleet's Prometheus and Alertmanager (group `monitoring`): a host of its own, not a gateway,
+    # so that what watches the gateways does not go down with one; on both networks, as it
+    # scrapes the hosts behind the bastion too
+    LabHost("monitor01", "x86_64", None, 102, networks=("lab", "private"), docker=False, monitoring=True),
 ]
 GPU_HOSTS = [h for h in DEFAULT_HOSTS if h.has_gpu]
 

@@ -4,12 +4,13 @@ to the lab registry under the real tag names."""
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import shutil
 import sys
 from pathlib import Path
 
-from . import config, rootfs, sh
+from . import config, debs, rootfs, sh
 
 IMAGE_VERSION = "4"
 # pure-Python wheels: the same files serve both arches (hf_xet is left out: HF_HUB_DISABLE_XET=1)
@@ -105,18 +106,34 @@ def _import(arch: str, local: str, extras: Path | None, changes: list[str], log)
     tarball.unlink()
 
 
+def _pushed(stamp: Path, digest: str, target: str) -> bool:
+    """This build (``digest``) was pushed, and the registry still has it (a fresh registry
+    volume does not)."""
+    return stamp.exists() and stamp.read_text().strip() == digest and sh.ok(
+        "skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{target}")
+
+
+def _new_manifest(listed: str) -> str:
+    sh.run("podman", "manifest", "rm", listed, check=False)
+    sh.run("podman", "manifest", "create", listed)
+    return listed
+
+
+def _push_manifest(listed: str, target: str, stamp: Path, digest: str):
+    sh.run("podman", "manifest", "push", "-q", "--all", "--tls-verify=false", listed, f"docker://{target}",
+           timeout=900)
+    stamp.write_text(digest + "\n")
+
+
 def ensure_frontdoor_image(log=print):
     """library/haproxy:2.6 in the lab registry: Debian's HAProxy, run as the official
     image runs it, one image per arch under one tag (a manifest list)."""
     digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {HAPROXY_ENTRYPOINT}".encode()).hexdigest()[:16]
     stamp = config.CACHE / "image-frontdoor.pushed"
     target = f"{config.REGISTRY_LOCAL}/{config.FRONTDOOR_REPOSITORY}:{config.FRONTDOOR_TAG}"
-    if stamp.exists() and stamp.read_text().strip() == digest and sh.ok(
-            "skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{target}"):
+    if _pushed(stamp, digest, target):
         return
-    listed = f"localhost/dglab-haproxy:list-{digest}"
-    sh.run("podman", "manifest", "rm", listed, check=False)
-    sh.run("podman", "manifest", "create", listed)
+    listed = _new_manifest(f"localhost/dglab-haproxy:list-{digest}")
     for arch in config.IMAGE_TAGS:
         local = f"localhost/dglab-haproxy:{arch}-{digest}"
         if not sh.ok("podman", "image", "exists", local):
@@ -133,14 +150,107 @@ def ensure_frontdoor_image(log=print):
                                           "STOPSIGNAL SIGUSR1", "USER haproxy"], log)
         sh.run("podman", "manifest", "add", listed, f"containers-storage:{local}")
     log(f"pushing {config.FRONTDOOR_REPOSITORY}:{config.FRONTDOOR_TAG} to the lab registry")
-    sh.run("podman", "manifest", "push", "-q", "--all", "--tls-verify=false", listed, f"docker://{target}",
-           timeout=900)
-    stamp.write_text(digest + "\n")
+    _push_manifest(listed, target, stamp, digest)
+
+
+# the official images' own settings (their Dockerfiles): the program as entrypoint, nobody
+MONITORING_SETTINGS = {
+    "node_exporter": ['EXPOSE 9100', 'USER nobody'],
+    "prometheus": ['CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]',
+                   'EXPOSE 9090', 'WORKDIR /prometheus', 'USER nobody'],
+    "alertmanager": ['CMD ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]',
+                     'EXPOSE 9093', 'WORKDIR /alertmanager', 'USER nobody'],
+}
+
+
+def ensure_monitoring_images(log=print):
+    """prom/node-exporter (both arches, one tag), prom/prometheus and prom/alertmanager (x86_64)
+    in the lab registry: Debian's packages, run as the official images run them, and as small:
+    the program, the libraries it links, what its package ships in /usr/share (Prometheus's
+    web UI), CA certificates and a passwd with nobody; no shell, no base system."""
+    for name, (repository, tag, package, program, official, arches) in config.MONITORING_IMAGES.items():
+        digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {name} {tag} {MONITORING_SETTINGS[name]}"
+                                .encode()).hexdigest()[:16]
+        stamp = config.CACHE / f"image-{name}.pushed"
+        target = f"{config.REGISTRY_LOCAL}/{repository}:{tag}"
+        if _pushed(stamp, digest, target):
+            continue
+        listed = _new_manifest(f"localhost/dglab-{name}:list-{digest}")
+        for arch in arches:
+            local = f"localhost/dglab-{name}:{arch}-{digest}"
+            if not sh.ok("podman", "image", "exists", local):
+                log(f"building the {arch} {repository} image (Debian's package)")
+                base = rootfs.ensure_base(arch, log)
+                # the package and what it needs that the base lacks (the node exporter's: nothing, the
+                # base carries it, config.PACKAGES)
+                unpacked = debs.unpacked([package], base, f"{name}-{arch}", log)
+                root = config.CACHE / f"{name}-image-{arch}"
+                shutil.rmtree(root, ignore_errors=True)
+                _small_root(root, base, unpacked, program, official)
+                tarball = config.CACHE / f"{name}-image-{arch}.tar"
+                sh.run("tar", "-C", root, "-cf", tarball, ".", timeout=300)
+                args = ["podman", "import", "--arch", config.DEB_ARCH[arch]]
+                for change in [f'ENTRYPOINT ["{official}"]', *MONITORING_SETTINGS[name]]:
+                    args += ["--change", change]
+                sh.run(*args, tarball, local, timeout=300)
+                tarball.unlink()
+                shutil.rmtree(root)
+            sh.run("podman", "manifest", "add", listed, f"containers-storage:{local}")
+        log(f"pushing {repository}:{tag} to the lab registry")
+        _push_manifest(listed, target, stamp, digest)
+
+
+def _small_root(root: Path, base: Path, unpacked: Path, program: str, official: str):
+    """An image's root: ``program`` (from the unpacked package, else the base) at ``official``,
+    the libraries its ELF header names (and theirs) from the base, the package's /usr/share, the
+    base's CA certificates, and /etc/passwd and /etc/group with root and nobody."""
+    source = unpacked / program.lstrip("/") if (unpacked / program.lstrip("/")).exists() else \
+        base / program.lstrip("/")
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(source, root / official.lstrip("/"))
+    wanted = [source]
+    seen: set[str] = set()
+    while wanted:
+        elf = wanted.pop()
+        header = sh.run("readelf", "-d", "-l", elf).stdout
+        names = [line.split("[", 1)[1].split("]", 1)[0] for line in header.splitlines() if "(NEEDED)" in line]
+        interpreter = [line.split(":", 1)[1].strip(" ]\n") for line in header.splitlines()
+                       if "Requesting program interpreter" in line]
+        for lib in interpreter + names:
+            if lib in seen:
+                continue
+            seen.add(lib)
+            found = next((p for p in ([base / lib.lstrip("/")] if lib.startswith("/") else
+                                      [d / lib for d in (base / "usr/lib").glob("*-linux-gnu")] +
+                                      [d / lib for d in (base / "lib").glob("*-linux-gnu")])
+                          if p.exists()), None)
+            if found is None:
+                raise sh.LabError(f"{program} needs {lib}, which the {base.name} base lacks")
+            real = Path(os.path.realpath(found))
+            dest = root / found.relative_to(base)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(real, dest)
+            if not lib.startswith("/"):
+                wanted.append(real)
+    if (unpacked / "usr/share").exists():
+        shutil.copytree(unpacked / "usr/share", root / "usr/share", symlinks=True, dirs_exist_ok=True)
+    certs = base / "etc/ssl/certs/ca-certificates.crt"
+    if certs.exists():
+        (root / "etc/ssl/certs").mkdir(parents=True)
+        shutil.copy2(certs, root / "etc/ssl/certs/ca-certificates.crt")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/sbin/nologin\n"
+                                     "nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n")
+    (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    for folder in ("tmp", "prometheus", "alertmanager"):
+        (root / folder).mkdir(exist_ok=True)
+    (root / "tmp").chmod(0o1777)
 
 
 def ensure_images(cold_start: float = 5.0, log=print):
     """Build (when its inputs changed) and push each arch's image under every tag."""
     ensure_frontdoor_image(log)
+    ensure_monitoring_images(log)
     for arch, tags in config.IMAGE_TAGS.items():
         stamp = config.CACHE / f"image-{arch}.pushed"
         fp = _fingerprint(arch, cold_start)

@@ -16,8 +16,10 @@ from . import config, rootfs
 GROUP_OF = {"gb10": "spark", "rtx5090": "rtx", "h100": "h100", "h200x4": "hgx"}
 # the runtime of each group as in the shipped inventory (inventory/group_vars)
 GROUP_VARS = {
+    # the GPU stand-in is Python, under qemu-user here: a reading of it takes about a second of CPU
+    # (a real GB10's nvidia-smi, 0.05 s), so the lab reads it every 60 s, not every 10
     "spark": {"container_runtime": "docker", "gpu_memory_utilization": 0.7, "max_model_len": 100000,
-              "autostart": True},
+              "autostart": True, "gpu_metrics_interval_s": 60},
     "rtx": {"container_runtime": "podman", "gpu_memory_utilization": 0.7, "autostart": False,
             "conflicts": ["ollama.service"]},
     "h100": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": True},
@@ -28,6 +30,8 @@ GROUP_VARS = {
     "scale": {"container_runtime": "podman", "gpu_memory_utilization": "auto", "autostart": False},
     # the gateways share one address on the lab network (VRRP between them)
     "gateway": {"container_runtime": "podman", "gateway_address": config.GATEWAY_ADDRESS},
+    # Prometheus and Alertmanager
+    "monitoring": {"container_runtime": "podman"},
 }
 BASTION = next(h for h in config.DEFAULT_HOSTS if h.bastion)
 
@@ -59,8 +63,8 @@ def write(hosts: list[config.LabHost]) -> str:
     for host in hosts:
         if host.bastion:
             continue  # the way in, not a place to deploy to
-        group = ("gateway" if host.gateway else GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node")
-                 else "scale")
+        group = ("gateway" if host.gateway else "monitoring" if host.monitoring
+                 else GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale")
         children.setdefault(group, {"hosts": {}})["hosts"][host.name] = host_vars(host)
     data = {"all": {"vars": {
         "ansible_user": "root",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import config, sh
 
-BASE_VERSION = "7"  # bump when what goes into a base rootfs changes
+BASE_VERSION = "8"  # bump when what goes into a base rootfs changes
 
 HOST_PACKAGES = ["debootstrap", "systemd-container", "qemu-user-static", "binfmt-support", "podman", "crun",
                  "conmon", "uidmap", "fuse-overlayfs", "docker-registry", "skopeo", "openssh-client",
@@ -168,9 +168,12 @@ def _customise_base(root: Path, arch: str):
     if not link.is_symlink():
         link.symlink_to("/etc/systemd/system/nvidia-stub-meminfo.service")
     # units that cannot work in a container and only make the state "degraded"
-    # haproxy.service: the package is there for the front door's image, not to run on the hosts
+    # haproxy.service, prometheus-node-exporter*: the packages are there for the images, not to run on the hosts
     for unit in ("systemd-networkd-wait-online.service", "apt-daily.timer", "apt-daily-upgrade.timer",
-                 "e2scrub_all.timer", "fstrim.timer", "haproxy.service"):
+                 "e2scrub_all.timer", "fstrim.timer", "haproxy.service", "prometheus-node-exporter.service",
+                 "prometheus-node-exporter-apt.timer", "prometheus-node-exporter-ipmitool-sensor.timer",
+                 "prometheus-node-exporter-mellanox-hca-temp.timer", "prometheus-node-exporter-nvme.timer",
+                 "prometheus-node-exporter-smartmon.timer"):
         mask = root / "etc/systemd/system" / unit
         if not mask.exists():
             mask.symlink_to("/dev/null")

@@ -28,10 +28,16 @@ def _state_hosts() -> list[config.LabHost]:
 
 @task(help={"hosts": "extra plain x86_64 hosts for scale tests (default 0)",
             "fresh": "rebuild every host's rootfs from the base (forgets what was deployed)",
+            "fresh_hosts": "rebuild these hosts' rootfs alone (comma-separated names)",
             "cold_start": "seconds the vLLM stand-in takes to start (default 5)"})
-def up(c, hosts=0, fresh=False, cold_start=5.0):
+def up(c, hosts=0, fresh=False, fresh_hosts="", cold_start=5.0):
     """Bring up the lab: spark01 (aarch64, GB10), rtx01 (RTX 5090), h100-01 (H100)."""
     started = time.monotonic()
+    renew = {n for n in fresh_hosts.split(",") if n}
+    unknown = renew - {h.name for h in config.hosts(int(hosts))}
+    if unknown:
+        raise Exit(f"--fresh-hosts: {', '.join(sorted(unknown))}: not a host of this lab "
+                   f"({', '.join(h.name for h in config.hosts(int(hosts)))})", code=2)
     try:
         config.STATE.mkdir(parents=True, exist_ok=True)
         rootfs.ensure_machine_packages(_say)
@@ -54,11 +60,12 @@ def up(c, hosts=0, fresh=False, cold_start=5.0):
         services.ensure_uplink()
         images.ensure_images(float(cold_start), _say)
         for host in lab_hosts:
-            if fresh and machines.running_pid(host):
+            renewed = fresh or host.name in renew
+            if renewed and machines.running_pid(host):
                 machines.stop(host)
             # a host whose disk is of an older base is stopped and given a new disk; a running
             # one of the current base gets its identity and settings written again (idempotent)
-            rootfs.prepare_host(host, fresh=fresh, log=_say)
+            rootfs.prepare_host(host, fresh=renewed, log=_say)
             network.ensure_host(host)
             machines.boot(host)
         inventory.write_known_hosts(lab_hosts)
@@ -92,7 +99,8 @@ def status(c, json_out=None):
         addresses = ", ".join(host.address_on(n) for n in host.networks)
         rows.append({"host": host.name, "arch": host.arch, "profile": host.profile, "address": host.address,
                      "addresses": addresses, "login": host.login, "state": state, "systemd": systemd})
-        table.add_row(host.name, host.arch, host.profile or ("(gateway)" if host.gateway else "(bastion)"), addresses, host.login, state, systemd)
+        role = "(gateway)" if host.gateway else "(monitoring)" if host.monitoring else "(bastion)"
+        table.add_row(host.name, host.arch, host.profile or role, addresses, host.login, state, systemd)
     for name in ("registry", "hub"):
         table.add_row(name, "", "", f"{config.GATEWAY}:{config.REGISTRY_PORT if name == 'registry' else config.HUB_PORT}",
                       "", "running" if services.running(name) else "stopped", "through the uplink")

@@ -21,7 +21,16 @@ LOCK_NAME = "dgemma"  # /run/lock/dgemma.lock on every host
 INVENTORY_VARIABLE = "DGEMMA_INVENTORY"  # the inventory folder when --inventory is not given
 PROGRESS_VARIABLE = "DGEMMA_PROGRESS_S"  # seconds between plain progress lines off a terminal
 # weights before service: the unit names the model only once its weights are whole
-ORDER = ["preflight", "image", "weights", "service", "start", "frontdoor", "gateway", "shared_address"]
+ORDER = ["preflight", "image", "weights", "service", "start", "frontdoor", "gateway", "shared_address", "exporters",
+         "monitoring"]
+
+
+def advisory(hostvars: dict) -> bool:
+    """A host off the serving path (a monitoring host that is neither a gateway nor a serving
+    host): a run reports its failures and does not fail for them, so that Prometheus down
+    never fails a deploy of the hosts that serve."""
+    from roles.fleet import is_gateway, is_monitoring, is_serving
+    return is_monitoring(hostvars) and not is_gateway(hostvars) and not is_serving(hostvars)
 
 
 def load(names=None):

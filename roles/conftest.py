@@ -21,9 +21,15 @@ def expected(name, request):
     data = EXPECTED.get(name)
     if not data:
         pytest.fail(f"{name}: nothing was deployed here or its facts could not be read; run: invoke deploy --hosts {name}")
-    gateway_check = any(f"/roles/{role}/" in str(request.node.fspath) for role in ("gateway", "shared_address"))
-    if bool(data.get("gateway")) != gateway_check:
-        pytest.skip("n/a: a gateway" if data.get("gateway") else "n/a")
+    role = next((r for r in ("gateway", "shared_address", "monitoring", "exporters")
+                 if f"/roles/{r}/" in str(request.node.fspath)), None)
+    if role == "exporters":  # every host
+        return data
+    wanted = {"gateway": bool(data.get("gateway")), "shared_address": bool(data.get("gateway")),
+              "monitoring": bool(data.get("monitoring")), None: bool(data.get("serving"))}[role]
+    if not wanted:
+        pytest.skip("n/a: a gateway" if data.get("gateway") else "n/a: a monitoring host" if data.get("monitoring")
+                    else "n/a")
     return data
 
 

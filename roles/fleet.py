@@ -1,5 +1,6 @@
 """The fleet as one host's roles need to see it: which hosts serve (their front
-doors) and which are gateways. Offered to every host of a run as
+doors), which are gateways and which watch the others (the group `monitoring`:
+Prometheus and Alertmanager). Offered to every host of a run as
 ``ctx.services["fleet"]``, from the whole inventory (a gateway lists every serving
 host, whichever hosts the run touches)."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from converge.runner import RunService
 
 GATEWAY_GROUP = "gateway"
+MONITORING_GROUP = "monitoring"
 MODEL_VARIABLES = ("models", "gpus", "model", "quantization", "served_model_name", "model_fallback")
 
 
@@ -27,6 +29,7 @@ class FrontDoor:
 class Fleet:
     serving: tuple  # FrontDoor, in inventory order
     gateways: tuple  # FrontDoor
+    monitors: tuple = ()  # FrontDoor of each monitoring host (a gateway may be one too)
 
     @property
     def has_gateway(self) -> bool:
@@ -37,19 +40,29 @@ def is_gateway(hostvars: dict) -> bool:
     return GATEWAY_GROUP in (hostvars.get("group_names") or ())
 
 
+def is_monitoring(hostvars: dict) -> bool:
+    """A host of the group `monitoring`: it runs Prometheus and Alertmanager for the fleet."""
+    return MONITORING_GROUP in (hostvars.get("group_names") or ())
+
+
 def shared_address(hostvars: dict) -> str | None:
     """The address the gateways share (``gateway_address``), for a gateway; None elsewhere."""
     return hostvars.get("gateway_address") if is_gateway(hostvars) else None
 
 
 def fleet_of(hostvars_by_name: dict[str, dict]) -> Fleet:
-    serving, gateways = [], []
+    serving, gateways, monitors = [], [], []
     for name, v in hostvars_by_name.items():
         door = FrontDoor(name, v.get("ansible_host", name), int(v.get("api_port", 8000)),
                          v.get("tls_ca_file") or "" if v.get("tls_cert_file") else "",
                          {k: v[k] for k in MODEL_VARIABLES if k in v})
-        (gateways if is_gateway(v) else serving).append(door)
-    return Fleet(tuple(serving), tuple(gateways))
+        if is_monitoring(v):
+            monitors.append(door)
+        if is_gateway(v):
+            gateways.append(door)
+        elif is_serving(v):
+            serving.append(door)
+    return Fleet(tuple(serving), tuple(gateways), tuple(monitors))
 
 
 class FleetService(RunService):
@@ -66,5 +79,11 @@ class FleetService(RunService):
 
 
 def is_serving(hostvars: dict) -> bool:
-    """Every host but the gateways serves the model."""
-    return not is_gateway(hostvars)
+    """Every host but the gateways and the monitoring hosts serves the model."""
+    return not is_gateway(hostvars) and not is_monitoring(hostvars)
+
+
+def is_exporting(hostvars: dict) -> bool:
+    """The hosts whose metrics the monitoring hosts scrape through their front door (or
+    gateway): every serving host and every gateway."""
+    return is_serving(hostvars) or is_gateway(hostvars)

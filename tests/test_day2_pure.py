@@ -107,7 +107,7 @@ def test_status_and_verify_off_a_terminal_print_every_name_whole():
     text = io.StringIO()
     print_status(status, Console(file=text, width=80, force_terminal=False))
     assert "a-very-long-host-name-of-the-lab unit=active/running" in text.getvalue()
-    assert "frontdoor=DRAIN model=diffusiongemma-26B-A4B-it" in text.getvalue()
+    assert "frontdoor=DRAIN load=- model=diffusiongemma-26B-A4B-it" in text.getvalue()
     assert "gateway gateway01 server=a-very-long-host-name-of-the-lab pool=diffusiongemma state=DRAIN" in text.getvalue()
 
 
@@ -142,6 +142,9 @@ def test_the_status_probe_reads_each_replicas_command_line():
 
     from day2.status import ServiceProbe
     raw = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes()
-    out = ServiceProbe({}).process(f"0 running 200 {base64.b64encode(raw).decode()}\n1 exited 000 -\n", 0)
+    out = ServiceProbe({}).process(f"0 running 200 2,1,0.0125 {base64.b64encode(raw).decode()}\n"
+                                   f"1 exited 000 - -\n", 0)
     assert out[0]["health"] == "200" and out[0]["diffusion"]["max_denoising_steps"] == 48
-    assert out[1] == {"container": "exited", "health": "000", "diffusion": None}
+    # its load from vLLM's /metrics: two running, one waiting, the KV cache 1.25% full
+    assert out[0]["load"] == {"running": 2, "waiting": 1, "kv_cache_usage": 0.0125}
+    assert out[1] == {"container": "exited", "health": "000", "load": None, "diffusion": None}

@@ -2,7 +2,6 @@
 key store, and the HAProxy configuration run by a real HAProxy against a small
 backend (the lab tests run it in the hosts' containers)."""
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from cryptography import x509
 
 from credentials import CredentialError, ca as fleet_ca
 from credentials.keys import KeyStore, digest
+from roles import scrape_targets
 from roles.frontdoor.render import ALLOWED, Server, render_config, render_keys, render_unit, run_command
 
 
@@ -99,6 +99,9 @@ class Backend(BaseHTTPRequestHandler):
         pass
 
 
+MONITORING_KEY = "dgk-monitoring-test"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,9 +154,13 @@ def _front_door(tmp_path, replicas: int, pools=None):
     issued = fleet_ca.host_certificate(tmp_path, "rtx01", ["rtx01", "127.0.0.1"])
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (tmp_path / "keys.sha256").write_text(render_keys({"alice": digest("alice-key")}))
+    (tmp_path / "monitoring.sha256").write_text(render_keys({"monitoring": digest(MONITORING_KEY)}))
     port = _free_port()
     v = {"api_host": "127.0.0.1", "api_port": port}
     servers = [Server(f"replica{i}", f"127.0.0.1:{b.server_address[1]}") for i, b in enumerate(backends)]
+    (tmp_path / "targets.json").write_text(scrape_targets.render(scrape_targets.host_targets(
+        "rtx01", v, [{"index": i, "family": "diffusiongemma", "model": "nvidia/x", "gpus": [f"GPU-{i}"]}
+                     for i in range(replicas)])))
     def write_config(servers, generation="gen1"):
         config = render_config("rtx01", v, servers, generation, files=str(tmp_path),
                                socket=str(tmp_path / "admin.sock"), admin=str(tmp_path / "admin-http.sock"),
@@ -192,6 +199,7 @@ def _front_door(tmp_path, replicas: int, pools=None):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
         time.sleep(0.1)
     call.ports = [b.server_address[1] for b in backends]
+    call.base, call.context = base, context
     call.proc, call.write_config = proc, write_config
     call.admin = str(tmp_path / "admin-http.sock")
     call.backends = backends
@@ -215,6 +223,33 @@ def test_the_front_door_lets_through_only_the_allowlist_and_only_with_a_key(fron
     for path in ("/invocations", "/scale_elastic_ep", "/tokenize", "/metrics", "/v1/models/x", "/load",
                  "/v1/../invocations", "/V1/models"):
         assert front_door(path, "Bearer alice-key", body={})[0] == 404, path
+
+
+def test_the_hosts_metrics_open_to_the_monitoring_key_alone(front_door_of_three):
+    """Each replica's /metrics, the HAProxy exporter and the scrape targets: for the monitoring
+    key; a user's key and no key find nothing there, as on any route not allowed."""
+    door = front_door_of_three
+    paths = ["/metrics/sd", "/metrics/haproxy", "/metrics/node"] + [f"/metrics/replica/{i}" for i in range(3)]
+    for path in paths + ["/metrics/replica/3", "/metrics/gpu", "/metrics"]:
+        for key in (None, "Bearer alice-key", "Bearer wrong"):
+            assert door(path, key)[0] == 404, (path, key)
+    monitoring = f"Bearer {MONITORING_KEY}"
+    for index, port in enumerate(door.ports):  # each replica's own /metrics, whatever the balance says
+        status, body, headers = door(f"/metrics/replica/{index}", monitoring)
+        assert status == 200 and body["path"] == "/metrics" and headers["x-backend-port"] == str(port)
+    assert door("/metrics/replica/3", monitoring)[0] == 404  # no such replica here
+    status, groups, _ = door("/metrics/sd", monitoring)
+    assert status == 200 and {g["labels"]["job"] for g in groups} == {"frontdoor", "node", "vllm"}
+    assert [g["labels"]["__metrics_path__"] for g in groups if g["labels"]["job"] == "vllm"] == \
+        [f"/metrics/replica/{i}" for i in range(3)]
+    with pytest.raises(ValueError):  # HAProxy's exporter: Prometheus text, not JSON
+        door("/metrics/haproxy", monitoring)
+    import urllib.request
+    req = urllib.request.Request(door.base + "/metrics/haproxy", headers={"Authorization": monitoring})
+    with urllib.request.urlopen(req, timeout=10, context=door.context) as resp:
+        assert b"haproxy_server_status" in resp.read()
+    # the node exporter is not running here: a failed scrape (503), not another route
+    assert door("/metrics/node", monitoring)[0] == 503
 
 
 def test_the_catalog_names_the_official_haproxy_and_the_lab_publishes_that_tag():

@@ -201,6 +201,8 @@ def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:
     issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01", "127.0.0.1"])
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (tmp_path / "keys.sha256").write_text(render_keys(accepted or {}))
+    (tmp_path / "monitoring.sha256").write_text(render_keys({}))
+    (tmp_path / "targets.json").write_text("[]\n")
     config = (config.replace("/usr/local/etc/haproxy/ca.crt", str(tmp_path / "ca" / "ca.crt"))
               .replace("/usr/local/etc/haproxy", str(tmp_path)).replace("/run/dgemma-gateway", str(tmp_path))
               .replace("    user haproxy\n    group haproxy\n", ""))  # this test may not run as root

@@ -106,7 +106,14 @@ def test_one_module_declares_every_replica(tmp_path):
     module = evaluate(render_module({"container_runtime": "podman", "autostart": True}, IMAGE, replicas, False),
                       tmp_path)
     containers = module["virtualisation"]["oci-containers"]["containers"]
-    assert sorted(containers) == ["dgemma-frontdoor", "vllm-diffusiongemma", "vllm-diffusiongemma-2"]
+    assert sorted(containers) == ["dgemma-frontdoor", "dgemma-node-exporter", "vllm-diffusiongemma",
+                                  "vllm-diffusiongemma-2"]
+    # the host's metrics: the node exporter on loopback over the host's / read-only, and the collector
+    exporter = containers["dgemma-node-exporter"]
+    assert "--web.listen-address=127.0.0.1:9100" in exporter["cmd"] and exporter["volumes"] == ["/:/host:ro,rslave"]
+    collector = module["systemd"]["services"]["dgemma-metrics-collector"]
+    assert collector["serviceConfig"]["ExecStart"] == "/bin/sh /etc/dgemma/metrics/collector.sh"
+    assert collector["environment"]["DGEMMA_REPLICA_UNIT"] == "podman-vllm-diffusiongemma.service"
     second = containers["vllm-diffusiongemma-2"]
     assert second["cmd"][second["cmd"].index("--port") + 1] == "8102"
     assert [o for o in second["extraOptions"] if "nvidia.com/gpu" in o] == ["--device=nvidia.com/gpu=GPU-c"]

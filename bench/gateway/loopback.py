@@ -70,6 +70,9 @@ def prepare(folder: Path, replicas: int = 1):
         (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
         (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials"))
         (files / "keys.sha256").write_text(render_keys(digests if name == "frontdoor" else {"bench": digests["bench"]}))
+        # the metrics routes' key list and scrape targets: HAProxy opens both when it loads
+        (files / "monitoring.sha256").write_text("")
+        (files / "targets.json").write_text("[]\n")
         config = render_config(host, v, servers, "loopback", proxy=proxy, files=str(files),
                                socket=str(files / "admin.sock"), admin=str(files / "admin-http.sock"),
                                backend=backend)

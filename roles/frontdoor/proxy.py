@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 from converge.changes import Check, Command, File
 from converge.errors import StepFailed
-from converge.facts.containers import Images, find_image
+from converge.facts.containers import Images
 from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
 
-from relay.probe import fallback_note, relay_steps, usable_relay
-
+from roles.container_unit import pull_steps
 from roles.serving_host import connect_address
 
 from . import tls
@@ -34,6 +33,8 @@ class Wanted:
     keys: str
     config: str
     generation: str
+    monitoring_keys: str = ""  # the sha256 of the key that opens this host's metrics
+    targets: str = ""  # what to scrape here (/metrics/sd: roles/scrape_targets.py)
 
 
 GENERATION_HEADER = "X-Frontdoor-Generation"
@@ -48,6 +49,8 @@ def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
     return {f"{prefix}_served": HttpHeader(local_url(v), GENERATION_HEADER),
             f"{prefix}_config": FileState(f"{proxy.dir}/haproxy.cfg"),
             f"{prefix}_keys": FileState(f"{proxy.dir}/keys.sha256"),
+            f"{prefix}_monitoring_keys": FileState(f"{proxy.dir}/monitoring.sha256"),
+            f"{prefix}_targets": FileState(f"{proxy.dir}/targets.json"),
             f"{prefix}_tls": FileState(f"{proxy.dir}/tls.pem", secret=True),
             f"{prefix}_ca": FileState(f"{proxy.dir}/ca.crt"),
             f"{prefix}_unit_file": FileState(proxy.unit_path(v)),
@@ -57,17 +60,21 @@ def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
 
 
 def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None,
-           extra_ca_files: tuple = (), pools: list | None = None, secret_files: str = "") -> Wanted:
-    """The certificate, the key list, the configuration, and the generation that
-    names them (any change to one of them is a new generation). ``secret_files``: the
-    text of other files it reads (the gateway's upstream keys): only their digest counts."""
+           extra_ca_files: tuple = (), pools: list | None = None, secret_files: str = "", targets: str = "",
+           dcgm: bool = False) -> Wanted:
+    """The certificate, the key lists, the configuration, the scrape targets, and the
+    generation that names them (any change to one of them is a new generation).
+    ``secret_files``: the text of other files it reads (the gateway's upstream keys): only
+    their digest counts."""
     bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files)
     keys = render_keys(accepted)
-    unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend, pools=pools)
+    monitoring = render_keys(tls.monitoring_keys(ctx.name, ctx.vars))
+    unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend, pools=pools, dcgm=dcgm)
     secrets = hashlib.sha256(secret_files.encode()).hexdigest() if secret_files else ""
-    generation = hashlib.sha256((unnamed + keys + bundle.cert_pem + secrets).encode()).hexdigest()[:16]
+    generation = hashlib.sha256((unnamed + keys + monitoring + targets + bundle.cert_pem + secrets).encode()
+                                ).hexdigest()[:16]
     return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, proxy=proxy, backend=backend,
-                                              pools=pools), generation)
+                                              pools=pools, dcgm=dcgm), generation, monitoring, targets)
 
 
 def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: str | None = None,
@@ -150,19 +157,6 @@ def fresh_start(proxy: Proxy) -> str:
     return f"rm -f {shlex.quote(state_file(proxy))}\n"
 
 
-def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
-    """Pull ``ref``; through the run's relay when there is one (each layer crosses the uplink
-    once for all hosts of the run), tagged as ``ref``, the relay's name dropped; from the
-    registry itself when the relay fails."""
-    rt, q = shlex.quote(runtime), shlex.quote(ref)
-    if not relayed:
-        return f"{rt} pull -q {q} >/dev/null\n"
-    r = shlex.quote(relayed)
-    # why the relay failed is the last line of its error (the report shows it)
-    return (f"if {rt} pull -q --tls-verify=false {r} 2>&1 >/dev/null; then {rt} tag {r} {q} && {rt} untag {r} {r}\n"
-            f"else echo '@relay-failed'; {rt} pull -q {q} >/dev/null; fi\n")
-
-
 def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
     def interpret(result):
         out = result.stdout
@@ -184,6 +178,10 @@ def file_steps(ctx, proxy: Proxy, prefix: str, want: Wanted) -> list[File]:
                  current=f.get(f"{prefix}_config")),
             File(f"{proxy.kind} keys (sha256)", path=f"{d}/keys.sha256", content=want.keys, mode="0600",
                  current=f.get(f"{prefix}_keys")),
+            File(f"{proxy.kind} monitoring key (sha256)", path=f"{d}/monitoring.sha256", content=want.monitoring_keys,
+                 mode="0600", current=f.get(f"{prefix}_monitoring_keys")),
+            File(f"{proxy.kind} scrape targets", path=f"{d}/targets.json", content=want.targets, mode="0644",
+                 current=f.get(f"{prefix}_targets")),
             File(f"{proxy.kind} certificate", path=f"{d}/tls.pem", content=want.bundle.cert_pem + want.bundle.key_pem,
                  mode="0600", secret=True, current=f.get(f"{prefix}_tls")),
             File("fleet CA certificate", path=f"{d}/ca.crt", content=want.bundle.ca_pem, mode="0644",
@@ -196,21 +194,12 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
     ``extra_files``: other files it reads at start and reload (a change is a reload)."""
     v = ctx.vars
     nixos = (ctx.facts.get("os") or {}).get("ID") == "nixos"
+    # for the node exporter's textfiles (roles/exporters): when they expire
+    ctx.desired["certificates"] = tls.expiries(want.bundle, prefix)
     files = file_steps(ctx, proxy, prefix, want) + list(extra_files)
     reload = any(f.needed() for f in files)
     yield from files
-    runtime, ref = v.get("container_runtime", "podman"), image_ref(v)
-    missing = find_image(ctx.facts.get("images"), ref) is None
-    relayed = None
-    if missing and runtime == "podman":  # docker takes mirrors for Docker Hub only: it pulls itself
-        yield from relay_steps(ctx)
-        relay = usable_relay(ctx)
-        relayed = relay.registry_ref(ref) if relay else None
-    via = ", through the run's relay" if relayed else ""
-    yield Command(f"pull {ref}", script=pull_script(runtime, ref, relayed), when=missing,
-                  describe=f"{runtime} pull {ref} (not present{via})",
-                  interpret=lambda result: f"{ref} pulled{via}{fallback_note(result.stdout)}",
-                  timeout=v.get("image_pull_timeout", 3600))
+    yield from pull_steps(ctx, image_ref(v))
     unit = proxy.unit_name(v)
     unit_changed = False
     state = ctx.facts.get(f"{prefix}_unit") or {}
@@ -268,7 +257,8 @@ def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted, extra_files: tupl
         yield Check(f"{proxy.kind} deployed", ok=True,
                     message="not deployed here yet: the keys take effect at its first deploy")
         return
-    files = [f for f in file_steps(ctx, proxy, prefix, want) if f.path.endswith(("keys.sha256", "haproxy.cfg"))]
+    files = [f for f in file_steps(ctx, proxy, prefix, want)
+             if f.path.endswith(("/keys.sha256", "/monitoring.sha256", "/targets.json", "/haproxy.cfg"))]
     files += list(extra_files)
     needed = any(f.needed() for f in files)
     yield from files

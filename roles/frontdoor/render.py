@@ -14,6 +14,7 @@ from roles.service.container import RUNTIME_PATHS, log_options
 from roles.preflight.declared import DEFAULT_FAMILY, served_name
 
 from .pools import UPSTREAM_KEYS, Pool, model_names, models_list
+from roles import scrape_targets
 from roles.service.serve import command_line
 
 HERE = Path(__file__).parent
@@ -90,15 +91,8 @@ def unit_path(v: dict) -> str:
 def image_ref(v: dict) -> str:
     """HAProxy's image (the inventory's, or the catalog's), through the inventory's registry
     mirror when it names one."""
-    from roles.preflight.catalog import images
-    ref = v.get("frontdoor_image")
-    if not ref:
-        official = images()["frontdoor"]
-        ref = f"docker.io/{official['repository']}:{official['tag']}"
-    registry = v.get("registry")
-    if registry and ref.startswith("docker.io/"):
-        ref = f"{registry.rstrip('/')}/{ref.removeprefix('docker.io/')}"
-    return ref
+    from roles.preflight import catalog
+    return catalog.image_ref(v, catalog.images()["frontdoor"], v.get("frontdoor_image"))
 
 
 def bind_address(v: dict) -> str:
@@ -112,21 +106,38 @@ def _templates() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)
 
 
+@dataclass(frozen=True)
+class ScrapedReplica:
+    """A replica whose /metrics the front door passes to the monitoring key."""
+    name: str
+    address: str
+    path: str
+
+
 def render_config(host: str, v: dict, servers: list[Server], generation: str, *, proxy: Proxy = FRONTDOOR,
                   files: str = CONTAINER_DIR, socket: str | None = None, admin: str | None = None,
-                  backend: dict | None = None, pools: list | None = None) -> str:
+                  backend: dict | None = None, pools: list | None = None, dcgm: bool = False) -> str:
     """``files``: where HAProxy reads tls.pem, ca.crt and keys.sha256 (the container's
     view of the proxy's folder); ``socket``, ``admin``: its runtime API and its stats page
     with admin actions (both unix sockets); ``backend``: how servers are checked and retried;
-    ``pools``: the pools (pools.Pool) requests are routed to by the model they name."""
+    ``pools``: the pools (pools.Pool) requests are routed to by the model they name;
+    ``dcgm``: the host runs NVIDIA's DCGM exporter (scraped at /metrics/gpu)."""
     pools = pools or [Pool(DEFAULT_FAMILY, model_names(DEFAULT_FAMILY, [served_name(DEFAULT_FAMILY, v)]), tuple(servers))]
     socket = socket or runtime_socket(proxy)
+    st = scrape_targets
+    replicas = [ScrapedReplica(s.name, s.address, st.replica_path(int(s.name.removeprefix("replica"))))
+                for s in servers] if proxy is FRONTDOOR else []
+    metrics_paths = [st.SD_PATH, st.HAPROXY_PATH, st.NODE_PATH] + ([st.GPU_PATH] if dcgm else []) + \
+        [r.path for r in replicas]
     return _templates().get_template("haproxy.cfg.j2").render(
         host=host, kind=proxy.kind, bind=bind_address(v), dir=files, socket=socket,
         state_file=str(Path(socket).parent / STATE_FILE), admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
         servers=servers, pools=pools, models_json=models_list(pools), aliases=[p.names[0] for p in pools],
         request_timeout=int(v.get("request_timeout_sec", 600)), metrics_port=proxy.metrics_port,
-        generation=generation, upstream_key=proxy.upstream_key, upstream_keys=UPSTREAM_KEYS, backend=backend or {})
+        generation=generation, upstream_key=proxy.upstream_key, upstream_keys=UPSTREAM_KEYS, backend=backend or {},
+        metrics_paths=metrics_paths, metrics_replicas=replicas, dcgm=dcgm, sd_path=st.SD_PATH,
+        haproxy_path=st.HAPROXY_PATH, node_path=st.NODE_PATH, gpu_path=st.GPU_PATH,
+        node_port=st.NODE_EXPORTER_PORT, gpu_port=st.DCGM_EXPORTER_PORT)
 
 
 def render_keys(hashes: dict[str, str]) -> str:

@@ -9,7 +9,9 @@ from dataclasses import replace
 
 from converge.changes import Command, File, Role
 from converge.facts.host import UnitFiles, UnitState
+from converge.facts.nvidia import Dcgm
 
+from roles import scrape_targets
 from roles.fleet import is_serving
 from roles.replicas import installed, more_units_glob, replica_port
 from roles.serving_host import env_path, unit_name
@@ -28,7 +30,9 @@ def facts(v):
     return {**proxy.facts(v, FRONTDOOR, "frontdoor"), "unit": UnitState(unit_name(v)),
             "replica_units": UnitFiles(more_units_glob(v)),
             # replicas it holds out of service (a rolling deploy's drain that did not end)
-            "frontdoor_servers": ServerStates(ADMIN_SOCKET)}
+            "frontdoor_servers": ServerStates(ADMIN_SOCKET),
+            # NVIDIA's DCGM exporter is scraped where the host engine runs (roles/exporters)
+            "dcgm": Dcgm()}
 
 
 def servers(ctx) -> list[Server]:
@@ -56,12 +60,24 @@ def pools(ctx, replicas: list[Server]) -> list:
     return [replace(pool, queue=queue_rule(v, pool.name)) for pool in frontdoor_pools(families, aliases, replicas)]
 
 
+def targets(ctx) -> str:
+    """What the monitoring hosts scrape here, with each replica's labels: as this deploy places
+    the replicas; a run that places nothing (keys add, revoke) keeps what the host serves."""
+    if "replicas" not in ctx.desired:
+        return ((ctx.facts.get("frontdoor_targets") or {}).get("content") or "")
+    dcgm = scrape_targets.uses_dcgm(ctx.vars, ctx.facts.get("dcgm"))
+    return scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, ctx.desired["replicas"], dcgm=dcgm))
+
+
 def wanted(ctx) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # the gateway reaches the front doors with a key of its own
     accepted = tls.accepted_keys(ctx.name, ctx.vars, gateway=bool(fleet and fleet.has_gateway))
     replicas = servers(ctx)
-    return proxy.wanted(ctx, FRONTDOOR, replicas, accepted, pools=pools(ctx, replicas))
+    sd = targets(ctx)
+    # the DCGM exporter's route as the targets name it (a keys run: as the host serves them)
+    dcgm = any(g.get("labels", {}).get("job") == scrape_targets.GPU_JOB for g in scrape_targets.parse(sd))
+    return proxy.wanted(ctx, FRONTDOOR, replicas, accepted, pools=pools(ctx, replicas), targets=sd, dcgm=dcgm)
 
 
 def plan(ctx):

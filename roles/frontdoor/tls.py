@@ -66,6 +66,27 @@ def bundle(host: str, v: dict, extra_ca_files: tuple = ()) -> Bundle:
     return Bundle(issued.cert_pem, issued.key_pem, _join(cas))
 
 
+def not_after(pem: str) -> float:
+    """When the first certificate of ``pem`` expires (Unix time)."""
+    from cryptography import x509
+    return x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc.timestamp()
+
+
+def expiries(bundle: Bundle, kind: str) -> dict[str, float]:
+    """When the host's certificate (``kind``: frontdoor, gateway) and the fleet CA expire."""
+    return {kind: not_after(bundle.cert_pem), "ca": not_after(bundle.ca_pem)}
+
+
+def trusted_cas(host: str, v: dict, extra_ca_files: tuple = ()) -> str:
+    """The CAs a client of the fleet's front doors trusts: the fleet CA, and those of the
+    front doors that bring a certificate of their own (``extra_ca_files``)."""
+    try:
+        cas = [ca_pem(directory(v))]
+    except CredentialError as exc:
+        raise StepFailed(f"{host}: {exc}") from exc
+    return _join(cas + [_read_pem(path, "tls_ca_file", host, False) for path in extra_ca_files])
+
+
 def _join(pems: list[str]) -> str:
     """PEM blocks, each once, in order."""
     blocks = []
@@ -136,6 +157,17 @@ def own_certificate(host: str, v: dict, fleet_ca: str) -> tuple[str, str, str]:
 
 
 GATEWAY_KEY = "gateway"
+# the monitoring hosts' key (Prometheus's scrapes): the front doors and gateways hold its
+# sha256 apart from the users' keys, so that it opens their metrics alone and no user key does
+MONITORING_KEY = "monitoring"
+
+
+def monitoring_keys(host: str, v: dict) -> dict[str, str]:
+    """Key name -> sha256 of the keys that open this host's metrics (the monitoring key)."""
+    try:
+        return {MONITORING_KEY: digest(service_key(directory(v), MONITORING_KEY))}
+    except CredentialError as exc:
+        raise StepFailed(f"{host}: {exc}") from exc
 
 
 def accepted_keys(host: str, v: dict, gateway: bool = False) -> dict[str, str]:

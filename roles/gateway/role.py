@@ -16,6 +16,7 @@ from converge.facts.host import FileState
 from credentials import CredentialError, directory
 from credentials.keys import service_key
 
+from roles import scrape_targets
 from roles.fleet import is_gateway
 from roles.frontdoor import proxy, tls
 from converge.errors import SecretError
@@ -67,7 +68,8 @@ def wanted(ctx, keys_map: str) -> proxy.Wanted:
     own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
     return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND, own_cas,
                         pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")),
-                        secret_files=keys_map)
+                        secret_files=keys_map,
+                        targets=scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, [], gateway=True)))
 
 
 def keys_map_file(ctx, content: str) -> File:

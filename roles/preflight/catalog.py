@@ -50,6 +50,22 @@ def models() -> dict:
     return _load("models")
 
 
+def image_ref(v: dict, entry: dict, override: str | None = None) -> str:
+    """An official image: ``override`` (the inventory's), or the catalog's ``entry``
+    (``registry``, Docker Hub when absent; ``repository``; ``tag``), through the inventory's
+    ``registry:`` mirror when the image is Docker Hub's."""
+    ref = override or f"{entry.get('registry', 'docker.io')}/{entry['repository']}:{entry['tag']}"
+    registry = v.get("registry")
+    if registry and ref.startswith("docker.io/"):
+        ref = f"{registry.rstrip('/')}/{ref.removeprefix('docker.io/')}"
+    return ref
+
+
+def monitoring_image(v: dict, name: str) -> str:
+    """One of the monitoring stack's images (catalog ``monitoring.<name>``, or ``<name>_image``)."""
+    return image_ref(v, images()["monitoring"][name], v.get(f"{name}_image"))
+
+
 def problems() -> list[str]:
     """Every problem of both catalogs (for inventory.check), empty when they are sound."""
     found = []

@@ -15,6 +15,7 @@ from converge.facts.host import FileState, OsRelease, TextFiles, UnitFiles, Unit
 from converge.secrets import read_optional_secret as read_secret
 
 from roles.fleet import is_serving
+from roles.scrape_targets import uses_dcgm
 from roles.serving_host import (STAMP_DIR, env_path, env_stamp_path, image_stamp_path, restart,
                                 start_notes_command, step_name, unit_file, unit_name, unit_path, unit_state)
 
@@ -69,15 +70,17 @@ def render_unit(v: dict, image: str, served: Served, has_token: bool) -> str:
         start_timeout=v.get("start_timeout_sec", 900))
 
 
-def render_module(v: dict, image: str, replicas: list[Served], has_token: bool) -> str:
+def render_module(v: dict, image: str, replicas: list[Served], has_token: bool, dcgm: bool = False) -> str:
     """Every replica as a NixOS module (oci-containers), for hosts whose units are declared,
-    with the front door's container beside them."""
+    with the front door's container and the host's exporters beside them."""
+    from roles.exporters.containers import nixos_declarations
     from roles.frontdoor.render import nixos_container
     containers = [{"spec": container_spec(v, image, served, has_token), "model": served.model,
                    "unit": replica_unit(v, served.index), "start_notes": start_notes_command(v, served.index)}
                   for served in replicas]
     return _templates().get_template("module.nix.j2").render(
         containers=containers, frontdoor=nixos_container(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],
+        exporters=nixos_declarations(v, dcgm),
         autostart=bool(v.get("autostart", False)), burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900), path=module_path(v))
@@ -105,7 +108,7 @@ def plan(ctx):
     served = [Served.of(replica) for replica in ctx.desired["choice"].replicas]
     image = ctx.desired["image"]
     nixos = is_nixos(ctx)
-    module = render_module(v, image, served, bool(hf_token)) if nixos else None
+    module = render_module(v, image, served, bool(hf_token), uses_dcgm(v, ctx.facts.get("dcgm"))) if nixos else None
     replicas = [{"index": s.index, "unit": replica_unit(v, s.index), "container": replica_name(v, s.index),
                  "port": replica_port(v, s.index), "model": s.model, "gpus": list(s.gpus), "family": s.family,
                  "served_name": served_name(s.family, v), "served_names": served_names(s.family, v),

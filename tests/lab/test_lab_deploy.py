@@ -34,8 +34,9 @@ def recap(data):
 
 @pytest.fixture(scope="module")
 def fresh_lab(lab):
-    # from scratch: fresh disks for every host
-    invoke("lab.up", "--fresh", timeout=1800, check=True)
+    # from scratch: fresh disks for the hosts deployed from scratch here (the others keep what
+    # they have: later modules deploy them as they are)
+    invoke("lab.up", "--fresh-hosts", "spark01,rtx01", timeout=1800, check=True)
     return lab
 
 

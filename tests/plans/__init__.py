@@ -52,16 +52,33 @@ def facts_for(case: dict) -> Facts:
 
 
 def hostvars(case: dict, secrets_dir: str) -> dict:
+    """The case's variables over the roles' defaults; each of its ``secrets`` written to a 0600
+    file, named by the variable of that name, or (a secret ``@NAME``) where a value says
+    ``@secret:NAME`` (a secret's file nested in a structure: a receiver's token)."""
     merged = {}
     for source in roles.defaults():
         merged.update(source.values)
     merged.update(case.get("vars", {}))
+    paths = {}
     for var, text in case.get("secrets", {}).items():
-        path = os.path.join(secrets_dir, var)
+        name = var.removeprefix("@")  # "@NAME": a file that no variable of that name holds
+        path = os.path.join(secrets_dir, name)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             handle.write(text)
-        merged[var] = path
-    return merged
+        paths[name] = path
+        if not var.startswith("@"):
+            merged[var] = path
+
+    def placed(value):
+        if isinstance(value, str) and value.startswith("@secret:"):
+            return paths[value.removeprefix("@secret:")]
+        if isinstance(value, dict):
+            return {k: placed(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [placed(v) for v in value]
+        return value
+
+    return {k: placed(v) for k, v in merged.items()}
 
 
 def describe(step) -> dict:

@@ -1,6 +1,6 @@
 """Make the fixed credentials of the plan cases (tests/plans/credentials/): a fleet CA
 and the cases' hosts' certificates, valid for a century so that the cases' expected
-files never change with the date, a user's key hash and the gateway's key. Test
+files never change with the date, a user's key hash, the gateway's key and the monitoring key. Test
 fixtures only: no real host trusts this CA. ``python3 -m tests.plans.make_credentials``
 (rerun only to replace them; the cases' steps then change: PLAN_CASES_WRITE=1)."""
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main():
     (target / "keys.json").write_text(json.dumps({"alice": {"sha256": digest("dgk-plan-test-alice"),
                                                             "added": "2026-11-23T00:00:00+00:00"}}, indent=2) + "\n")
     (target / "gateway.key").write_text("dgk-plan-test-gateway\n")
+    (target / "monitoring.key").write_text("dgk-plan-test-monitoring\n")
     (target / ".lock").unlink(missing_ok=True)
     print(f"wrote {target}")
 

@@ -1,0 +1,89 @@
+"""Debian packages for the lab's images, unpacked rather than installed: downloaded with
+``apt-get download`` (with what they depend on, less what the base rootfs has) and
+``dpkg-deb -x`` into a folder, cached. Nothing is installed on this machine, and no
+service of theirs starts here."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import config, sh
+
+
+def installed_in(root: Path) -> set[str]:
+    """The packages a rootfs has (its dpkg status file)."""
+    names, name = set(), None
+    for line in (root / "var/lib/dpkg/status").read_text(errors="replace").splitlines():
+        if line.startswith("Package: "):
+            name = line.split(": ", 1)[1].strip()
+        elif line.startswith("Status: ") and line.endswith("installed") and name:
+            names.add(name)
+    return names
+
+
+def dependencies(packages: list[str], have: set[str]) -> list[str]:
+    """The packages and, recursively, what they need that ``have`` lacks: of alternatives
+    (``a | b``), none when one is had, else the first; no recommends, no virtual packages."""
+    wanted, queue = [], list(packages)
+    while queue:
+        package = queue.pop(0)
+        if package in wanted or package in have:
+            continue
+        wanted.append(package)
+        out = sh.run("apt-cache", "depends", "--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks",
+                     "--no-replaces", "--no-enhances", package).stdout
+        group: list[str] = []
+        for line in out.splitlines():
+            field = line.strip()
+            if not field.lstrip("|").startswith(("Depends:", "PreDepends:")):
+                continue
+            group.append(field.split(":", 1)[1].strip())
+            if field.startswith("|"):
+                continue  # more alternatives follow
+            choices = [name for name in group if not name.startswith("<")]
+            if choices and not any(name in have or name in wanted for name in choices):
+                queue.append(choices[0])
+            group = []
+    return wanted
+
+
+def _download(names: list[str], where: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["apt-get", "download", *names], cwd=where, capture_output=True, text=True, timeout=900)
+
+
+def unpacked(packages: list[str], base: Path, name: str, log=print) -> Path:
+    """A folder holding ``packages`` and their dependencies (but those ``base`` has) unpacked,
+    as an image's extras; cached under the lab's cache by ``name``."""
+    target = config.CACHE / f"debs-{name}"
+    done = config.CACHE / f"debs-{name}.done"
+    if done.exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    done.unlink(missing_ok=True)
+    downloads = config.CACHE / f"debs-{name}.download"
+    shutil.rmtree(downloads, ignore_errors=True)
+    downloads.mkdir(parents=True)
+    wanted = dependencies(packages, installed_in(base))
+    if not wanted:  # the base has them all
+        target.mkdir(parents=True)
+        done.touch()
+        return target
+    log(f"downloading Debian's {', '.join(packages)} for the lab's images ({len(wanted)} packages, unpacked, "
+        f"not installed)")
+    if _download(wanted, downloads).returncode != 0:
+        sh.run("apt-get", "update", "-q", timeout=900)  # lists older than the mirror's pool
+        proc = _download(wanted, downloads)
+        if proc.returncode != 0:
+            raise sh.LabError(f"apt-get download {' '.join(wanted)} failed: {(proc.stdout + proc.stderr)[-1500:]}")
+    target.mkdir(parents=True)
+    for deb in sorted(downloads.glob("*.deb")):
+        sh.run("dpkg-deb", "-x", deb, target, timeout=300)
+    # the base has merged /usr (/bin is a link to usr/bin): what a package puts in /bin goes there
+    for top in ("bin", "sbin", "lib", "lib64"):
+        if (target / top).is_dir() and not (target / top).is_symlink():
+            sh.run("cp", "-a", f"{target / top}/.", target / "usr" / top)
+            shutil.rmtree(target / top)
+    shutil.rmtree(downloads)
+    done.touch()
+    return target

@@ -1,0 +1,165 @@
+"""A container of ours beside vLLM that is not a front door: the node exporter, NVIDIA's
+DCGM exporter, Prometheus, Alertmanager. Its systemd unit (the oci-containers style of
+the others: ``rm -f``, ``run --rm`` in the foreground, ``stop``), its image pulled (through
+the run's artifact relay when there is one), and started, restarted or reloaded, then
+waited for until it answers. Shared by the roles that run such containers; it imports
+no role."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from converge.changes import Check, Command, File
+from converge.errors import StepFailed
+from converge.facts.containers import find_image
+
+from relay.probe import fallback_note, relay_steps, usable_relay
+
+from roles.service.container import RUNTIME_PATHS, log_options
+from roles.service.serve import command_line
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str  # the container's, and the unit's after the runtime
+    description: str
+    image: str
+    args: tuple = ()  # after the image: the image's own entrypoint runs them
+    options: tuple = ()  # `run` options before the image (--network=host, --user ...)
+    volumes: tuple = ()
+    # a signal that makes it read its files again (Prometheus, Alertmanager: SIGHUP); None: restart
+    reload_signal: str | None = None
+    # shell that succeeds once it answers (curl on loopback; $began: when the start or reload began)
+    ready: str = "true"
+    stop_seconds: int = 10
+
+
+def unit_name(v: dict, container: Container) -> str:
+    return f"{v.get('container_runtime', 'podman')}-{container.name}.service"
+
+
+def unit_path(v: dict, container: Container) -> str:
+    return f"/etc/systemd/system/{unit_name(v, container)}"
+
+
+def run_command(v: dict, container: Container) -> list[str]:
+    runtime = v.get("container_runtime", "podman")
+    run = [RUNTIME_PATHS[runtime], "run", "--rm", "--name", container.name, *log_options(runtime), *container.options]
+    for volume in container.volumes:
+        run += ["-v", volume]
+    return run + [container.image, *container.args]
+
+
+def render_unit(v: dict, container: Container, role: str) -> str:
+    runtime = v.get("container_runtime", "podman")
+    rt = RUNTIME_PATHS[runtime]
+    docker = runtime == "docker"
+    reload = (f"# it reads its files again on {container.reload_signal}: a new configuration is no restart\n"
+              f"ExecReload={rt} kill --signal {container.reload_signal} {container.name}\n"
+              if container.reload_signal else "")
+    return (f"# Managed by dgemma-fleet (roles/{role}): edits here are replaced on the next deploy.\n"
+            f"[Unit]\nDescription={container.description} ({container.name})\n"
+            f"Wants=network-online.target\nAfter=network-online.target{' docker.service' if docker else ''}\n"
+            + ("Requires=docker.service\n" if docker else "")
+            + f"StartLimitIntervalSec={int(v.get('start_limit_interval_sec', 900))}\n"
+              f"StartLimitBurst={int(v.get('start_limit_burst', 3))}\n\n"
+              f"[Service]\nType=simple\nExecStartPre=-{rt} rm -f {container.name}\n"
+              f"ExecStart={command_line(run_command(v, container))}\n{reload}"
+              f"ExecStop={rt} stop -t {container.stop_seconds} {container.name}\n"
+              f"Restart=on-failure\nRestartSec=5\nTimeoutStopSec={container.stop_seconds + 20}\n\n"
+              f"[Install]\nWantedBy=multi-user.target\n")
+
+
+def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
+    """Pull ``ref``; through the run's relay when there is one (each layer crosses the uplink
+    once for all hosts of the run), tagged as ``ref``, the relay's name dropped; from the
+    registry itself when the relay fails."""
+    rt, q = shlex.quote(runtime), shlex.quote(ref)
+    if not relayed:
+        return f"{rt} pull -q {q} >/dev/null\n"
+    r = shlex.quote(relayed)
+    # why the relay failed is the last line of its error (the report shows it)
+    return (f"if {rt} pull -q --tls-verify=false {r} 2>&1 >/dev/null; then {rt} tag {r} {q} && {rt} untag {r} {r}\n"
+            f"else echo '@relay-failed'; {rt} pull -q {q} >/dev/null; fi\n")
+
+
+def pull_steps(ctx, ref: str, images_fact: str = "images", timeout: float | None = None):
+    """The image, pulled when the host lacks it (podman through the run's relay)."""
+    v = ctx.vars
+    runtime = v.get("container_runtime", "podman")
+    missing = find_image(ctx.facts.get(images_fact), ref) is None
+    relayed = None
+    if missing and runtime == "podman":  # docker takes mirrors for Docker Hub only: it pulls itself
+        yield from relay_steps(ctx)
+        relay = usable_relay(ctx)
+        relayed = relay.registry_ref(ref) if relay else None
+    via = ", through the run's relay" if relayed else ""
+    yield Command(f"pull {ref}", script=pull_script(runtime, ref, relayed), when=missing,
+                  describe=f"{runtime} pull {ref} (not present{via})",
+                  interpret=lambda result: f"{ref} pulled{via}{fallback_note(result.stdout)}",
+                  timeout=timeout or v.get("image_pull_timeout", 3600))
+
+
+def steps(ctx, container: Container, role: str, *, unit_fact: str, unit_file_fact: str, files_changed: bool,
+          timeout: int = 60):
+    """Its image, its unit, then started (inactive), restarted (its unit changed, or it has no
+    reload and its files changed), reloaded (its files changed) or left alone; each change
+    waits until it answers (``container.ready``)."""
+    v = ctx.vars
+    yield from pull_steps(ctx, container.image)
+    unit = unit_name(v, container)
+    unit_file = File(f"{container.name} unit", path=unit_path(v, container), content=render_unit(v, container, role),
+                     mode="0644", current=ctx.facts.get(unit_file_fact))
+    yield unit_file
+    state = ctx.facts.get(unit_fact) or {}
+    q = shlex.quote(unit)
+    if state.get("ActiveState") != "active":
+        action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
+                             "start", f"was {state.get('ActiveState', 'absent')}")
+    elif unit_file.needed() or (files_changed and not container.reload_signal):
+        action, verb, why = (f"systemctl daemon-reload\nsystemctl restart {q}", "restart",
+                             "its unit changed" if unit_file.needed() else "its files changed")
+    elif files_changed:
+        action, verb, why = f"systemctl reload {q}", "reload", "its files changed: reloaded, not restarted"
+    else:
+        action, verb, why = "", "", ""
+    enabled = state.get("UnitFileState") == "enabled"
+    yield Command(f"{container.name} answering", when=bool(action) or not enabled,
+                  # $began: when the change began (a ready check may ask for a reload since then)
+                  script=f"systemctl enable {q} 2>/dev/null\nbegan=$(date +%s)\n{action}\n"
+                         f"{wait_script(unit, container.ready, timeout)}",
+                  describe=(f"systemctl {verb} {unit}; wait until it answers ({why})" if action
+                            else f"systemctl enable {unit} (not enabled at boot)"),
+                  timeout=timeout + 30, interpret=_interpret(unit, timeout, why or "enabled at boot"))
+
+
+def wait_script(unit: str, ready: str, timeout: int) -> str:
+    q = shlex.quote(unit)
+    return (f"start=$(date +%s)\nwhile :; do\n"
+            f"  elapsed=$(( $(date +%s) - start ))\n"
+            f"  if [ \"$(systemctl is-active {q})\" = failed ]; then echo \"@failed after $elapsed s\"; "
+            f"journalctl -u {q} -n 15 --no-pager -o cat | sed 's/^/  | /'; exit 3; fi\n"
+            f"  if {ready} >/dev/null 2>&1; then echo \"@ready $elapsed\"; exit 0; fi\n"
+            f"  if [ $elapsed -ge {int(timeout)} ]; then echo \"@timeout $elapsed\"; "
+            f"journalctl -u {q} -n 15 --no-pager -o cat | sed 's/^/  | /'; exit 4; fi\n"
+            f"  sleep 0.5\ndone\n")
+
+
+def _interpret(unit: str, timeout: int, why: str):
+    def interpret(result):
+        if result.rc == 0:
+            return f"{unit} answers ({why})"
+        journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
+        first = (result.stdout.splitlines() or ["?"])[0]
+        raise StepFailed(f"{unit} did not answer within {timeout} s ({first}). Last log lines:\n{journal}\n"
+                         f"See: journalctl -u {unit}")
+    return interpret
+
+
+def declared_by_nixos(ctx, container: Container, unit_fact: str):
+    """On NixOS the service role's module declares the container: a Check that it is loaded."""
+    state = ctx.facts.get(unit_fact) or {}
+    if state.get("LoadState") != "loaded" and not ctx.check:
+        yield Check(f"{container.name} declared by the NixOS module", ok=False,
+                    message=f"{unit_name(ctx.vars, container)} is not loaded: apply the module (nixos-rebuild "
+                            f"switch), then deploy again")

@@ -1,0 +1,146 @@
+"""exporters: every host's own metrics, for the monitoring hosts to scrape through the
+host's front door (or gateway), which passes them to the monitoring key alone
+(roles/scrape_targets.py):
+
+- the node exporter (the official image; on loopback, the host's / mounted read-only):
+  memory, load, disks, and the textfiles below;
+- on a GPU host, each GPU: NVIDIA's DCGM exporter where the DCGM host engine runs (DGX OS,
+  data-centre installs), elsewhere (GeForce, GB10) a small collector of ours that reads
+  nvidia-smi every ``gpu_metrics_interval_s`` and writes a textfile under DCGM's names, so
+  that rules and dashboards read one set of names; it also writes the free space of the
+  filesystem that holds the weights;
+- what deploy knows (textfiles): which GPU serves which replica and which were left out,
+  and why; each replica's model and diffusion settings; when the certificates expire.
+
+Why the collector is a shell loop of ours and not a third-party nvidia-smi exporter: it
+needs nothing on the host but nvidia-smi and awk, and writes DCGM's names, so one set of
+rules and dashboards covers both kinds of host."""
+from __future__ import annotations
+
+import shlex
+
+from converge.changes import Command, File, Role
+from converge.facts.containers import Images
+from converge.facts.host import Directory, FileState, OsRelease, UnitState
+from converge.facts.nvidia import Dcgm
+
+from roles import container_unit, scrape_targets
+from roles.fleet import is_serving
+from roles.serving_host import STATE_DIR
+
+from . import textfiles
+from .containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, HERE, collector_unit,
+                         dcgm_counters, dcgm_exporter, node_exporter)
+from .textfiles import TEXTFILES
+
+def facts(v):
+    node, dcgm = node_exporter(v), dcgm_exporter(v)
+    return {"os": OsRelease(), "dcgm": Dcgm(), "images": Images(v.get("container_runtime", "podman")),
+            "textfiles_dir": Directory(TEXTFILES),
+            "node_exporter_unit": UnitState(container_unit.unit_name(v, node)),
+            "node_exporter_unit_file": FileState(container_unit.unit_path(v, node)),
+            "dcgm_exporter_unit": UnitState(container_unit.unit_name(v, dcgm)),
+            "dcgm_exporter_unit_file": FileState(container_unit.unit_path(v, dcgm)),
+            "dcgm_counters": FileState(DCGM_COUNTERS),
+            "collector": FileState(COLLECTOR), "collector_unit_file": FileState(COLLECTOR_UNIT_PATH),
+            "collector_unit": UnitState(COLLECTOR_UNIT),
+            "placement_textfile": FileState(f"{TEXTFILES}/placement.prom"),
+            "certificates_textfile": FileState(f"{TEXTFILES}/certificates.prom")}
+
+
+def plan(ctx):
+    v, f = ctx.vars, ctx.facts
+    nixos = (f.get("os") or {}).get("ID") == "nixos"
+    # the node exporter's textfile collector reads it, files or none
+    yield Command("metrics folder", script=f"mkdir -p {TEXTFILES}\n", when=not f.get("textfiles_dir"),
+                  describe=f"mkdir -p {TEXTFILES}")
+    yield from _textfiles(ctx)
+    serving = is_serving(v)
+    dcgm = serving and scrape_targets.uses_dcgm(v, f.get("dcgm"))
+    ctx.desired["gpu_metrics"] = None if not serving else "dcgm" if dcgm else "nvidia-smi"
+    if serving:
+        yield from _collector(ctx, nixos, dcgm)
+    if dcgm:
+        counters = File("DCGM exporter fields", path=DCGM_COUNTERS, content=dcgm_counters(), mode="0644",
+                        current=f.get("dcgm_counters"))
+        yield counters
+        exporter = dcgm_exporter(v, bool((f.get("dcgm") or {}).get("hostengine")))
+        if nixos:
+            yield from container_unit.declared_by_nixos(ctx, exporter, "dcgm_exporter_unit")
+        else:
+            yield from container_unit.steps(ctx, exporter, "exporters", unit_fact="dcgm_exporter_unit",
+                                            unit_file_fact="dcgm_exporter_unit_file",
+                                            files_changed=counters.needed())
+    if not v.get("node_exporter_managed", True):
+        return
+    if nixos:
+        yield from container_unit.declared_by_nixos(ctx, node_exporter(v), "node_exporter_unit")
+    else:
+        yield from container_unit.steps(ctx, node_exporter(v), "exporters", unit_fact="node_exporter_unit",
+                                        unit_file_fact="node_exporter_unit_file", files_changed=False)
+
+
+def _textfiles(ctx):
+    f = ctx.facts
+    choice = ctx.desired.get("choice")
+    if choice is not None and "replicas" in ctx.desired:
+        gpus = (f.get("nvidia") or {}).get("gpus") or []
+        settings = {r.index: {k: r.settings.get(k, ctx.vars.get(k)) for k in textfiles.DIFFUSION_SETTINGS}
+                    for r in choice.replicas}
+        yield File("placement textfile", path=f"{TEXTFILES}/placement.prom", mode="0644",
+                   content=textfiles.placement(gpus, ctx.desired["replicas"], choice.placement.skipped, settings),
+                   current=f.get("placement_textfile"))
+    if ctx.desired.get("certificates"):
+        yield File("certificates textfile", path=f"{TEXTFILES}/certificates.prom", mode="0644",
+                   content=textfiles.certificates(ctx.desired["certificates"]), current=f.get("certificates_textfile"))
+
+
+def _collector(ctx, nixos: bool, dcgm: bool):
+    v, f = ctx.vars, ctx.facts
+    script = File("metrics collector", path=COLLECTOR, content=(HERE / "collector.sh").read_text(), mode="0755",
+                  current=f.get("collector"))
+    yield script
+    unit_file = None
+    if not nixos:
+        unit_file = File("metrics collector unit", path=COLLECTOR_UNIT_PATH, content=collector_unit(v, dcgm),
+                         mode="0644", current=f.get("collector_unit_file"))
+        yield unit_file
+    state = f.get("collector_unit") or {}
+    q = shlex.quote(COLLECTOR_UNIT)
+    textfile = shlex.quote(f"{TEXTFILES}/replicas.prom")
+    if state.get("ActiveState") != "active":
+        action, why = f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}", \
+            f"was {state.get('ActiveState', 'absent')}"
+    elif script.needed() or (unit_file is not None and unit_file.needed()):
+        action, why = f"systemctl daemon-reload\nsystemctl restart {q}", "its script or unit changed"
+    else:
+        action, why = "", ""
+    enabled = nixos or state.get("UnitFileState") == "enabled"
+    # it has written once when its textfile is newer than the start
+    wait = (f"began=$(date +%s)\nwhile :; do\n"
+            f"  [ -f {textfile} ] && [ $(stat -c %Y {textfile}) -ge $began ] && break\n"
+            f"  [ \"$(systemctl is-active {q})\" = failed ] && {{ journalctl -u {q} -n 10 --no-pager -o cat; exit 3; }}\n"
+            f"  [ $(( $(date +%s) - began )) -ge 60 ] && {{ echo 'no reading within 60 s'; exit 4; }}\n"
+            f"  sleep 0.5\ndone\n")
+    yield Command("metrics collector running", when=bool(action) or not enabled,
+                  script=("" if nixos else f"systemctl enable {q} 2>/dev/null\n")
+                  + (f"{action}\n{wait}" if action else ""),
+                  describe=f"systemctl {'start' if 'start' in action else 'restart' if action else 'enable'} "
+                           f"{COLLECTOR_UNIT} ({why or 'not enabled at boot'})",
+                  timeout=120, interpret=lambda result: f"{COLLECTOR_UNIT} writes its textfiles in {TEXTFILES} "
+                                                        f"({why or 'enabled at boot'})")
+
+
+def summary(ctx) -> dict:
+    """What verify checks (no secret in here)."""
+    v = ctx.vars
+    return {"exporters": {"node_exporter": container_unit.unit_name(v, node_exporter(v))
+                          if v.get("node_exporter_managed", True) else None,
+                          "node_exporter_port": int(v.get("node_exporter_port", scrape_targets.NODE_EXPORTER_PORT)),
+                          "gpu_metrics": ctx.desired.get("gpu_metrics"),
+                          "collector": COLLECTOR_UNIT, "textfiles": TEXTFILES,
+                          "dcgm_exporter": container_unit.unit_name(v, dcgm_exporter(v)),
+                          "state_dir": STATE_DIR}}
+
+
+ROLE = Role("exporters", facts, plan, summary=summary)

@@ -1,0 +1,110 @@
+"""`invoke top` without a lab: the snapshot from Prometheus's answers (as its HTTP API writes
+them), the snapshot from two readings of a host (the stand-in's /metrics, a front door's stats
+page), Prometheus's histogram_quantile, and a view that fits 80 columns."""
+import json
+import math
+
+from day2 import exposition, top, top_view
+
+UP = {"__name__": "up", "job": "vllm", "host": "hgx01", "replica": "1", "model": "diffusiongemma",
+      "gpu_uuid": "GPU-b"}
+
+
+def vector(*rows):
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": metric, "value": [1795600000.0, str(value)]} for metric, value in rows]}})
+
+
+def answers(**sections) -> str:
+    return "".join(f"@query {name}\n{text}\n" for name, text in sections.items())
+
+
+def test_a_snapshot_from_prometheus_joins_each_replica_with_its_gpu_and_gateway_state():
+    output = answers(
+        up=vector((UP, 1), ({**UP, "replica": "0", "gpu_uuid": "GPU-a"}, 0)),
+        running=vector(({"host": "hgx01", "replica": "1"}, 3)),
+        waiting=vector(({"host": "hgx01", "replica": "1"}, 1)),
+        tokens=vector(({"host": "hgx01", "replica": "1"}, 250.5)),
+        ttft50=vector(({"host": "hgx01", "replica": "1"}, 0.098)),
+        ttft95=vector(({"host": "hgx01", "replica": "1"}, "NaN")),
+        kv=vector(({"host": "hgx01", "replica": "1"}, 0.02)),
+        errors=vector(({"host": "hgx01", "server": "replica1"}, 0.5), ({"host": "hgx01", "server": "flag"}, 9)),
+        gpu_util=vector(({"host": "hgx01", "gpu_uuid": "GPU-b"}, 80)),
+        gpu_used=vector(({"host": "hgx01", "gpu_uuid": "GPU-b"}, 100000)),
+        gpu_free=vector(({"host": "hgx01", "gpu_uuid": "GPU-b"}, 43000)),
+        gateway=vector(({"host": "gateway01", "server": "hgx01", "state": "UP"}, 1),
+                       ({"host": "gateway02", "server": "hgx01", "state": "NOLB"}, 1)))
+    output += "@alerts\n" + json.dumps({"status": "success", "data": {"alerts": [
+        {"state": "firing", "labels": {"alertname": "DgemmaReplicaDown", "severity": "critical", "host": "hgx01",
+                                       "replica": "0"},
+         "annotations": {"summary": "down", "fix": "invoke recover --hosts hgx01 --replica 0"}},
+        {"state": "pending", "labels": {"alertname": "DgemmaKvCacheNearlyFull"}, "annotations": {}}]}}) + "\n"
+    snap = top.snapshot_from_prometheus(output, 1795600000.0, "Prometheus on monitor01")
+    zero, one = snap.replicas
+    assert (zero.replica, zero.up, zero.running) == (0, False, None)
+    assert (one.running, one.waiting, one.tokens_s, one.ttft_p50_s, one.ttft_p95_s) == (3, 1, 250.5, 0.098, None)
+    assert (one.kv_cache, one.errors_s, one.gpu_util) == (0.02, 0.5, 80)
+    assert (one.gpu_memory_used_mib, one.gpu_memory_total_mib) == (100000, 143000)
+    assert snap.gateway == {"hgx01": "DRAIN"}  # the worst of what the gateways say: one drains it
+    assert [a["alertname"] for a in snap.alerts] == ["DgemmaReplicaDown"]  # firing only
+    lines = top_view.lines(snap)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[2].split()[:6] == ["hgx01/0", "dgemma", "down", "-", "-", "-"]
+    assert lines[3].split() == ["hgx01/1", "dgemma", "DRAIN", "3", "1", "250", "98ms", "-", "2", "80", "98/140",
+                                "0.50"]
+    assert lines[4].startswith("FIRING DgemmaReplicaDown hgx01/0: invoke recover --hosts hgx01 --replica 0")
+
+
+def test_each_query_asks_for_one_instant():
+    script = top.prometheus_script(9090, 1795600000.25)
+    assert script.count("--data-urlencode time=1795600000.250") == len(top.QUERIES)
+    assert "query=vllm:kv_cache_usage_perc " in script and script.endswith("/api/v1/alerts; echo\n")
+
+
+def stand_in(tokens, buckets, running=2):
+    """What the vLLM stand-in writes, the lines that matter."""
+    lines = [f'vllm:num_requests_running{{model_name="dgemma",engine="0"}} {running}.0',
+             'vllm:num_requests_waiting{model_name="dgemma",engine="0"} 0.0',
+             'vllm:kv_cache_usage_perc{model_name="dgemma",engine="0"} 0.25',
+             f'vllm:generation_tokens_total{{model_name="dgemma",engine="0"}} {tokens}']
+    lines += [f'vllm:time_to_first_token_seconds_bucket{{model_name="dgemma",engine="0",le="{le}"}} {n}'
+              for le, n in buckets]
+    return "\n".join(lines) + "\n"
+
+
+def reading(at, tokens, buckets, fivexx):
+    targets = '[\n{"labels": {"job": "vllm", "replica": "0", "model": "diffusiongemma", "variant": "x", ' \
+              '"gpu_uuid": "GPU-a", "__metrics_path__": "/metrics/replica/0", "host": "rtx01"}, ' \
+              '"targets": ["10.213.0.12:8000"]}\n]'
+    stats = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,"
+             "status,hrsp_5xx\nservers,replica0,0,0,1,1,,10,0,0,0,0,,0,0,0,0,UP," + str(fivexx) + "\n")
+    gpu = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a"} 97\nDCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a"} 23000\n' \
+          'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a"} 9607\n'
+    output = f"@targets\n{targets}\n@replica 0\n{stand_in(tokens, buckets)}@frontdoor\n{stats}@gpu\n{gpu}"
+    return top.read_host(output, at)
+
+
+def test_a_snapshot_from_the_hosts_takes_rates_and_percentiles_between_two_readings():
+    before = reading(100.0, 1000, [("0.1", 10), ("0.25", 10), ("+Inf", 10)], 2)
+    now = reading(110.0, 3560, [("0.1", 20), ("0.25", 30), ("+Inf", 30)], 3)
+    (row,) = top.loads_from_readings("rtx01", now, before)
+    assert (row.up, row.running, row.kv_cache, row.model, row.gpus) == (True, 2, 0.25, "diffusiongemma", ["GPU-a"])
+    assert row.tokens_s == 256.0 and row.errors_s == 0.1
+    # 10 answers under 0.1 s, 10 between 0.1 and 0.25 s in the window: p50 0.1, p95 0.235 (linear)
+    assert row.ttft_p50_s == 0.1 and math.isclose(row.ttft_p95_s, 0.235)
+    assert (row.gpu_util, row.gpu_memory_used_mib, row.gpu_memory_total_mib) == (97, 23000, 32607)
+    (first,) = top.loads_from_readings("rtx01", before, None)
+    assert first.tokens_s is None and first.ttft_p50_s is None  # one reading: no rate yet
+
+
+def test_histogram_quantile_is_prometheuss():
+    cumulative = [(0.1, 10.0), (0.25, 20.0), (math.inf, 20.0)]
+    assert exposition.histogram_quantile(0.5, cumulative) == 0.1
+    assert math.isclose(exposition.histogram_quantile(0.75, cumulative), 0.175)
+    assert exposition.histogram_quantile(0.99, [(1.0, 0.0), (math.inf, 5.0)]) == 1.0  # in +Inf: the highest bound
+    assert exposition.histogram_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None  # nothing observed
+    # a counter reset between readings: the new reading, not negative counts
+    assert exposition.delta([(1.0, 2.0), (math.inf, 2.0)], [(1.0, 9.0), (math.inf, 9.0)]) == [(1.0, 2.0),
+                                                                                            (math.inf, 2.0)]
+    samples = exposition.parse('a{x="q\\"uote"} 1.5\n# HELP a b\nb 2e3\nc{le="+Inf"} NaN\n')
+    assert samples[0] == ("a", {"x": 'q"uote'}, 1.5) and samples[1] == ("b", {}, 2000.0)

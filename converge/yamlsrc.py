@@ -51,7 +51,9 @@ class Sourced:
         return self.lines.get((), 1)
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it (the wheels are): the same nodes and marks,
+# and no quadratic scan of a long flow sequence, which the pure-Python scanner has
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     pass
 
 

@@ -6,6 +6,7 @@ in, steps out; no SSH here) and ``tests/`` (its testinfra checks).
 """
 from __future__ import annotations
 
+import copy
 import importlib
 from functools import lru_cache
 from pathlib import Path
@@ -42,12 +43,18 @@ def schemas() -> tuple:
     return tuple(yaml.safe_load((HERE / n / "schema.yml").read_text()) for n in ORDER)
 
 
+@lru_cache(maxsize=None)
+def _role_defaults(name: str) -> yamlsrc.Sourced:
+    # read once a process: the roles' own files (a long-lived caller, the tests, asks again and again)
+    return yamlsrc.load(HERE / name / "defaults" / "main.yml")
+
+
 def defaults() -> list[VarSource]:
     out = []
     for name in ORDER:
-        path = HERE / name / "defaults" / "main.yml"
-        sourced = yamlsrc.load(path)
-        out.append(VarSource(f"role defaults {name}", sourced.data or {}, {}, sourced=sourced))
+        sourced = _role_defaults(name)
+        # a copy of the values: whoever merges them gets its own
+        out.append(VarSource(f"role defaults {name}", copy.deepcopy(sourced.data or {}), {}, sourced=sourced))
     return out
 
 

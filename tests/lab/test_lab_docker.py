@@ -27,9 +27,10 @@ def test_spark01_serves_the_aarch64_image_under_the_real_docker_engine(deployed,
     assert proc.returncode == 0 and json.loads(out.read_text())["ok"], proc.stdout[-3000:]
     assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
     running = dict(line.split() for line in ssh("spark01", "docker ps --format '{{.Names}} {{.Image}}'").stdout.splitlines())
-    # vLLM, and its front door (HAProxy's official image name, from the lab's registry)
+    # vLLM, its front door and the node exporter (the official images' names, from the lab's registry)
     assert running == {"vllm-diffusiongemma": "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130",
-                       "dgemma-frontdoor": "10.213.0.1:5000/library/haproxy:2.6"}
+                       "dgemma-frontdoor": "10.213.0.1:5000/library/haproxy:2.6",
+                       "dgemma-node-exporter": "10.213.0.1:5000/prom/node-exporter:v1.5.0"}
     assert ssh("spark01", "docker image inspect --format '{{.Architecture}}' "
                           "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130").stdout.strip() == "arm64"
     inside = ssh("spark01", "docker exec vllm-diffusiongemma sh -c "

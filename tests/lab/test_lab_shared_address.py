@@ -3,7 +3,6 @@ one holder at a time, named by `invoke status`; the holder's link cut or its HAP
 stopped moves the address while 4 clients send requests to it, and the old holder's
 return moves nothing; a split is reported; keys reach both gateways."""
 import json
-import shlex
 import threading
 import time
 

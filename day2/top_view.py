@@ -64,7 +64,9 @@ def alert_lines(snap) -> list[str]:
 
 
 def renderable(snap, every: float | None = None):
-    table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold")
+    # one space after each column, none before: the columns' widths and their gaps make 80
+    # (padding on both sides made 91, and rich cropped every column to fit: "RU", "dgemm")
+    table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
     for name, width, justify in COLUMNS:
         table.add_column(name, width=width, justify=justify, no_wrap=True, overflow="crop")
     for row in snap.replicas:

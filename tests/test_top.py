@@ -1,8 +1,11 @@
 """`invoke top` without a lab: the snapshot from Prometheus's answers (as its HTTP API writes
 them), the snapshot from two readings of a host (the stand-in's /metrics, a front door's stats
 page), Prometheus's histogram_quantile, and a view that fits 80 columns."""
+import io
 import json
 import math
+
+from rich.console import Console
 
 from day2 import exposition, top, top_view
 
@@ -53,6 +56,12 @@ def test_a_snapshot_from_prometheus_joins_each_replica_with_its_gpu_and_gateway_
     assert lines[3].split() == ["hgx01/1", "dgemma", "DRAIN", "3", "1", "250", "98ms", "-", "2", "80", "98/140",
                                 "0.50"]
     assert lines[4].startswith("FIRING DgemmaReplicaDown hgx01/0: invoke recover --hosts hgx01 --replica 0")
+    # the live view in an 80-column terminal: the same rows, every header and cell whole
+    console = Console(width=80, record=True, color_system=None, file=io.StringIO())
+    console.print(top_view.renderable(snap, every=2))
+    live = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in live), live
+    assert [line.split() for line in live[1:4]] == [line.split() for line in lines[1:4]], live
 
 
 def test_each_query_asks_for_one_instant():

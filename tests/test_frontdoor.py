@@ -1,7 +1,9 @@
 """The front door's pieces without a host: the fleet CA and its certificates, the
 key store, and the HAProxy configuration run by a real HAProxy against a small
 backend (the lab tests run it in the hosts' containers)."""
+import csv
 import datetime
+import io
 import json
 import os
 import shutil
@@ -432,8 +434,18 @@ def test_a_family_whose_replicas_are_down_is_down_for_its_pool_not_drained(front
     while _roll_shell(door, 2, "fd_state").split()[-1] != "DOWN":
         assert time.monotonic() < deadline, "the front door never saw the replica down"
         time.sleep(0.3)
-    assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 503
+    for _ in range(3):  # the gateways' checks of the stopped pool, answered by the front door itself
+        assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 503
     assert door("/health", headers={"X-Dgemma-Pool": "diffusiongemma"})[0] == 200
+    # so pool_gemma4's counters hold users' requests alone (DgemmaServerErrors reads them)
+    assert _pool_5xx(door, "gemma4") == 0
+    assert door("/v1/chat/completions", "Bearer alice-key", {"model": "gemma4"})[0] == 503
+    assert _pool_5xx(door, "gemma4") == 1
+
+
+def _pool_5xx(door, family: str) -> int:
+    rows = csv.DictReader(io.StringIO(_roll_shell(door, 0, "stats_csv").lstrip("# ")))
+    return next(int(r["hrsp_5xx"] or 0) for r in rows if (r["pxname"], r["svname"]) == (f"pool_{family}", "BACKEND"))
 
 
 def test_a_request_in_flight_through_its_pool_counts_for_its_replica(front_door_of_two_families):

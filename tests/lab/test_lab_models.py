@@ -160,6 +160,13 @@ def inventory_with(lab_copy, policy):
     return lab_copy
 
 
+def answers_5xx(host) -> tuple[int, int]:
+    """5xx answers so far of the front door's api frontend, and of its DiffusionGemma pool."""
+    out = ssh(host, "curl -sS --max-time 3 'http://127.0.0.1:8404/stats;csv'").stdout
+    rows = {(r["pxname"], r["svname"]): int(r["hrsp_5xx"] or 0) for r in csv.DictReader(io.StringIO(out.lstrip("# ")))}
+    return rows[("api", "FRONTEND")], rows[("pool_diffusiongemma", "BACKEND")]
+
+
 def _stop_or_start(action, hosts):
     """Every DiffusionGemma replica of ``hosts`` (hgx01's two alone: its Gemma 4 replicas serve on)."""
     plain = ",".join(h for h in hosts if h != HGX)
@@ -199,6 +206,7 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
                 time.sleep(6)
             _stop_or_start("stop", (HGX,))
             stopped = time.monotonic()
+            counted_at_stop = {host: answers_5xx(host) for host in DG_ONLY}
             assert not [s for s in gateway_states().values() if s.split(" ")[0] == "UP"], gateway_states()
             time.sleep(5)
             switching = time.monotonic()
@@ -213,6 +221,7 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
                 # the map alone holds it (not the unit's environment, nor the container's spec)
                 assert where_key(gateway, key)["files"] == [keys_map], gateway
             time.sleep(5)
+            counted_before_start = {host: answers_5xx(host) for host in DG_ONLY}
             restoring = time.monotonic()
             proc, data = deploy_json("--hosts", f"gateway01,gateway02,{HGX}")  # the lab's own policy again
             outputs.append(proc.stdout + proc.stderr + json.dumps(data))
@@ -249,6 +258,11 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
           f"back ({len([o for o in fell_back if o[2] == 'gemma4'])} to gemma4, "
           f"{len([o for o in fell_back if o[2] == 'upstream'])} to the external API) while every DiffusionGemma "
           f"replica was stopped")
+    # the stopped front doors told the gateways' checks 503 themselves (their frontend counts
+    # them), and their pool counted no 5xx: it holds users' requests alone (DgemmaServerErrors)
+    for host in DG_ONLY:
+        (api_then, pool_then), (api_now, pool_now) = counted_at_stop[host], counted_before_start[host]
+        assert api_now > api_then and pool_now == pool_then, (host, counted_at_stop[host], counted_before_start[host])
     # the gateways count them: their fallback backends' answers (the shared address is on one;
     # a reload starts the counters again)
     counted = 0

@@ -178,11 +178,11 @@ def _front_door(tmp_path, replicas: int, pools=None):
     context = ssl.create_default_context(cafile=str(tmp_path / "ca" / "ca.crt"))
     base = f"https://127.0.0.1:{port}"
 
-    def call(path, key=None, body=None, headers=None):
+    def call(path, key=None, body=None, headers=None, timeout=10):
         req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body is not None else None,
                                      headers={**({"Authorization": key} if key else {}), **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
                 return resp.status, json.loads(resp.read()), resp.headers
         except urllib.error.HTTPError as exc:
             raw = exc.read() or b"null"
@@ -443,6 +443,15 @@ def test_a_family_whose_replicas_are_down_is_down_for_its_pool_not_drained(front
     assert _pool_5xx(door, "gemma4") == 1
 
 
+def _pool_load(door, family: str) -> tuple[dict[str, int], int]:
+    """The requests each server of ``family``'s pool is answering, and how many wait (the
+    pool's queue and its servers' own)."""
+    rows = [r for r in csv.DictReader(io.StringIO(_roll_shell(door, 0, "stats_csv").lstrip("# ")))
+            if r["pxname"] == f"pool_{family}"]
+    serving = {r["svname"]: int(r["scur"] or 0) for r in rows if r["svname"] != "BACKEND"}
+    return serving, sum(int(r["qcur"] or 0) for r in rows)  # the BACKEND row's qcur: those with no server yet
+
+
 def _pool_5xx(door, family: str) -> int:
     rows = csv.DictReader(io.StringIO(_roll_shell(door, 0, "stats_csv").lstrip("# ")))
     return next(int(r["hrsp_5xx"] or 0) for r in rows if (r["pxname"], r["svname"]) == (f"pool_{family}", "BACKEND"))
@@ -474,13 +483,19 @@ def test_a_family_whose_replicas_are_all_busy_with_a_queue_past_its_time_says_fu
     answers = []
 
     def held():
-        answers.append(door("/v1/chat/completions", "Bearer alice-key", {"model": "diffusiongemma", "hold": 5})[0])
+        # the queued one waits 5 s for a replica, then is held 5 s: more than the usual 10 s
+        answers.append(door("/v1/chat/completions", "Bearer alice-key", {"model": "diffusiongemma", "hold": 5},
+                            timeout=30)[0])
 
     clients = [threading.Thread(target=held) for _ in range(3)]
     for client in clients:
         client.start()
-    time.sleep(0.3)
-    assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["1 UP", "1 UP", "0 UP"]  # the third waits
+    # each replica at its limit and the third request waiting: in the pool's queue, or in one
+    # server's own (two requests that arrive together may both pick the same least-loaded replica)
+    deadline = time.monotonic() + 3
+    while (load := _pool_load(door, "diffusiongemma")) != ({"replica0": 1, "replica1": 1}, 1):
+        assert time.monotonic() < deadline, load
+        time.sleep(0.1)
     started, seen = time.monotonic(), []
     while (got := door("/health", headers=dg))[0] == 200:
         seen.append(time.monotonic() - started)

@@ -21,7 +21,7 @@ from roles import scrape_targets
 from roles.exporters.textfiles import TEXTFILES
 from roles.fleet import is_gateway, is_monitoring, is_serving
 from roles.frontdoor.render import FRONTDOOR, GATEWAY
-from roles.frontdoor.stats import POOL_PREFIX
+from roles.frontdoor.stats import POOL_PREFIX, stats_rows
 
 from . import exposition
 from .status import parse_stats_csv
@@ -263,13 +263,7 @@ def read_host(output: str, at: float) -> HostReading:
     parts = split_markers(output)
     groups = {int(r["index"]): r for r in scrape_targets.replicas_of(scrape_targets.parse(parts.get("targets", "")))}
     replicas = {i: (groups[i], exposition.parse(parts.get(f"replica {i}", ""))) for i in groups}
-    return HostReading(at, replicas, _stats_rows(parts.get("frontdoor", "")), exposition.parse(parts.get("gpu", "")))
-
-
-def _stats_rows(text: str) -> list[dict]:
-    import csv
-    import io
-    return list(csv.DictReader(io.StringIO(text.lstrip("# ")))) if text.strip() else []
+    return HostReading(at, replicas, stats_rows(parts.get("frontdoor", "")), exposition.parse(parts.get("gpu", "")))
 
 
 def loads_from_readings(host: str, now: HostReading, before: HostReading | None) -> list[ReplicaLoad]:

@@ -1,9 +1,7 @@
 """The front door's pieces without a host: the fleet CA and its certificates, the
 key store, and the HAProxy configuration run by a real HAProxy against a small
 backend (the lab tests run it in the hosts' containers)."""
-import csv
 import datetime
-import io
 import json
 import os
 import shutil
@@ -23,6 +21,7 @@ from credentials import CredentialError, ca as fleet_ca
 from credentials.keys import KeyStore, digest
 from roles import scrape_targets
 from roles.frontdoor.render import ALLOWED, Server, render_config, render_keys, render_unit, run_command
+from roles.frontdoor.stats import stats_rows
 
 
 def test_the_ca_is_made_once_and_its_key_stays_0600(tmp_path):
@@ -446,14 +445,13 @@ def test_a_family_whose_replicas_are_down_is_down_for_its_pool_not_drained(front
 def _pool_load(door, family: str) -> tuple[dict[str, int], int]:
     """The requests each server of ``family``'s pool is answering, and how many wait (the
     pool's queue and its servers' own)."""
-    rows = [r for r in csv.DictReader(io.StringIO(_roll_shell(door, 0, "stats_csv").lstrip("# ")))
-            if r["pxname"] == f"pool_{family}"]
+    rows = [r for r in stats_rows(_roll_shell(door, 0, "stats_csv")) if r["pxname"] == f"pool_{family}"]
     serving = {r["svname"]: int(r["scur"] or 0) for r in rows if r["svname"] != "BACKEND"}
     return serving, sum(int(r["qcur"] or 0) for r in rows)  # the BACKEND row's qcur: those with no server yet
 
 
 def _pool_5xx(door, family: str) -> int:
-    rows = csv.DictReader(io.StringIO(_roll_shell(door, 0, "stats_csv").lstrip("# ")))
+    rows = stats_rows(_roll_shell(door, 0, "stats_csv"))
     return next(int(r["hrsp_5xx"] or 0) for r in rows if (r["pxname"], r["svname"]) == (f"pool_{family}", "BACKEND"))
 
 

@@ -13,12 +13,17 @@ from converge.facts import Fact
 POOL_PREFIX = "pool_"
 
 
+def stats_rows(text: str) -> list[dict]:
+    """Every row of HAProxy's stats CSV (``/stats;csv``): frontends, backends and servers."""
+    return list(csv.DictReader(io.StringIO(text.lstrip("# "))))
+
+
 def server_rows(text: str, backend: str = "servers") -> list[dict]:
     """The rows of HAProxy's stats CSV (``/stats;csv``) for each server of ``backend`` (of every
     backend whose name starts with it, when it ends in ``_``: the gateway's pools)."""
     def wanted(name):
         return name is not None and (name.startswith(backend) if backend.endswith("_") else name == backend)
-    return [row for row in csv.DictReader(io.StringIO(text.lstrip("# ")))
+    return [row for row in stats_rows(text)
             if wanted(row.get("pxname")) and row.get("svname") not in (None, "FRONTEND", "BACKEND")]
 
 

@@ -2,8 +2,6 @@
 DiffusionGemma on two GPUs and Gemma 4 26B-A4B-it on the other two (lab/inventory.py),
 the other hosts DiffusionGemma alone; DiffusionGemma's requests fall back to Gemma 4
 (model_fallback in group_vars/all)."""
-import csv
-import io
 import json
 import re
 import secrets
@@ -16,6 +14,7 @@ import yaml
 from lab import config
 from roles.frontdoor.pools import UPSTREAM_KEYS
 from roles.frontdoor.render import GATEWAY
+from roles.frontdoor.stats import stats_rows
 from tests import openai_upstream
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 from tests.lab.test_lab_rollout import gateway_states, main_pids, running_settings
@@ -163,7 +162,7 @@ def inventory_with(lab_copy, policy):
 def answers_5xx(host) -> tuple[int, int]:
     """5xx answers so far of the front door's api frontend, and of its DiffusionGemma pool."""
     out = ssh(host, "curl -sS --max-time 3 'http://127.0.0.1:8404/stats;csv'").stdout
-    rows = {(r["pxname"], r["svname"]): int(r["hrsp_5xx"] or 0) for r in csv.DictReader(io.StringIO(out.lstrip("# ")))}
+    rows = {(r["pxname"], r["svname"]): int(r["hrsp_5xx"] or 0) for r in stats_rows(out)}
     return rows[("api", "FRONTEND")], rows[("pool_diffusiongemma", "BACKEND")]
 
 
@@ -268,7 +267,7 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
     counted = 0
     for gateway in ("gateway01", "gateway02"):
         out = ssh(gateway, "curl -sS --max-time 3 'http://127.0.0.1:8405/stats;csv'").stdout
-        counted += sum(int(row["hrsp_2xx"] or 0) for row in csv.DictReader(io.StringIO(out.lstrip("# ")))
+        counted += sum(int(row["hrsp_2xx"] or 0) for row in stats_rows(out)
                        if (row["pxname"], row["svname"]) == ("fallback_diffusiongemma", "BACKEND"))
     assert counted > 0
     # the upstream's key: in no deploy output; on no serving host; in no process's argv or journal

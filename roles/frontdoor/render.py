@@ -46,9 +46,14 @@ class Proxy:
 
 FRONTDOOR = Proxy("front door", "frontdoor_name", "dgemma-frontdoor", "/etc/dgemma/frontdoor",
                   "/run/dgemma-frontdoor", "VLLM_API_KEY", 8404)
-# how often the gateway checks each front door for each pool: a roll taking a pool's last
-# replicas out raises its flag and waits this long (and a little) for the gateway to see it
+# how often the gateway checks each front door for each pool, and how long one check may take
 GATEWAY_CHECK_INTERVAL_S = 1
+GATEWAY_CHECK_TIMEOUT_S = 2
+# a roll taking a pool's last replicas out raises its flag, then waits this long for every
+# gateway to see it: a check answered just before the flag may reach its gateway up to its
+# timeout later, and the next begins an interval after that one ends (waiting one interval
+# alone, a gateway slow to check on a busy host still sent requests to the drained pool: 503)
+GATEWAY_SEES_FLAG_S = GATEWAY_CHECK_TIMEOUT_S + GATEWAY_CHECK_INTERVAL_S + 0.5
 GATEWAY = Proxy("gateway", "gateway_name", "dgemma-gateway", "/etc/dgemma/gateway", "/run/dgemma-gateway",
                 "GATEWAY_KEY", 8405)
 DIR = FRONTDOOR.dir

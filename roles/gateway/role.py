@@ -23,11 +23,11 @@ from converge.errors import SecretError
 from converge.secrets import read_secret_file
 from roles.frontdoor.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                    render_upstream_keys, serving)
-from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, Server
+from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S, Server
 
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second
-BACKEND = {"connect_timeout": "1s", "check_timeout": "2s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
+BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
 
 
 def facts(v):

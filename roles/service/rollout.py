@@ -35,7 +35,7 @@ from converge.changes import Command, File, Output, Produced, Throttle
 from converge.errors import StepFailed
 
 from roles.frontdoor.admin import ADMIN_SOCKET, FRONTDOOR_CA, FRONTDOOR_SHELL
-from roles.frontdoor.render import GATEWAY_CHECK_INTERVAL_S
+from roles.frontdoor.render import GATEWAY_CHECK_INTERVAL_S, GATEWAY_SEES_FLAG_S
 from roles.replicas import installed, replica_name, replica_port, replica_unit
 from roles.serving_host import connect_address, env_path, unit_file
 
@@ -176,11 +176,12 @@ say "@begin $(now_ms)"
 # 1. out of service: the host's rolling flag up (the gateway holds it out while none is in
 # service), then no new requests for these replicas; those in flight finish (up to drain_timeout)
 # the last replicas in service of a family here: its pool's flag first, and the gateway's next
-# check (it checks each pool every {GATEWAY_CHECK_INTERVAL_S:g} s) takes the host out for it before they drain
+# check (each pool every {GATEWAY_CHECK_INTERVAL_S:g} s, a check taking up to its timeout) takes the host out
+# for it before they drain
 if [ -S "$ADMIN" ]; then
   ids=" "; for r in $EACH; do $r; ids="$ids$I "; done
   for p in $(leaving_pools "$ids"); do pool_flag "$p" ready && leaving="$leaving $p"; done
-  if [ -n "$leaving" ] && [ {int(roll.gateway_wait)} = 1 ]; then sleep {GATEWAY_CHECK_INTERVAL_S + 0.5:g}; fi
+  if [ -n "$leaving" ] && [ {int(roll.gateway_wait)} = 1 ]; then sleep {GATEWAY_SEES_FLAG_S:g}; fi
 fi
 for r in $EACH; do
   $r

@@ -203,8 +203,9 @@ def test_a_streaming_request_in_flight_on_a_draining_replica_completes(fleet):
     import ssl
     import urllib.request
     from tests.lab.conftest import CA_FILE
-    # about 100 canvases: the stand-in sends one every ~0.1 s, so the stream lasts ~10 s
-    body = {"model": "diffusiongemma", "max_tokens": 25600, "ignore_eos": True, "stream": True,
+    # about 200 canvases: the stand-in sends one every ~0.1 s, so the stream lasts ~20 s, well past
+    # the deploy's facts and the roll's wait for the gateways before it drains
+    body = {"model": "diffusiongemma", "max_tokens": 51200, "ignore_eos": True, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}
     req = urllib.request.Request(f"https://{config.host('rtx01').address}:8000/v1/chat/completions",
                                  data=json.dumps(body).encode(),
@@ -223,7 +224,7 @@ def test_a_streaming_request_in_flight_on_a_draining_replica_completes(fleet):
     assert got.get("status") == 200 and got["body"].rstrip().endswith("data: [DONE]"), str(got)[-500:]
     tokens = sum(len(json.loads(line[6:])["choices"][0]["delta"].get("content", "").split())
                  for line in got["body"].splitlines() if line.startswith("data: {"))
-    assert tokens == 25600
+    assert tokens == 51200
     message = rolled(data)[0]["message"]
     drained = float(re.search(r"drained in ([0-9.]+) s", message).group(1))
     assert drained >= 3, message  # it waited for the stream

@@ -11,17 +11,22 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from testinfra.backend.base import BaseBackend, CommandResult
 
-from .transport import Transport
+from .errors import RemoteCommandError
+from .transport import Result, Transport
 
 COMMAND_TIMEOUT_S = 300
 # what the checks of one run read: set by `run` before pytest starts (one run per process)
 TRANSPORTS: dict[str, Transport] = {}
 EXPECTED: dict = {}
+# each host's check shell, once it has been opened (a host whose shell broke runs without one)
+SHELLS: dict[str, "CheckShell | None"] = {}
 
 
 @dataclass
@@ -32,6 +37,97 @@ class CheckResult:
     message: str = ""
 
 
+class CheckShell:
+    """One shell per host that runs every check command of the run, each read from its
+    stdin: a check costs its own command, not a new SSH channel and a sudo (over a slow
+    link, or where sudo hashes a password, those were most of a check's time).
+
+    Each command goes as its lines then the session's boundary line; it runs in a subshell
+    (``eval``: on no command line, as ``sh -s`` read it before), its stdin /dev/null, its
+    standard error in a file of a 0700 folder. Back come its output, the boundary with the
+    exit status, its standard error, the boundary again."""
+
+    SCRIPT = r"""
+_ck_dir=$(mktemp -d) || exit 1
+trap 'rm -rf "$_ck_dir"' EXIT
+trap 'exit 1' HUP INT TERM PIPE
+_ck_serve() {
+  _ck_nl='
+'
+  printf '%s ready\n' "$1"
+  while :; do
+    _ck_cmd=""
+    while IFS= read -r _ck_line; do [ "$_ck_line" = "$1" ] && break; _ck_cmd="$_ck_cmd$_ck_line$_ck_nl"; done
+    [ "$_ck_line" = "$1" ] || return 0
+    ( set --; eval "$_ck_cmd" ) </dev/null 2>"$_ck_dir/err"
+    printf '\n%s rc %s\n' "$1" "$?"
+    if [ -s "$_ck_dir/err" ]; then cat "$_ck_dir/err"; fi
+    printf '\n%s end\n' "$1"
+  done
+}
+_ck_serve BOUNDARY
+"""
+
+    def __init__(self, transport: Transport):
+        self.boundary = "@@check-" + secrets.token_hex(8)
+        self.held = transport.hold(self.SCRIPT.replace("BOUNDARY", self.boundary), timeout=COMMAND_TIMEOUT_S)
+        ready, complete = self.held.read_until(f"{self.boundary} ready", 60)
+        if not complete:
+            self.held.close()
+            raise RemoteCommandError(f"the check shell did not start: {ready.strip()[-300:]}")
+
+    def run(self, command: str) -> Result:
+        self.held.proc.write(f"{command}\n{self.boundary}\n".encode())
+        stdout, _ = self._until(f"{self.boundary} rc ", COMMAND_TIMEOUT_S)
+        rc = int(self._last.rsplit(" ", 1)[1])
+        stderr, _ = self._until(f"{self.boundary} end", 60)
+        return Result(rc, stdout, stderr)
+
+    def _until(self, prefix: str, timeout: float) -> tuple[str, str]:
+        """Lines up to the line that starts with ``prefix`` (the newline the shell put
+        before that line is not the command's)."""
+        deadline, lines = time.monotonic() + timeout, []
+        while True:
+            line = self.held.readline(max(deadline - time.monotonic(), 0))
+            if line is None:
+                raise RemoteCommandError(f"{self.held.name}: the check shell ended: {chr(10).join(lines)[-300:]}")
+            if line.startswith(prefix):
+                self._last = line
+                return "\n".join(lines), line
+            lines.append(line)
+
+    def close(self):
+        self.held.close()
+
+
+def run_check_command(host: str, command: str) -> Result:
+    """``command`` on ``host``: through its check shell (opened at the first), or on a
+    channel of its own where no shell could be opened. A shell that fails a command is
+    closed: the next command opens another."""
+    transport = TRANSPORTS[host]
+    if host not in SHELLS:
+        try:
+            SHELLS[host] = CheckShell(transport)
+        except RemoteCommandError:
+            SHELLS[host] = None  # e.g. no temporary folder: each check on its own channel, as before
+    shell = SHELLS[host]
+    if shell is None:
+        return transport.run(command + "\n", timeout=COMMAND_TIMEOUT_S)
+    try:
+        return shell.run(command)
+    except Exception:
+        SHELLS.pop(host, None)
+        shell.close()
+        raise
+
+
+def close_shells():
+    for shell in SHELLS.values():
+        if shell is not None:
+            shell.close()
+    SHELLS.clear()
+
+
 class TransportBackend(BaseBackend):
     """testinfra's commands as scripts on the host's transport (``converge://NAME``)."""
 
@@ -39,7 +135,7 @@ class TransportBackend(BaseBackend):
 
     def run(self, command: str, *args: str, **kwargs) -> CommandResult:
         command = self.quote(command, *args)
-        result = TRANSPORTS[self.hostname].run(command + "\n", timeout=COMMAND_TIMEOUT_S)
+        result = run_check_command(self.hostname, command)
         return self.result(result.rc, self.encode(command), result.stdout.encode(), result.stderr.encode())
 
     def get_encoding(self) -> str:
@@ -94,6 +190,9 @@ def run(transports: dict[str, Transport], test_paths: list[str], expected: dict,
     args = [*test_paths, "--hosts=" + ",".join(f"converge://{name}" for name in transports), "-p",
             "no:cacheprovider", "-q", "-rN", "--tb=line", "-o", "junit_family=xunit1"]
     output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        pytest.main(args + ([f"--junitxml={junit}"] if junit else []), plugins=[outcomes])
+    try:
+        with contextlib.redirect_stdout(output):
+            pytest.main(args + ([f"--junitxml={junit}"] if junit else []), plugins=[outcomes])
+    finally:
+        close_shells()
     return outcomes.results, output.getvalue()

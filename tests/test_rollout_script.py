@@ -16,7 +16,8 @@ from roles.service import rollout
 
 STUBS = {
     "systemctl": """case "$*" in
-  *NRestarts*) echo 0;; *ActiveState*) echo active;; *SubState*) echo running;;
+  show*--value*) case "$*" in *NRestarts*) echo 0;; *ActiveState*) echo active;; *SubState*) echo running;; esac;;
+  show*) printf 'NRestarts=0\nActiveState=active\nSubState=running\n';;
   restart*|start*) echo "$*" >> "$LOG"; echo UP > "$LOG.state";;
   stop*|"disable --now"*) echo "$*" >> "$LOG"; echo DOWN > "$LOG.state";;
   kill*) echo "$*" >> "$LOG";; *) ;;

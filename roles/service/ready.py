@@ -31,8 +31,13 @@ await_ready() {
     ms=$(( $(now_ms) - t0 )); left=""
     for e in $pending; do
       u=${e%%=*}; rest=${e#*=}; port=${rest%%=*}; n0=${rest#*=}
-      active=$(systemctl show -p ActiveState --value "$u"); sub=$(systemctl show -p SubState --value "$u")
-      n=$(systemctl show -p NRestarts --value "$u")
+      # one systemctl for the three: each is a round trip to systemd, and this loop polls
+      active=""; sub=""; n=""
+      while IFS='=' read -r k v; do
+        case $k in ActiveState) active=$v;; SubState) sub=$v;; NRestarts) n=$v;; esac
+      done <<UNIT_STATE
+$(systemctl show -p ActiveState -p SubState -p NRestarts "$u")
+UNIT_STATE
       if [ "$active" = failed ] || [ "$active" = inactive ] || [ "$sub" = auto-restart ] || [ "$n" != "$n0" ]; then
         failed_unit=$u; why="its container exited after $(( ms / 1000 )) s ($active/$sub)"
         say "@failed $u $active/$sub $ms"; return 1

@@ -39,6 +39,8 @@ def test_spark01_is_a_user_with_sudo_that_asks_a_password(lab):
                             "id -un; sudo -n true"], capture_output=True, text=True, timeout=60)
     assert login.stdout.split()[0] == "nvidia" and "a password is required" in login.stderr
     assert ssh("spark01", "id -u").stdout.strip() == "0"  # with the password on sudo's stdin
+    # sudo checks it against a yescrypt hash, as on DGX OS, at the lowest cost (lab.rootfs says why)
+    assert ssh("spark01", "getent shadow nvidia | cut -d: -f2").stdout.startswith("$y$j75$")
 
 
 def _scanner(secret: bytes, found: list, stop: threading.Event):

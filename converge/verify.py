@@ -12,7 +12,6 @@ import contextlib
 import io
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +43,9 @@ class CheckShell:
 
     Each command goes as its lines then the session's boundary line; it runs in a subshell
     (``eval``: on no command line, as ``sh -s`` read it before), its stdin /dev/null, its
-    standard error in a file of a 0700 folder. Back come its output, the boundary with the
-    exit status, its standard error, the boundary again."""
+    standard error in a file of a 0700 folder. Back come its output, the boundary line, its
+    exit status, its standard error, the boundary's end line (both read as the held
+    script's markers are, with their bound on the output)."""
 
     SCRIPT = r"""
 _ck_dir=$(mktemp -d) || exit 1
@@ -60,7 +60,7 @@ _ck_serve() {
     while IFS= read -r _ck_line; do [ "$_ck_line" = "$1" ] && break; _ck_cmd="$_ck_cmd$_ck_line$_ck_nl"; done
     [ "$_ck_line" = "$1" ] || return 0
     ( set --; eval "$_ck_cmd" ) </dev/null 2>"$_ck_dir/err"
-    printf '\n%s rc %s\n' "$1" "$?"
+    printf '\n%s out\n%s\n' "$1" "$?"
     if [ -s "$_ck_dir/err" ]; then cat "$_ck_dir/err"; fi
     printf '\n%s end\n' "$1"
   done
@@ -78,23 +78,18 @@ _ck_serve BOUNDARY
 
     def run(self, command: str) -> Result:
         self.held.proc.write(f"{command}\n{self.boundary}\n".encode())
-        stdout, _ = self._until(f"{self.boundary} rc ", COMMAND_TIMEOUT_S)
-        rc = int(self._last.rsplit(" ", 1)[1])
-        stderr, _ = self._until(f"{self.boundary} end", 60)
-        return Result(rc, stdout, stderr)
+        stdout = self._until(f"{self.boundary} out", COMMAND_TIMEOUT_S)
+        rc = self.held.readline(60)
+        if rc is None or not rc.isdigit():
+            raise RemoteCommandError(f"{self.held.name}: the check shell ended: {rc!r}")
+        return Result(int(rc), stdout, self._until(f"{self.boundary} end", 60))
 
-    def _until(self, prefix: str, timeout: float) -> tuple[str, str]:
-        """Lines up to the line that starts with ``prefix`` (the newline the shell put
-        before that line is not the command's)."""
-        deadline, lines = time.monotonic() + timeout, []
-        while True:
-            line = self.held.readline(max(deadline - time.monotonic(), 0))
-            if line is None:
-                raise RemoteCommandError(f"{self.held.name}: the check shell ended: {chr(10).join(lines)[-300:]}")
-            if line.startswith(prefix):
-                self._last = line
-                return "\n".join(lines), line
-            lines.append(line)
+    def _until(self, marker: str, timeout: float) -> str:
+        """The lines up to ``marker`` (the newline the shell put before it is not the command's)."""
+        text, complete = self.held.read_until(marker, timeout)
+        if not complete:
+            raise RemoteCommandError(f"{self.held.name}: the check shell ended: {text[-300:]}")
+        return text
 
     def close(self):
         self.held.close()

@@ -21,7 +21,7 @@ COMMANDS = [
     "pwd",  # the cd above stayed in its own subshell
     "exec sh -c 'echo exec; exit 7'",
     "set -e; false; echo not reached",
-    "printf '@@check-0000 rc 0\\n'",  # a line like the markers is output like any other
+    "printf '@@check-0000 out\\n0\\n'",  # lines like the markers are output like any other
 ]
 
 

@@ -8,6 +8,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("DGEMMA_LAB_STATE", "/var/lib/dgemma-lab"))
 CACHE = Path(os.environ.get("DGEMMA_LAB_CACHE", "/var/cache/dgemma-lab"))
+# seconds the vLLM stand-in takes from its start to its first answer (a real vLLM: ~140 s, seed
+# 000). Every start in the lab waits it: the suite starts replicas ~110 times, most of them on
+# its critical path (rolls one at a time), so it is short; a test that needs a slow start sets
+# the per-host knob (lab/stubs/vllm: COLD_START_KNOB)
+COLD_START_S = 2.0
 MIRROR = os.environ.get("DGEMMA_LAB_MIRROR", "http://deb.debian.org/debian")
 SUITE = "bookworm"
 

@@ -247,7 +247,7 @@ def _small_root(root: Path, base: Path, unpacked: Path, program: str, official: 
     (root / "tmp").chmod(0o1777)
 
 
-def ensure_images(cold_start: float = 5.0, log=print):
+def ensure_images(cold_start: float = config.COLD_START_S, log=print):
     """Build (when its inputs changed) and push each arch's image under every tag."""
     ensure_frontdoor_image(log)
     ensure_monitoring_images(log)

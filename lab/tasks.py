@@ -29,8 +29,8 @@ def _state_hosts() -> list[config.LabHost]:
 @task(help={"hosts": "extra plain x86_64 hosts for scale tests (default 0)",
             "fresh": "rebuild every host's rootfs from the base (forgets what was deployed)",
             "fresh_hosts": "rebuild these hosts' rootfs alone (comma-separated names)",
-            "cold_start": "seconds the vLLM stand-in takes to start (default 5)"})
-def up(c, hosts=0, fresh=False, fresh_hosts="", cold_start=5.0):
+            "cold_start": f"seconds the vLLM stand-in takes to start (default {config.COLD_START_S:g})"})
+def up(c, hosts=0, fresh=False, fresh_hosts="", cold_start=config.COLD_START_S):
     """Bring up the lab: spark01 (aarch64, GB10), rtx01 (RTX 5090), h100-01 (H100)."""
     started = time.monotonic()
     renew = {n for n in fresh_hosts.split(",") if n}

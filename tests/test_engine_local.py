@@ -1,6 +1,9 @@
 """The engine on this machine through a local connection: one-script facts,
 atomic writes with the previous version kept, secret-safe diffs, host lock."""
 import os
+import signal as signal_module
+import subprocess
+import time
 
 from converge.changes import File, mask_secret
 from converge.transport.local import LocalTransport as LocalConnection
@@ -20,6 +23,51 @@ def test_facts_gather_in_one_script_even_when_a_fact_exits():
     assert facts["mem"]["MemTotal"] > 0
     raw = split(conn.run(script({"bad": Exits()}, "@@b")).stdout, "@@b")
     assert raw == {"bad": ("partial", 7)}
+
+
+class _Meets(Arch):
+    """Says `together` when the other fact of its pair ran at the same time: each leaves a
+    file and waits (up to 10 s, a bound against a hang, not a speed goal) for the other's."""
+
+    def __init__(self, folder, mine, theirs):
+        self.command = (f"touch {folder}/{mine}; for i in $(seq 100); do [ -e {folder}/{theirs} ] && break; "
+                        f"sleep 0.1; done; [ -e {folder}/{theirs} ] && echo together || echo alone")
+
+
+def test_facts_run_side_by_side_and_one_by_one_where_no_temporary_folder_can_be_made(tmp_path):
+    class Exits(Arch):
+        command = "echo partial; exit 7"
+
+    temp, meet = tmp_path / "tmp", tmp_path / "meet"
+    temp.mkdir()
+    meet.mkdir()
+    gathering = Gathering({"a": _Meets(meet, "a", "b"), "bad": Exits(), "b": _Meets(meet, "b", "a"),
+                           "arch": Arch()})
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(temp)}
+    side_by_side = gathering.parse(subprocess.run(["sh", "-c", gathering.script], env=env, capture_output=True,
+                                                  text=True, timeout=60).stdout)
+    assert side_by_side.values == {"a": "together", "bad": "partial", "b": "together", "arch": os.uname().machine}
+    assert os.listdir(temp) == []  # the folder went with the facts
+    for name in os.listdir(meet):
+        os.unlink(meet / name)
+    # no temporary folder: one after another, the same answers (the pair could not meet)
+    env["TMPDIR"] = str(tmp_path / "absent")
+    one_by_one = gathering.parse(subprocess.run(["sh", "-c", gathering.script], env=env, capture_output=True,
+                                                text=True, timeout=60).stdout)
+    assert one_by_one.values == {"a": "alone", "bad": "partial", "b": "together", "arch": os.uname().machine}
+    # a gathering ended by a signal (a lost link's SIGHUP, a SIGTERM) takes its folder with it too
+    env["TMPDIR"] = str(temp)
+    slow = Gathering({"slow": type("Slow", (Arch,), {"command": "sleep 30"})(), "arch": Arch()})
+    for signal in (signal_module.SIGHUP, signal_module.SIGTERM):
+        proc = subprocess.Popen(["sh", "-c", slow.script], env=env, start_new_session=True, stdout=subprocess.PIPE)
+        for _ in range(100):
+            if os.listdir(temp) and len(os.listdir(temp / os.listdir(temp)[0])) == 2:
+                break
+            time.sleep(0.1)
+        assert os.listdir(temp), "the facts never started"
+        os.killpg(proc.pid, signal)
+        proc.communicate(timeout=30)
+        assert os.listdir(temp) == [], signal
 
 
 def test_atomic_write_keeps_previous_and_reports_no_change_after(tmp_path):

@@ -162,7 +162,7 @@ def write(table: str, floor):
                f"replicas restarted with `systemctl restart` and waited for (/health, /v1/models) one after another, "
                f"timed on each host, with nothing around them (s: {each}). What the rollout adds per replica: the "
                f"drain, the unit write, the gate's completion through the front door and its checks, and putting "
-               f"it back; the stand-in's cold start is 5 s (about 140 s on real hardware, seed 000), so on real hosts the "
+               f"it back; the stand-in's cold start is {config.COLD_START_S:g} s (about 140 s on real hardware, seed 000), so on real hosts the "
                f"ratio comes closer to 1.\n\n{table}\n{MARK_END}")
     write_section(MARK_BEGIN, MARK_END, section)
 

@@ -3,6 +3,14 @@
 All facts a host needs are gathered in one script, so one round trip. Each fact's
 output is framed by a random boundary, so no output can be mistaken for another
 fact's.
+
+The facts run side by side, each in a subshell of its own writing to a file of a
+private temporary folder, and the files are printed in order once every fact has
+ended. Most facts are a few small programs, and a host that starts programs
+slowly (an emulated one, or one whose container CLIs take most of a second each)
+waited for them one after another: on the lab's aarch64 host under qemu, 13.6 s
+one by one, 9.3 s side by side. Where no temporary folder can be made (a full or
+read-only /tmp), they run one after another, straight to the output, as before.
 """
 from __future__ import annotations
 
@@ -39,11 +47,19 @@ class Facts:
 
 def script(facts: dict[str, Fact], boundary: str) -> str:
     parts = ["exec 2>&1", "LC_ALL=C; export LC_ALL"]
-    for name, fact in facts.items():
-        parts.append(f"printf '%s begin {name}\\n' {boundary}")
-        # a subshell so that one fact's `exit` or `set -e` cannot end the others
-        parts.append(f"( {fact.command}\n) </dev/null")
-        parts.append(f"printf '\\n%s end {name} %s\\n' {boundary} $?")
+    names = list(facts)
+    for number, name in enumerate(names):
+        # a function per fact, framed by its markers; a subshell so that one fact's `exit`
+        # or `set -e` cannot end the others
+        parts.append(f"_fact{number}() {{\nprintf '%s begin {name}\\n' {boundary}\n( {facts[name].command}\n) </dev/null\n"
+                     f"printf '\\n%s end {name} %s\\n' {boundary} $?\n}}")
+    side_by_side = " ".join(f'_fact{n} >"$_facts/{n}" 2>&1 </dev/null &' for n in range(len(names)))
+    files = " ".join(f'"$_facts/{n}"' for n in range(len(names)))
+    one_by_one = "; ".join(f"_fact{n}" for n in range(len(names))) or ":"
+    # the folder goes with the subshell, however it ends (a lost link: its `cat` gets SIGPIPE)
+    parts.append(f"if _facts=$(mktemp -d 2>/dev/null); then (\n"
+                 f"trap 'rm -rf \"$_facts\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
+                 f"{side_by_side or ':'}\nwait\n{'cat ' + files if names else ':'}\n)\nelse {one_by_one}; fi")
     return "\n".join(parts) + "\n"
 
 

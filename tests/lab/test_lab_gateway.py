@@ -96,7 +96,7 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
         figures["vllm_stopped_down_s"] = wait_state("rtx01", "DOWN")
         time.sleep(10)
         ssh("rtx01", "systemctl start podman-vllm-diffusiongemma.service")
-        figures["vllm_started_up_s"] = wait_state("rtx01", "UP", 120)  # the stand-in's cold start is 5 s
+        figures["vllm_started_up_s"] = wait_state("rtx01", "UP", 120)  # after the stand-in's cold start
         time.sleep(10)
         spark = config.host("spark01")
         sh.run("ip", "link", "set", spark.veth, "down")
@@ -118,7 +118,7 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
     assert len(outcomes) > 100 and not failed, (len(outcomes), failed[:10])
     saw = (f"{len(outcomes)} requests in {time.monotonic() - begun:.0f} s from 4 clients, 0 failed (slowest "
            f"{slowest:.1f} s). vLLM stopped: DOWN in {figures['vllm_stopped_down_s']:.1f} s, UP "
-           f"{figures['vllm_started_up_s']:.1f} s after systemctl start (a 5 s cold start); link cut: DOWN in "
+           f"{figures['vllm_started_up_s']:.1f} s after systemctl start (a {config.COLD_START_S:g} s cold start); link cut: DOWN in "
            f"{figures['link_cut_down_s']:.1f} s, UP {figures['link_back_up_s']:.1f} s after the link came back")
     print(saw)
     reliability.record("gateway-vllm-stopped", "fault", "a serving host's vLLM stops behind the gateway",

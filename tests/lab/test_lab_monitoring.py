@@ -288,7 +288,7 @@ def test_a_killed_replica_and_a_cut_link_alert_with_the_fix_and_resolve(monitore
             if sys.exc_info()[0] is not None:  # the replica back for the tests that follow, not in 300 s
                 invoke("recover", "--hosts", "hgx01", "--replica", "1", inventory=inventory)
         # the command the alert names (its first step drains the replica: ours now, no longer down
-        # unawares), which brings it back with the usual 5 s cold start
+        # unawares), which brings it back with the lab's usual cold start
         recovering = time.time()
         fixed = invoke("recover", "--hosts", "hgx01", "--replica", "1", inventory=inventory)
         back = time.time()

@@ -86,6 +86,7 @@ def ensure_host(host: config.LabHost):
         veth, inside, address = host.veth_on(network), f"host{number}", host.address_on(network)
         if not sh.ok("ip", "link", "show", veth):
             sh.run("ip", "link", "add", veth, "type", "veth", "peer", "name", inside, "netns", host.netns)
+            forget_neighbour(address)
         sh.run("ip", "link", "set", veth, "master", BRIDGES[network], "up")
         addrs = sh.run(*ns, "-4", "-o", "addr", "show", "dev", inside).stdout
         if f"{address}/" not in addrs:
@@ -99,10 +100,22 @@ def ensure_host(host: config.LabHost):
         sh.run(*ns, "route", "add", "default", "via", via)
 
 
+def forget_neighbour(address: str):
+    """A new link has a new MAC address: this machine (and the NAT router, for the private
+    network) forget the one they knew at ``address``. An entry of an earlier host there is never
+    dropped on its own while the table is small (the kernel's gc_thresh1): this machine kept
+    sending to the old MAC, its unicast probes went unanswered for ~8 s, and a deploy's
+    10 s connect timed out on all four scale nodes of a lab that had had nodes before."""
+    sh.run("ip", "neigh", "flush", "to", address, check=False)
+    if Path(f"/run/netns/{config.NAT_NETNS}").exists():
+        sh.run("ip", "-n", config.NAT_NETNS, "neigh", "flush", "to", address, check=False)
+
+
 def remove_host(host: config.LabHost):
     for network in host.networks:
         if sh.ok("ip", "link", "show", host.veth_on(network)):
             sh.run("ip", "link", "del", host.veth_on(network), check=False)
+        forget_neighbour(host.address_on(network))
     if Path(f"/run/netns/{host.netns}").exists():
         sh.run("ip", "netns", "del", host.netns, check=False)
 

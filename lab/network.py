@@ -102,10 +102,11 @@ def ensure_host(host: config.LabHost):
 
 def forget_neighbour(address: str):
     """A new link has a new MAC address: this machine (and the NAT router, for the private
-    network) forget the one they knew at ``address``. An entry of an earlier host there is never
-    dropped on its own while the table is small (the kernel's gc_thresh1): this machine kept
-    sending to the old MAC, its unicast probes went unanswered for ~8 s, and a deploy's
-    10 s connect timed out on all four scale nodes of a lab that had had nodes before."""
+    network) forget the one they knew at ``address``. Called where a host's link is made, the
+    one place its MAC changes. An entry of an earlier host there is never dropped on its own
+    while the table is small (the kernel's gc_thresh1): this machine kept sending to the old
+    MAC, its unicast probes went unanswered for ~8 s, and a deploy's 10 s connect timed out on
+    all four scale nodes of a lab that had had nodes before."""
     sh.run("ip", "neigh", "flush", "to", address, check=False)
     if Path(f"/run/netns/{config.NAT_NETNS}").exists():
         sh.run("ip", "-n", config.NAT_NETNS, "neigh", "flush", "to", address, check=False)
@@ -115,7 +116,6 @@ def remove_host(host: config.LabHost):
     for network in host.networks:
         if sh.ok("ip", "link", "show", host.veth_on(network)):
             sh.run("ip", "link", "del", host.veth_on(network), check=False)
-        forget_neighbour(host.address_on(network))
     if Path(f"/run/netns/{host.netns}").exists():
         sh.run("ip", "netns", "del", host.netns, check=False)
 

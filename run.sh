@@ -40,7 +40,9 @@ case "${1:-}" in
   test)
     setup test
     shift
-    exec .venv/bin/python -m pytest "$@"
+    # two workers: the lab tests, in their order, on one (they share one deployed lab), the unit
+    # tests on the other meanwhile (tests/conftest.py says so); `-n 0` runs all in one process
+    exec .venv/bin/python -m pytest -n 2 "$@"
     ;;
   *)
     echo "usage: $0 main|test [pytest args]" >&2

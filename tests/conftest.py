@@ -1,6 +1,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -22,6 +24,20 @@ def standin_on_path(tmp_path: Path, profile: str, state: str = "{}\n") -> dict:
                        f"{ROOT / 'lab' / 'stubs' / 'nvidia-smi'} \"$@\"\n")
     wrapper.chmod(0o755)
     return dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", COLUMNS="200")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With pytest-xdist (`run.sh test` passes `-n 2`): the lab tests share one deployed lab,
+    so they go, in their order, to one worker, as one unit of work; the unit tests run on the
+    other worker meanwhile, in what the lab leaves of this machine's cores."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LabTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "lab" if nodeid.startswith("tests/lab/") else nodeid
+
+    return LabTestsTogether(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -3,9 +3,11 @@
 hand. A session that runs only some of the tests updates only their rows."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +30,14 @@ def record(key: str, kind: str, what: str, injected: str, detected_s: float | No
 def write():
     if not RECORDS:
         return
+    # pytest-xdist's workers each write what they measured: one at a time, each over the last
+    lock = Path(tempfile.gettempdir()) / "dgemma-reliability.lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _merge()
+
+
+def _merge():
     try:
         data = json.loads(JSON.read_text())
     except (OSError, ValueError):

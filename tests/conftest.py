@@ -31,6 +31,8 @@ def pytest_xdist_make_scheduler(config, log):
     """With pytest-xdist (`run.sh test` passes `-n 2`): the lab tests share one deployed lab,
     so they go, in their order, to one worker, as one unit of work; the unit tests run on the
     other worker meanwhile, in what the lab leaves of this machine's cores."""
+    if config.getvalue("dist") != "load":
+        return None  # a --dist asked for by name is pytest-xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
     class LabTestsTogether(LoadScopeScheduling):

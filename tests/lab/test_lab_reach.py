@@ -104,6 +104,10 @@ def _scanner(secret: bytes, found: list, stop: threading.Event):
             except OSError:  # ENOBUFS: starts were missed while this thread was behind
                 scanned = 0.0
                 continue
+            # a message too short for an exec event is no exec: unpacking it would end this
+            # thread, and a dead scanner finds nothing, which would pass the test
+            if len(event) < EVENT_AT + 24:
+                continue
             what, = struct.unpack_from("I", event, EVENT_AT)
             if what == PROC_EVENT_EXEC:
                 read(struct.unpack_from("I", event, EVENT_AT + 20)[0])  # its tgid

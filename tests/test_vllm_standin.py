@@ -153,17 +153,19 @@ def test_an_autoregressive_model_pays_per_token_and_streams_token_by_token(autor
     assert 0.2 + 8 * 0.05 <= took < 0.2 + 8 * 0.05 + 0.3, took  # 8 tokens: the first after 0.2 s, then 0.05 s each
     conn = http.client.HTTPConnection("127.0.0.1", autoregressive.server_address[1], timeout=10)
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    started, arrivals = time.perf_counter(), []  # before the request: a late reader cannot shorten a time
     conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(CHAT, stream=True, max_tokens=6)),
                  headers=headers)
     response = conn.getresponse()
-    started, arrivals = time.perf_counter(), []
     for line in response:
         if line.startswith(b"data: ") and b'"content": "token' in line:
             arrivals.append(time.perf_counter() - started)
     conn.close()  # its coroutine on the stand-in's loop ends now, not at the loop's close
-    assert len(arrivals) == 6 and arrivals[0] >= 0.15  # one chunk per token, the first after the prefill
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    assert all(gap >= 0.03 for gap in gaps), gaps
+    # one chunk per token, the first after the prefill (0.2 s), each a token's time (0.05 s) after
+    # the one before; bounds from below alone: a loaded machine delays a chunk's reading, and two
+    # may then come together (a gap of 0.02 s after a late one), but none comes before its time
+    assert len(arrivals) == 6 and all(at >= 0.18 + i * 0.045 for i, at in enumerate(arrivals)), arrivals
+    assert arrivals[-1] - arrivals[0] >= 0.125, arrivals  # streamed as made, not all at the end
     # a name it does not serve: vLLM's own 404 body
     status, body = call(autoregressive, "POST", "/v1/chat/completions", dict(CHAT, model="gemma-4"), key=KEY)
     error = json.loads(body)["error"]

@@ -11,21 +11,24 @@ import sys
 from pathlib import Path
 
 from . import config, debs, rootfs, sh
+from .slimroot import SlimRoot
 
-IMAGE_VERSION = "4"
+IMAGE_VERSION = "5"  # 5: small roots (lab/slimroot.py), not the whole base
+HF_SITE_VERSION = "4"
 # pure-Python wheels: the same files serve both arches (hf_xet is left out: HF_HUB_DISABLE_XET=1)
 HF_REQUIREMENTS = ["huggingface_hub==2.4.0"]
-EXCLUDES = ["./usr/share/doc", "./usr/share/man", "./usr/share/locale", "./usr/share/info",
-            "./var/cache/apt", "./var/lib/apt/lists", "./etc/ssh/ssh_host_*", "./usr/bin/podman",
-            "./usr/lib/podman", "./opt/x86", "./etc/cdi", "./etc/nvidia-stub", "./usr/bin/nvidia-smi",
-            # the hosts' Docker engine and GPU hooks are not the image's
-            "./usr/sbin/dockerd", "./usr/bin/dockerd", "./usr/bin/docker", "./usr/bin/containerd*",
-            "./usr/bin/ctr", "./usr/sbin/runc", "./usr/bin/docker-proxy", "./usr/sbin/docker-init",
-            "./usr/bin/nvidia-container-*", "./etc/docker", "./etc/sudoers", "./etc/sudoers.d"]
+# what every small image of the lab carries besides its programs: a shell (the official
+# images' entrypoints are shell scripts, and `docker exec … sh -c` works in them), the CA
+# certificates, the base's users, its os-release
+SHELL_PROGRAMS = ("/usr/bin/dash", "/usr/bin/env", "/usr/bin/uname")
+COMMON_PATHS = ("/bin/sh", "/etc/ssl", "/usr/lib/ssl", "/usr/share/ca-certificates", "/etc/passwd", "/etc/group",
+                "/etc/os-release")
+# the vLLM stand-in's: Python and its standard library (vLLM's own image is Python's)
+PYTHON_PATHS = ("/usr/bin/python3", "/usr/lib/python3.11", "/etc/python3.11")
 
 
 def _hf_site() -> Path:
-    site = config.CACHE / f"hf-site-{IMAGE_VERSION}"
+    site = config.CACHE / f"hf-site-{HF_SITE_VERSION}"
     if (site / ".done").exists():
         return site
     shutil.rmtree(site, ignore_errors=True)
@@ -85,16 +88,23 @@ exec "$@"
 """
 
 
-def _import(arch: str, local: str, extras: Path | None, changes: list[str], log):
-    """A rootfs image: the arch's base, less what an image does not carry, plus ``extras``."""
+def _import(arch: str, local: str, programs: tuple[str, ...], paths: tuple[str, ...], extras: Path | None,
+            changes: list[str], log):
+    """A small image (lab/slimroot.py): ``programs`` and ``paths`` of the arch's base, with
+    what the shell needs and ``extras`` over them."""
     tarball = config.CACHE / f"image-{arch}.tar"
     staging = config.CACHE / f"image-{arch}.staging"
     shutil.rmtree(staging, ignore_errors=True)
-    # hard links: instant, and removing or replacing a link leaves the base untouched
-    sh.run("cp", "-al", rootfs.ensure_base(arch, log), staging, timeout=600)
-    for pattern in EXCLUDES:
-        for path in staging.glob(pattern[2:]):
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    root = SlimRoot(rootfs.ensure_base(arch, log), staging)
+    for program in (*SHELL_PROGRAMS, *programs):
+        root.program(program)
+    for path in (*COMMON_PATHS, *paths):
+        root.path(path)
+    if "/usr/lib/python3.11" in paths:
+        root.extension_modules("/usr/lib/python3.11/lib-dynload")
+    for folder in ("/root", "/var/tmp", "/run"):
+        root.folder(folder)
+    root.folder("/tmp", 0o1777)
     if extras is not None:
         sh.run("cp", "-a", "--remove-destination", f"{extras}/.", staging, timeout=300)
     sh.run("tar", "-C", staging, "-cf", tarball, ".", timeout=900)
@@ -145,9 +155,10 @@ def ensure_frontdoor_image(log=print):
             entry.write_text(HAPROXY_ENTRYPOINT)
             entry.chmod(0o755)
             (extras / "usr/local/etc/haproxy").mkdir(parents=True)
-            _import(arch, local, extras, ['ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]',
-                                          'CMD ["haproxy", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]',
-                                          "STOPSIGNAL SIGUSR1", "USER haproxy"], log)
+            _import(arch, local, ("/usr/sbin/haproxy",), (), extras,
+                    ['ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]',
+                     'CMD ["haproxy", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]', "STOPSIGNAL SIGUSR1",
+                     "USER haproxy"], log)
         sh.run("podman", "manifest", "add", listed, f"containers-storage:{local}")
     log(f"pushing {config.FRONTDOOR_REPOSITORY}:{config.FRONTDOOR_TAG} to the lab registry")
     _push_manifest(listed, target, stamp, digest)
@@ -204,47 +215,21 @@ def _small_root(root: Path, base: Path, unpacked: Path, program: str, official: 
     """An image's root: ``program`` (from the unpacked package, else the base) at ``official``,
     the libraries its ELF header names (and theirs) from the base, the package's /usr/share, the
     base's CA certificates, and /etc/passwd and /etc/group with root and nobody."""
-    source = unpacked / program.lstrip("/") if (unpacked / program.lstrip("/")).exists() else \
-        base / program.lstrip("/")
-    (root / "bin").mkdir(parents=True)
-    shutil.copy2(source, root / official.lstrip("/"))
-    wanted = [source]
-    seen: set[str] = set()
-    while wanted:
-        elf = wanted.pop()
-        header = sh.run("readelf", "-d", "-l", elf).stdout
-        names = [line.split("[", 1)[1].split("]", 1)[0] for line in header.splitlines() if "(NEEDED)" in line]
-        interpreter = [line.split(":", 1)[1].strip(" ]\n") for line in header.splitlines()
-                       if "Requesting program interpreter" in line]
-        for lib in interpreter + names:
-            if lib in seen:
-                continue
-            seen.add(lib)
-            found = next((p for p in ([base / lib.lstrip("/")] if lib.startswith("/") else
-                                      [d / lib for d in (base / "usr/lib").glob("*-linux-gnu")] +
-                                      [d / lib for d in (base / "lib").glob("*-linux-gnu")])
-                          if p.exists()), None)
-            if found is None:
-                raise sh.LabError(f"{program} needs {lib}, which the {base.name} base lacks")
-            real = Path(os.path.realpath(found))
-            dest = root / found.relative_to(base)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(real, dest)
-            if not lib.startswith("/"):
-                wanted.append(real)
+    packaged = unpacked / program.lstrip("/")
+    slim = SlimRoot(base, root)
+    slim.program(official, source=packaged if packaged.exists() else base / program.lstrip("/"))
     if (unpacked / "usr/share").exists():
         shutil.copytree(unpacked / "usr/share", root / "usr/share", symlinks=True, dirs_exist_ok=True)
     certs = base / "etc/ssl/certs/ca-certificates.crt"
     if certs.exists():
         (root / "etc/ssl/certs").mkdir(parents=True)
         shutil.copy2(certs, root / "etc/ssl/certs/ca-certificates.crt")
-    (root / "etc").mkdir(exist_ok=True)
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/sbin/nologin\n"
-                                     "nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n")
-    (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
-    for folder in ("tmp", "prometheus", "alertmanager"):
-        (root / folder).mkdir(exist_ok=True)
-    (root / "tmp").chmod(0o1777)
+    slim.file("/etc/passwd", "root:x:0:0:root:/root:/sbin/nologin\n"
+                             "nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n")
+    slim.file("/etc/group", "root:x:0:\nnogroup:x:65534:\n")
+    for folder in ("prometheus", "alertmanager"):
+        slim.folder(f"/{folder}")
+    slim.folder("/tmp", 0o1777)
 
 
 def ensure_images(cold_start: float = config.COLD_START_S, log=print):
@@ -259,10 +244,9 @@ def ensure_images(cold_start: float = config.COLD_START_S, log=print):
         local = f"localhost/dglab-vllm:{arch}-{fp}"
         if not sh.ok("podman", "image", "exists", local):
             log(f"building the {arch} vLLM stand-in image")
-            _import(arch, local, _extras(arch, cold_start), ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]',
-                                                            f"ENV VLLM_STANDIN_COLD_START={cold_start}",
-                                                            "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"],
-                    log)
+            _import(arch, local, ("/usr/bin/python3.11",), PYTHON_PATHS, _extras(arch, cold_start),
+                    ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]', f"ENV VLLM_STANDIN_COLD_START={cold_start}",
+                     "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"], log)
         for tag in tags:
             log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")
             sh.run("podman", "push", "-q", "--tls-verify=false", local,

@@ -45,7 +45,7 @@ def up(c, hosts=0, fresh=False, fresh_hosts="", cold_start=config.COLD_START_S):
         lab_hosts = config.hosts(int(hosts))
         for host in config.hosts(64)[len(lab_hosts):]:  # scale hosts of an earlier, larger lab
             if machines.running_pid(host) or Path(f"/run/netns/{host.netns}").exists():
-                machines.stop(host)
+                machines.crash(host)  # its disk goes next: no orderly shutdown (see below)
                 network.remove_host(host)
             if host.dir.exists():  # plain copies of the base, made again in a second: give the disk back
                 machines.release_disk(host)
@@ -62,7 +62,9 @@ def up(c, hosts=0, fresh=False, fresh_hosts="", cold_start=config.COLD_START_S):
         for host in lab_hosts:
             renewed = fresh or host.name in renew
             if renewed and machines.running_pid(host):
-                machines.stop(host)
+                # its disk is thrown away: killed, not shut down (an orderly poweroff, Docker's
+                # and podman's containers stopped one by one, took 30 s a host, for nothing)
+                machines.crash(host)
             # a host whose disk is of an older base is stopped and given a new disk; a running
             # one of the current base gets its identity and settings written again (idempotent)
             rootfs.prepare_host(host, fresh=renewed, log=_say)

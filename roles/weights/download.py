@@ -35,7 +35,15 @@ from .cache import VERIFIED, repo_dir
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SHA1 = re.compile(r"^[0-9a-f]{40}$")
-CURL = "curl -sSL -K - --connect-timeout 15 --speed-limit 1 --speed-time 20"
+
+
+def curl_command(stall_s: int = 20) -> str:
+    """curl as every fetch runs it: its options (the token's header) on its stdin, and a
+    connection given up after ``stall_s`` seconds without a byte."""
+    return f"curl -sSL -K - --connect-timeout 15 --speed-limit 1 --speed-time {int(stall_s)}"
+
+
+CURL = curl_command()
 
 
 @dataclass(frozen=True)
@@ -216,9 +224,11 @@ fetch_locked() {
 """
 
 
-def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | None, relay=None) -> str:
+def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | None, relay=None,
+                 stall_s: int = 20) -> str:
     """Fetch every missing file of the manifest, then lay out the snapshot and ref.
-    ``relay``: upstream URL -> the run's relay URL for it (the hub is the fallback)."""
+    ``relay``: upstream URL -> the run's relay URL for it (the hub is the fallback);
+    ``stall_s``: seconds without a byte before a try of a blob is given up."""
     repo = f"{cache.rstrip('/')}/hub/{repo_dir(manifest.repo)}"
     base = endpoint.rstrip("/")
     q = shlex.quote
@@ -238,7 +248,7 @@ def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | Non
              "ticker=$!", "trap 'kill $ticker 2>/dev/null; rm -f \"$record\"' EXIT",
              # room for what is missing, before anything is fetched
              "need=0",
-             FETCH.replace("CURL", CURL)]
+             FETCH.replace("CURL", curl_command(stall_s))]
     for f in manifest.files:
         lines.append(f'[ -f "$repo/blobs/{f.blob}" ] || need=$((need + {f.size} - '
                      f'$(stat -c %s "$repo/blobs/{f.blob}.incomplete" 2>/dev/null || echo 0)))')

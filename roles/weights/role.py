@@ -95,7 +95,8 @@ def _model(ctx, model: str, restarts: tuple, relayed: bool):
         return f"{model}@{manifest.commit[:12]} complete and verified in {cache} ({_mib(manifest.total)}){via}{again}"
 
     yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token,
-                                                           relay=relay.url if relay else None),
+                                                           relay=relay.url if relay else None,
+                                                           stall_s=int(v.get("download_stall_s", 20))),
                   describe=f"fetch {model} into {cache} ({why}): {len(manifest.files)} files, {_mib(manifest.total)}",
                   progress=progress_reader(manifest.total), timeout=v.get("weights_timeout", 7200),
                   interpret=interpret, notify=restarts)

@@ -315,7 +315,7 @@ def test_the_hub_stops_answering_mid_download_then_returns(clean_links):
     services.set_hub(size_mib=64)
     services.set_uplink(rate_mb_s=6)
     ssh("rtx01", f"rm -rf {CACHE}/hub")
-    run = Run("--hosts", "rtx01")
+    run = Run("--hosts", "rtx01", "--set", "download_stall_s=5")  # each of the 3 tries gives up after 5 s, not 20
     wait_for(downloading)
     stalled = time.monotonic()
     services.set_uplink(stalled=True)
@@ -331,7 +331,8 @@ def test_the_hub_stops_answering_mid_download_then_returns(clean_links):
     resumed = [g for g in gets if g["range"] and g["range"] != "bytes=0-"]
     assert resumed and sum(g["bytes"] for g in gets) < 64 * 1024 * 1024, gets
     reliability.record("fault-hub-stall", "fault", "the hub stops answering mid-download, then returns",
-                       "the uplink stalled (no byte relayed, new connections unanswered) during a 64 MiB blob",
+                       "the uplink stalled (no byte relayed, new connections unanswered) during a 64 MiB blob; "
+                       "download_stall_s 5",
                        detected, seen["message"],
                        f"{partial // 1024 // 1024} MiB kept; the next deploy asked {resumed[0]['range']} and fetched "
                        f"{sum(g['bytes'] for g in gets) // 1024 // 1024} MiB, not 64", True)
@@ -353,7 +354,7 @@ def test_a_corrupt_blob_is_deleted_and_fetched_again(clean_links):
 
 
 def test_the_registry_stops_mid_pull_then_returns(clean_links):
-    services.set_uplink(rate_mb_s=8)
+    services.set_uplink(rate_mb_s=2)  # the image's 21 MB take about 10 s
     ssh("rtx01", "podman rmi -f 10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130 >/dev/null 2>&1; true")
     run = Run("--hosts", "rtx01")
     run.until("podman GPU access")
@@ -368,7 +369,7 @@ def test_the_registry_stops_mid_pull_then_returns(clean_links):
     services.set_uplink(rate_mb_s=0)
     assert converges()
     reliability.record("fault-registry-stop", "fault", "the registry stops mid-pull, then returns",
-                       "the registry killed 3 s into a pull at 8 MB/s, started again", detected, seen["message"],
+                       "the registry killed 3 s into a pull at 2 MB/s, started again", detected, seen["message"],
                        "no image under the tag (podman keeps only whole images); the next deploy pulled it", True)
 
 

@@ -4,7 +4,6 @@ to the lab registry under the real tag names."""
 from __future__ import annotations
 
 import hashlib
-import os
 import json
 import shutil
 import sys

@@ -22,8 +22,10 @@ HF_REQUIREMENTS = ["huggingface_hub==2.4.0"]
 SHELL_PROGRAMS = ("/usr/bin/dash", "/usr/bin/env", "/usr/bin/uname")
 COMMON_PATHS = ("/bin/sh", "/etc/ssl", "/usr/lib/ssl", "/usr/share/ca-certificates", "/etc/passwd", "/etc/group",
                 "/etc/os-release")
-# the vLLM stand-in's: Python and its standard library (vLLM's own image is Python's)
+# the vLLM stand-in's: Python and its standard library (vLLM's own image is Python's), whose
+# extension modules bring the libraries they link
 PYTHON_PATHS = ("/usr/bin/python3", "/usr/lib/python3.11", "/etc/python3.11")
+PYTHON_MODULES = ("/usr/lib/python3.11/lib-dynload",)
 
 
 def _hf_site() -> Path:
@@ -88,9 +90,10 @@ exec "$@"
 
 
 def _import(arch: str, local: str, programs: tuple[str, ...], paths: tuple[str, ...], extras: Path | None,
-            changes: list[str], log):
-    """A small image (lab/slimroot.py): ``programs`` and ``paths`` of the arch's base, with
-    what the shell needs and ``extras`` over them."""
+            changes: list[str], log, modules: tuple[str, ...] = ()):
+    """A small image (lab/slimroot.py): ``programs`` and ``paths`` of the arch's base (and the
+    libraries the shared objects in ``modules`` link), with what the shell needs and ``extras``
+    over them."""
     tarball = config.CACHE / f"image-{arch}.tar"
     staging = config.CACHE / f"image-{arch}.staging"
     shutil.rmtree(staging, ignore_errors=True)
@@ -99,8 +102,8 @@ def _import(arch: str, local: str, programs: tuple[str, ...], paths: tuple[str, 
         root.program(program)
     for path in (*COMMON_PATHS, *paths):
         root.path(path)
-    if "/usr/lib/python3.11" in paths:
-        root.extension_modules("/usr/lib/python3.11/lib-dynload")
+    for folder in modules:
+        root.extension_modules(folder)
     for folder in ("/root", "/var/tmp", "/run"):
         root.folder(folder)
     root.folder("/tmp", 0o1777)
@@ -219,10 +222,8 @@ def _small_root(root: Path, base: Path, unpacked: Path, program: str, official: 
     slim.program(official, source=packaged if packaged.exists() else base / program.lstrip("/"))
     if (unpacked / "usr/share").exists():
         shutil.copytree(unpacked / "usr/share", root / "usr/share", symlinks=True, dirs_exist_ok=True)
-    certs = base / "etc/ssl/certs/ca-certificates.crt"
-    if certs.exists():
-        (root / "etc/ssl/certs").mkdir(parents=True)
-        shutil.copy2(certs, root / "etc/ssl/certs/ca-certificates.crt")
+    if (base / "etc/ssl/certs/ca-certificates.crt").exists():
+        slim.path("/etc/ssl/certs/ca-certificates.crt")
     slim.file("/etc/passwd", "root:x:0:0:root:/root:/sbin/nologin\n"
                              "nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n")
     slim.file("/etc/group", "root:x:0:\nnogroup:x:65534:\n")
@@ -245,7 +246,7 @@ def ensure_images(cold_start: float = config.COLD_START_S, log=print):
             log(f"building the {arch} vLLM stand-in image")
             _import(arch, local, ("/usr/bin/python3.11",), PYTHON_PATHS, _extras(arch, cold_start),
                     ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]', f"ENV VLLM_STANDIN_COLD_START={cold_start}",
-                     "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"], log)
+                     "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"], log, modules=PYTHON_MODULES)
         for tag in tags:
             log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")
             sh.run("podman", "push", "-q", "--tls-verify=false", local,

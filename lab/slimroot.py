@@ -65,21 +65,25 @@ class SlimRoot:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest)
             wanted = [source]
-        wanted += [self.path(found) for found in (self._library(name) for name in DLOPENED) if found]
+        # once per root, as any library: not again for each program
+        wanted += [self.path(found) for found in (self._needed(name, "glibc") for name in DLOPENED) if found]
         while wanted:
             elf = wanted.pop()
             header = sh.run("readelf", "-d", "-l", elf).stdout
             names = [line.split("[", 1)[1].split("]", 1)[0] for line in header.splitlines() if "(NEEDED)" in line]
             names += [line.split(":", 1)[1].strip(" ]\n") for line in header.splitlines()
                       if "Requesting program interpreter" in line]
-            for name in names:
-                if name in self._seen:
-                    continue
-                self._seen.add(name)
-                found = name if name.startswith("/") else self._library(name)
-                if found is None:
-                    raise sh.LabError(f"{elf} needs {name}, which the base {self.base} lacks")
-                wanted.append(self.path(found))
+            wanted += [self.path(found) for found in (self._needed(name, elf) for name in names) if found]
+
+    def _needed(self, name: str, by) -> str | None:
+        """Where the base has library ``name`` (None: already copied into this root)."""
+        if name in self._seen:
+            return None
+        self._seen.add(name)
+        found = name if name.startswith("/") else self._library(name)
+        if found is None:
+            raise sh.LabError(f"{by} needs {name}, which the base {self.base} lacks")
+        return found
 
     def _library(self, name: str) -> str | None:
         for folder in ("/usr/lib", "/lib"):

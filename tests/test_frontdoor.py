@@ -319,6 +319,28 @@ def _roll_shell(door, index: int, command: str) -> str:
     return proc.stdout.strip()
 
 
+def reload_as_the_deploy_does(proxy, config: str, state_dir, proc) -> None:
+    """proxy.reload_action on a test's HAProxy: the servers' states dumped through its runtime
+    API into ``state_dir``, then SIGUSR2 to its master."""
+    from roles.frontdoor.proxy import reload_action
+    script = (reload_action(proxy, "u", config).replace(proxy.socket_dir, str(state_dir))
+              .replace("systemctl reload u", f"kill -USR2 {proc.pid}"))
+    subprocess.run(["bash", "-c", script], check=True, timeout=30)
+
+
+def until_reloaded(proc, taken, said=lambda: "the reload did not take") -> None:
+    """Until ``taken()``, within 10 s of the reload; signalled once more after 3 s, as the
+    deploy's wait does (proxy.wait_script): HAProxy 2.6's master now and then acts on no
+    SIGUSR2 on a loaded machine, and a second one takes."""
+    signalled, again = time.monotonic(), True
+    while not taken():
+        if again and time.monotonic() > signalled + 3:
+            proc.send_signal(signal.SIGUSR2)
+            again = False
+        assert time.monotonic() < signalled + 10, said()
+        time.sleep(0.1)
+
+
 def test_a_drained_replica_gets_no_new_request_but_its_gate_reaches_it(front_door_of_three):
     door = front_door_of_three
     time.sleep(2.5)  # every server's first health check has passed (inter 2s)
@@ -513,7 +535,6 @@ def test_a_reload_keeps_a_down_servers_state_and_takes_a_moved_servers_new_port(
     runtime API, then SIGUSR2. A replica found down stays down in the new instance (not called
     up until its checks, which would send it requests); a replica whose port moved in the new
     configuration is reached at the new port (HAProxy would restore the old one from the file)."""
-    from roles.frontdoor.proxy import reload_action
     from roles.frontdoor.render import FRONTDOOR
     door = front_door_of_three
     time.sleep(2.5)
@@ -528,20 +549,12 @@ def test_a_reload_keeps_a_down_servers_state_and_takes_a_moved_servers_new_port(
     servers = [Server("replica0", f"127.0.0.1:{door.ports[0]}"), Server("replica1", f"127.0.0.1:{moved.server_address[1]}"),
                Server("replica2", f"127.0.0.1:{door.ports[2]}")]
     config = door.write_config(servers, "gen2")
-    script = (reload_action(FRONTDOOR, "u", config).replace(FRONTDOOR.socket_dir, str(tmp_path))
-              .replace("systemctl reload u", f"kill -USR2 {door.proc.pid}"))
-    subprocess.run(["bash", "-c", script], check=True, timeout=30)
+    reload_as_the_deploy_does(FRONTDOOR, config, tmp_path, door.proc)
     state = [line.split() for line in (tmp_path / "servers.state").read_text().splitlines()[2:] if line]
     carried = {(f[1], f[3]): f[5] for f in state}  # (backend, server): srv_op_state (0: down, 2: up)
     assert carried[("servers", "replica2")] == "0" and carried[("servers", "replica0")] == "2"
     assert ("servers", "replica1") not in carried  # moved: not carried over
-    signalled, again = time.monotonic(), True
-    while door("/health")[2].get("x-frontdoor-generation") != "gen2":
-        if again and time.monotonic() > signalled + 3:
-            door.proc.send_signal(signal.SIGUSR2)  # as the deploy's wait does: see proxy.wait_script
-            again = False
-        assert time.monotonic() < signalled + 10, "the reload did not take"
-        time.sleep(0.1)
+    until_reloaded(door.proc, lambda: door("/health")[2].get("x-frontdoor-generation") == "gen2")
     # from the new instance's first moment: replica 2 down, replica 1 at its new port
     assert _roll_shell(door, 2, "fd_state").split()[-1] == "DOWN"
     ports = {door("/v1/chat/completions", "Bearer alice-key", {"messages": []})[2]["x-backend-port"]

@@ -4,7 +4,6 @@ units, and the gateway's pools and fallbacks, checked by a real HAProxy."""
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import time
@@ -16,14 +15,13 @@ import pytest
 from roles.fleet import fleet_of
 from credentials.keys import digest
 from roles.frontdoor.pools import gateway_pools, pools_in_config, render_upstream_keys
-from roles.frontdoor.proxy import reload_action
 from roles.frontdoor.render import GATEWAY, container, render_config, render_keys
 from roles.gateway.role import BACKEND, fallback_problems, servers
 from roles.preflight.placement import place_declared
 from roles.preflight.select import Refused, choose, image_channel
 from roles.service.serve import serve_args
 from tests import openai_upstream
-from tests.test_frontdoor import _free_port
+from tests.test_frontdoor import _free_port, reload_as_the_deploy_does, until_reloaded
 from tests.test_placement import H200, nvidia
 
 BOTH = [{"family": "diffusiongemma", "gpus": 1}, {"family": "gemma4"}]
@@ -165,20 +163,14 @@ def test_a_real_gateway_sends_the_maps_key_upstream_and_a_reload_takes_a_new_one
             time.sleep(0.2)
         assert upstream.seen[-1][1] == "Bearer first-key"
         keys.write_text(render_upstream_keys({"diffusiongemma": "second-key"}))
-        # the deploy's reload (proxy.reload_action): the servers' states kept, then SIGUSR2;
-        # without the states, the new worker calls the closed front door up until its checks
-        script = (reload_action(GATEWAY, "u", config).replace(GATEWAY.socket_dir, str(tmp_path))
-                  .replace("systemctl reload u", f"kill -USR2 {proc.pid}"))
-        subprocess.run(["bash", "-c", script], check=True, timeout=30)
-        signalled, again = time.monotonic(), True
-        while upstream.seen[-1][1] != "Bearer second-key":
+        # the servers' states kept: without them, the new worker calls the closed front door
+        # up until its checks
+        reload_as_the_deploy_does(GATEWAY, config, tmp_path, proc)
+
+        def taken():
             assert chat()[0] == 200, "a request failed during the reload"
-            if again and time.monotonic() > signalled + 3:
-                # as the deploy's wait does (proxy.wait_script): HAProxy 2.6's master now and
-                # then acts on no SIGUSR2 on a loaded machine; a second one takes
-                proc.send_signal(signal.SIGUSR2)
-                again = False
-            assert time.monotonic() < signalled + 10, upstream.seen[-3:]
+            return upstream.seen[-1][1] == "Bearer second-key"
+        until_reloaded(proc, taken, said=lambda: upstream.seen[-3:])
         assert {brought for _, brought, _ in upstream.seen} == {"Bearer first-key", "Bearer second-key"}
     finally:
         proc.terminate()

@@ -245,6 +245,21 @@ class Command(Step):
 
 
 @dataclass
+class Decision(Step):
+    """A value a role decides at plan time from facts and variables (a placement, a
+    generation) and hands to the roles after it: the runner records it as ``produces``, as
+    it records what a command produced, and the steps after it read ``ctx.results[OUTPUT]``.
+    It changes nothing; a ``message`` is reported as a line of its own (none: no line)."""
+
+    produces: Output | None = None
+    value: object = None
+    message: str = ""
+
+    def needed(self) -> bool:
+        return False
+
+
+@dataclass
 class Role:
     """What a role module provides to the engine."""
 
@@ -261,15 +276,14 @@ class Role:
 
 @dataclass
 class HostContext:
-    """What a role sees: the host's name, its variables, its facts, what earlier
-    roles decided from them (``desired``), the values earlier steps produced
-    (``results``), the run's services as this host sees them (``services``: name ->
-    object or None), which handlers were notified and which have run."""
+    """What a role sees: the host's name, its variables, its facts, the values earlier
+    steps produced or decided (``results``: typed, `Output`), the run's services as this
+    host sees them (``services``: name -> object or None), which handlers were notified
+    and which have run, and the steps that changed (or would, in check mode) so far."""
 
     name: str
     vars: dict
     facts: object
-    desired: dict = field(default_factory=dict)
     results: Results = field(default_factory=Results)
     services: dict = field(default_factory=dict)
     handlers_run: set = field(default_factory=set)

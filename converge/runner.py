@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from . import facts as factlib
 from .batches import batches, too_many_failed
-from .changes import Check, Command, File, HostContext, Produced, Role
+from .changes import Check, Command, Decision, File, HostContext, Produced, Role
 from .errors import BecomeRefused, ConnectionFailed, ConvergeError, RemoteCommandError, StepFailed
 from .hostlock import HOST_PATIENCE_S, HostLock
 from .report import Report, TaskResult
@@ -115,9 +115,16 @@ class Interrupted(ConvergeError):
 
 
 class HostRun:
-    def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str,
-                 lock_wait: float, fact_timeout: float, control: RunControl | None = None, services=(),
-                 throttles: Throttles | None = None):
+    """One host's run: its connection, lock and facts, then `converge`: every role's steps
+    in order, each decided and reported here (needed or not, check mode, a change and the
+    handlers it notifies, the values steps produce), the handlers flushed, the summaries.
+
+    ``commands`` runs a command step (default: on the host's transport); the plan tests give
+    one that answers from recorded output, so that they exercise this very executor."""
+
+    def __init__(self, target: Target, roles: list[Role], report: Report, check: bool, lock_name: str = "converge",
+                 lock_wait: float = 300, fact_timeout: float = 120, control: RunControl | None = None, services=(),
+                 throttles: Throttles | None = None, commands=None, observe=None):
         self.target = target
         self.roles = [role for role in roles if role.hosts is None or role.hosts(target.vars)]
         self.report = report
@@ -131,6 +138,11 @@ class HostRun:
         self.services = services
         self.throttles = throttles or Throttles()
         self._background: list = []  # (step, role, label, started, thread, outcome) still running
+        # (conn, step, on_output) -> Result: how a command step runs
+        self.commands = commands or (lambda conn, step, on_output:
+                                     conn.run(step.script, timeout=step.timeout, on_output=on_output))
+        # (role, step, handler) -> None: told of each step as it is taken (the plan tests read them)
+        self.observe = observe
 
     def _result(self, role, task, status, message="", diff="", started=None):
         self.report.add(TaskResult(self.target.name, role, task, status, message, diff,
@@ -205,6 +217,10 @@ class HostRun:
         ctx.facts = gathering.parse(output)
         ctx.services = {service.name: service.for_host(conn, self.target.vars) for service in self.services}
         self._result("facts", f"gathered {len(wanted)} facts", "ok", started=started)
+        self.converge(conn, ctx)
+
+    def converge(self, conn, ctx: HostContext):
+        """Every role's steps on the host in ``ctx`` (its facts gathered), then the handlers."""
         try:
             for role in self.roles:
                 if not self._role(conn, role, ctx):
@@ -277,7 +293,14 @@ class HostRun:
             raise ConvergeError(f"the host lock {self.lock.path} was let go before {role} | "
                                 f"{label} (the host heard nothing from this run for {HOST_PATIENCE_S} s): nothing "
                                 f"more was done; deploy again")
+        if self.observe is not None:
+            self.observe(role, step, handler)
         started = time.monotonic()
+        if isinstance(step, Decision):
+            ctx.results.record(step.produces, step.value, f"{role} | {label}")
+            if step.message:
+                self._result(role, label, "ok", step.message, started=started)
+            return True
         if isinstance(step, Check):
             self._result(role, label, "ok" if step.ok else "failed", step.message, started=started)
             return step.ok
@@ -321,7 +344,7 @@ class HostRun:
 
                 def work():
                     try:
-                        outcome["result"] = conn.run(step.script, timeout=step.timeout, on_output=on_line)
+                        outcome["result"] = self.commands(conn, step, on_line)
                     except Exception as exc:  # noqa: BLE001 - reported when joined
                         outcome["error"] = exc
 
@@ -331,7 +354,7 @@ class HostRun:
                 self.report.progress(self.target.name, role, f"{label}: under way, beside what follows")
                 return True
             try:
-                result = conn.run(step.script, timeout=step.timeout, on_output=on_line)
+                result = self.commands(conn, step, on_line)
             except RemoteCommandError as exc:
                 self._result(role, label, "failed", str(exc), started=started)
                 return False
@@ -356,7 +379,7 @@ class HostRun:
                              started=started)
                 return False
             try:
-                result = conn.run(step.script, timeout=step.timeout)
+                result = self.commands(conn, step, None)
             except RemoteCommandError as exc:
                 self.throttles.halt(name, f"{name} stopped after {self.target.name} | {label} failed")
                 self._result(role, label, "failed", str(exc), started=started)

@@ -3,6 +3,11 @@
 
 Both live in ``credentials_dir`` (an inventory variable; default
 ~/.local/state/dgemma-fleet), a 0700 folder whose secret files are 0600.
+
+What is missing is made by a deploy, and only by a deploy: a read-only run (``deploy
+--check``, verify, status, top, facts, render) passes ``make=False``, and gets what a
+deploy would make held in memory for the run (`unsaved`), never written; nothing is
+created on this machine, not even the folder or its lock.
 """
 from __future__ import annotations
 
@@ -42,6 +47,16 @@ def write_private(path: Path, data: bytes, mode: int = 0o600):
 
 
 _THREADS = threading.RLock()
+_UNSAVED: dict = {}  # (folder, what) -> what a read-only run would have made, for every host of the run alike
+
+
+def unsaved(folder: Path, what: tuple, make):
+    """What a deploy would make, made in memory once per process and never saved."""
+    with _THREADS:
+        key = (str(folder), what)
+        if key not in _UNSAVED:
+            _UNSAVED[key] = make()
+        return _UNSAVED[key]
 
 
 @contextlib.contextmanager

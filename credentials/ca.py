@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from . import CredentialError, locked, write_private
+from . import CredentialError, locked, unsaved, write_private
 
 CA_DAYS = 3650
 CERT_DAYS = 365
@@ -53,20 +53,30 @@ def ca_paths(folder: Path) -> tuple[Path, Path]:
     return folder / "ca" / "ca.crt", folder / "ca" / "ca.key"
 
 
-def ensure_ca(folder: Path, name: str = "dgemma-fleet CA") -> tuple[x509.Certificate, object]:
-    """The fleet CA (certificate, key), made once."""
+def ensure_ca(folder: Path, name: str = "dgemma-fleet CA", make: bool = True) -> tuple[x509.Certificate, object]:
+    """The fleet CA (certificate, key), made once (``make``: else one held in memory, unsaved)."""
+    found = _load_ca(folder)
+    if found is not None:
+        return found
+    if not make:
+        return unsaved(folder, ("ca",), lambda: _new_ca(name))
     with locked(folder):
         return _ensure_ca(folder, name)
 
 
-def _ensure_ca(folder: Path, name: str) -> tuple[x509.Certificate, object]:
+def _load_ca(folder: Path):
+    """The CA as saved (written by rename: whole or absent), or None."""
     cert_path, key_path = ca_paths(folder)
-    if cert_path.exists() and key_path.exists():
-        try:
-            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        except ValueError as exc:
-            raise CredentialError(f"{cert_path} is not a PEM certificate ({exc})") from exc
-        return cert, _load_key(key_path)
+    if not (cert_path.exists() and key_path.exists()):
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except ValueError as exc:
+        raise CredentialError(f"{cert_path} is not a PEM certificate ({exc})") from exc
+    return cert, _load_key(key_path)
+
+
+def _new_ca(name: str):
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = _now()
@@ -80,6 +90,15 @@ def _ensure_ca(folder: Path, name: str) -> tuple[x509.Certificate, object]:
                                          key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
+    return cert, key
+
+
+def _ensure_ca(folder: Path, name: str) -> tuple[x509.Certificate, object]:
+    found = _load_ca(folder)
+    if found is not None:
+        return found
+    cert, key = _new_ca(name)
+    cert_path, key_path = ca_paths(folder)
     write_private(key_path, _key_pem(key))
     write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return cert, key
@@ -101,24 +120,52 @@ def _alt_name(name: str):
         return x509.DNSName(name)
 
 
-def host_certificate(folder: Path, host: str, names: list[str]) -> Issued:
+def host_certificate(folder: Path, host: str, names: list[str], make: bool = True) -> Issued:
     """The certificate of ``host``'s front door for ``names`` (inventory name,
-    addresses), kept in the credentials folder and renewed before it expires."""
+    addresses), kept in the credentials folder and renewed before it expires (``make``:
+    else what a deploy would issue, held in memory, unsaved)."""
+    ca_cert, ca_key = ensure_ca(folder, make=make)
+    current = _current(folder, host, names, ca_cert)
+    if current is not None:
+        return current
+    if not make:
+        return unsaved(folder, ("host", host, tuple(names)), lambda: _issue(ca_cert, ca_key, host, names))
     with locked(folder):
-        return _host_certificate(folder, host, names)
+        ca_cert, ca_key = _ensure_ca(folder, "dgemma-fleet CA")
+        current = _current(folder, host, names, ca_cert)
+        if current is not None:
+            return current
+        issued = _issue(ca_cert, ca_key, host, names)
+        cert_path, key_path = _host_paths(folder, host)
+        write_private(key_path, issued.key_pem.encode())
+        write_private(cert_path, issued.cert_pem.encode(), 0o644)
+        return issued
 
 
-def _host_certificate(folder: Path, host: str, names: list[str]) -> Issued:
-    ca_cert, ca_key = _ensure_ca(folder, "dgemma-fleet CA")
-    cert_path, key_path = folder / "hosts" / f"{host}.crt", folder / "hosts" / f"{host}.key"
-    wanted = set(names)
-    if cert_path.exists() and key_path.exists():
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        left = cert.not_valid_after_utc - _now()
-        if (_names(cert) == wanted and left > datetime.timedelta(days=RENEW_DAYS)
-                and cert.issuer == ca_cert.subject):
-            key = _load_key(key_path)
-            return Issued(cert_path.read_text(), _key_pem(key).decode(), cert.not_valid_after_utc)
+def _host_paths(folder: Path, host: str) -> tuple[Path, Path]:
+    return folder / "hosts" / f"{host}.crt", folder / "hosts" / f"{host}.key"
+
+
+def host_certificate_due(folder: Path, host: str, names: list[str]) -> bool:
+    """Whether a deploy would issue ``host`` a certificate (none, names changed, under
+    RENEW_DAYS left, or another CA's)."""
+    found = _load_ca(folder)
+    return found is None or _current(folder, host, names, found[0]) is None
+
+
+def _current(folder: Path, host: str, names: list[str], ca_cert) -> Issued | None:
+    """The saved certificate when it still serves: the same names, RENEW_DAYS left, this CA's."""
+    cert_path, key_path = _host_paths(folder, host)
+    if not (cert_path.exists() and key_path.exists()):
+        return None
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    left = cert.not_valid_after_utc - _now()
+    if _names(cert) != set(names) or left <= datetime.timedelta(days=RENEW_DAYS) or cert.issuer != ca_cert.subject:
+        return None
+    return Issued(cert_path.read_text(), _key_pem(_load_key(key_path)).decode(), cert.not_valid_after_utc)
+
+
+def _issue(ca_cert, ca_key, host: str, names: list[str]) -> Issued:
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (x509.CertificateBuilder()
@@ -132,11 +179,10 @@ def _host_certificate(folder: Path, host: str, names: list[str]) -> Issued:
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    write_private(key_path, _key_pem(key))
-    write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    return Issued(cert_path.read_text(), _key_pem(key).decode(), cert.not_valid_after_utc)
+    return Issued(cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key).decode(),
+                  cert.not_valid_after_utc)
 
 
-def ca_pem(folder: Path) -> str:
-    cert, _ = ensure_ca(folder)
+def ca_pem(folder: Path, make: bool = True) -> str:
+    cert, _ = ensure_ca(folder, make=make)
     return cert.public_bytes(serialization.Encoding.PEM).decode()

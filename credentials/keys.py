@@ -14,7 +14,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from . import CredentialError, locked, write_private
+from . import CredentialError, locked, unsaved, write_private
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 PREFIX = "dgk-"  # makes a leaked key easy to recognise (and to grep for)
@@ -81,14 +81,18 @@ class KeyStore:
         return {name: entry["sha256"] for name, entry in sorted(self.load().items())}
 
 
-def service_key(folder: Path, name: str) -> str:
+def service_key(folder: Path, name: str, make: bool = True) -> str:
     """A key the fleet's own parts use (the gateway, to reach the front doors): made
-    once, kept in a 0600 file here, handed only to the host that uses it."""
+    once, kept in a 0600 file here, handed only to the host that uses it (``make``: else
+    what a deploy would make, held in memory, unsaved)."""
     path = folder / f"{name}.key"
-    with locked(folder):
-        if not path.exists():
-            write_private(path, (PREFIX + secrets.token_urlsafe(32) + "\n").encode())
-        info = path.stat()
-        if info.st_mode & 0o077:
-            raise CredentialError(f"{path} is mode {stat.S_IMODE(info.st_mode):04o}: chmod 600 {path}")
-        return path.read_text().strip()
+    if not path.exists():
+        if not make:
+            return unsaved(folder, ("key", name), lambda: PREFIX + secrets.token_urlsafe(32))
+        with locked(folder):
+            if not path.exists():
+                write_private(path, (PREFIX + secrets.token_urlsafe(32) + "\n").encode())
+    info = path.stat()
+    if info.st_mode & 0o077:
+        raise CredentialError(f"{path} is mode {stat.S_IMODE(info.st_mode):04o}: chmod 600 {path}")
+    return path.read_text().strip()

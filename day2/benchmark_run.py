@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from roles.preflight import catalog
+from roles import catalog
 from roles.preflight.declared import is_diffusion, served_name
 
 from . import benchmark as bench

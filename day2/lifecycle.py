@@ -16,26 +16,24 @@ import shlex
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
-from converge.facts.host import FileState, UnitFiles, UnitState
 from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
-from roles.replicas import chosen, installed, more_units_glob, replica_unit
+from roles.replicas import Replica, chosen, installed
 from roles.service.rollout import at_once, command as roll_command, fleet_throttle, is_running, plan_roll
-from roles.serving_host import step_name, unit_name, unit_path
+from roles.serving_host import UNITS_FACT, step_name, units_fact
 
 
 def _unit_facts(v):
     # the unit files too: which GPUs each replica's unit hands over (its gate checks them)
-    return {"unit": UnitState(unit_name(v)), "unit_file": FileState(unit_path(v)),
-            "replica_units": UnitFiles(more_units_glob(v))}
+    return units_fact(v)
 
 
-def targets(ctx, replica: int | None) -> dict[int, dict]:
-    """Replica index -> unit state, for the replicas this command acts on."""
-    found = installed(ctx.vars, ctx.facts.get("unit"), ctx.facts.get("replica_units"))
+def targets(ctx, replica: int | None) -> dict[int, tuple[Replica, dict]]:
+    """Replica index -> (the replica, its unit's state), for the replicas this command acts on."""
+    found = installed(ctx.vars, ctx.facts.get(UNITS_FACT))
     if not found:
-        raise StepFailed(f"{unit_name(ctx.vars)} is not installed: run invoke deploy --hosts {ctx.name}")
+        raise StepFailed(f"{ctx.name} has no replica installed: run invoke deploy --hosts {ctx.name}")
     picked = chosen(found, replica)
     if not picked:
         raise StepFailed(f"{ctx.name} has no replica {replica} (it has {', '.join(map(str, found))}): "
@@ -49,14 +47,14 @@ def _name(step: str, indices: list[int], every: int) -> str:
     return step if len(indices) == every else f"{step} (replicas {', '.join(map(str, indices))})"
 
 
-def _rolls(ctx, action: str, indices: list[int], step: str, what: str, now: bool, every: int):
+def _rolls(ctx, action: str, replicas: list[Replica], step: str, what: str, now: bool, every: int):
     """One roll per replica, throttled run-wide as deploy's; or, ``now``, one roll of them all."""
-    if not indices:
+    if not replicas:
         return
     limit = fleet_throttle(ctx)
-    for group in ([indices] if now else [[i] for i in indices]):
-        units = ", ".join(replica_unit(ctx.vars, i) for i in group)
-        yield roll_command(plan_roll(ctx, action, group), _name(step, group, every),
+    for group in ([replicas] if now else [[r] for r in replicas]):
+        units = ", ".join(r.unit for r in group)
+        yield roll_command(plan_roll(ctx, action, group), _name(step, [r.index for r in group], every),
                            throttle=None if now else limit,
                            describe=f"{units}: out of service in the front door, {what}, back in service; "
                                     f"{'all at once (--now)' if now else at_once(limit)}")
@@ -65,14 +63,15 @@ def _rolls(ctx, action: str, indices: list[int], step: str, what: str, now: bool
 def start_role(replica: int | None = None) -> Role:
     def plan(ctx):
         picked = targets(ctx, replica)
-        stopped = [i for i, state in picked.items() if not is_running(state)]
+        stopped = [ident for ident, state in picked.values() if not is_running(state)]
         if not stopped:
             yield Command("start", script="true\n", when=False,
-                          describe=f"{', '.join(replica_unit(ctx.vars, i) for i in picked)} already running")
+                          describe=f"{', '.join(ident.unit for ident, _ in picked.values())} already running")
             return
         # replicas that are out add capacity as they come back: side by side, each through its gate
-        yield roll_command(plan_roll(ctx, "start", stopped), _name("start and gate", stopped, len(picked)),
-                           describe=f"systemctl start {', '.join(replica_unit(ctx.vars, i) for i in stopped)} "
+        yield roll_command(plan_roll(ctx, "start", stopped),
+                           _name("start and gate", [r.index for r in stopped], len(picked)),
+                           describe=f"systemctl start {', '.join(r.unit for r in stopped)} "
                                     f"(stops {', '.join(ctx.vars.get('conflicts') or []) or 'nothing'}); ready, a "
                                     f"completion through the front door, back in service")
     return Role("start", _unit_facts, plan, hosts=is_serving)
@@ -84,7 +83,7 @@ def stop_role(resume: bool = False, replica: int | None = None, now: bool = Fals
         if resume and replica is not None:
             raise StepFailed("--resume starts what vLLM displaced, once every replica is stopped: "
                              "leave out --replica")
-        running = [i for i, state in picked.items()
+        running = [ident for ident, state in picked.values()
                    if state.get("ActiveState") in ("active", "activating", "deactivating", "reloading")]
         if not running:
             yield Command("stop", script="true\n", when=False, describe="already stopped")
@@ -98,7 +97,7 @@ def stop_role(resume: bool = False, replica: int | None = None, now: bool = Fals
 
 def restart_role(replica: int | None = None, now: bool = False) -> Role:
     def plan(ctx):
-        picked = list(targets(ctx, replica))
+        picked = [ident for ident, _ in targets(ctx, replica).values()]
         yield from _rolls(ctx, "restart", picked, "rolling restart",
                           "systemctl restart, gate (ready, a completion through the front door, its checks)",
                           now, len(picked))
@@ -118,7 +117,7 @@ def recover_role(replica: int | None = None, now: bool = False) -> Role:
                              f"{ctx.name}. Nothing was touched.") from exc
         yield Command("GPU answers", script="true\n", describe="nvidia-smi answered: only the container side "
                       "can be stuck", changes=False)
-        picked = list(targets(ctx, replica))
+        picked = [ident for ident, _ in targets(ctx, replica).values()]
         again = ", then start and gate" if ctx.vars.get("state", "started") == "started" else ""
         yield from _rolls(ctx, "recover", picked, "recover",
                           f"stop and reset the unit (ends a restart loop), kill -9 its container's processes, "

@@ -1,27 +1,43 @@
-"""`invoke logs`: the vLLM unit's journal from each host, prefixed by host.
+"""`invoke logs`: the vLLM replicas' journal from each host, prefixed by host.
 The engine streams it over each host's transport (converge.group); this module
-only says what to run."""
+only says what to run, and what a host that has no such replica answers."""
 from __future__ import annotations
 
-import shlex
 import sys
 import threading
 
 from converge.group import stream
 
-from roles.replicas import replica_unit, units_shell
+from roles.replicas import families, from_unit, replica, unit_globs
+
+NO_REPLICA = 3  # the exit status of a host that has no replica of the index asked for
 
 
-def journal_command(lines: int, follow: bool, replica: int | None = None):
-    """Every replica unit the host has (or the one ``replica`` names) in one journalctl;
-    with several, each line names its unit (``-o with-unit``)."""
+def journal_command(lines: int, follow: bool, index: int | None = None):
+    """Every replica unit the host has (or the one of index ``index``) in one journalctl;
+    with several, each line names its unit (``-o with-unit``). A host without that replica
+    lists the units it has on stderr and exits NO_REPLICA."""
     def command(hostvars: dict) -> str:
-        units = (units_shell(hostvars) if replica is None else
-                 f"units={shlex.quote(replica_unit(hostvars, replica))}")
-        return (f"{units}; set --; for u in $units; do set -- \"$@\" -u \"$u\"; done; "
+        every = " ".join(unit_globs(hostvars))
+        # the replica's unit under each family's name: whichever the host has (names are schema-checked)
+        wanted = every if index is None else " ".join(replica(hostvars, index, f).unit_path for f in families())
+        found = f"units=$(for f in {wanted}; do [ -f \"$f\" ] && printf '%s ' \"${{f##*/}}\"; done); "
+        if index is None:
+            missing = f"[ -n \"$units\" ] || units={replica(hostvars, 0).unit}; "
+        else:
+            missing = (f"[ -n \"$units\" ] || {{ for f in {every}; do [ -f \"$f\" ] && printf '%s\\n' "
+                       f"\"${{f##*/}}\"; done >&2; exit {NO_REPLICA}; }}; ")
+        return (f"{found}{missing}set --; for u in $units; do set -- \"$@\" -u \"$u\"; done; "
                 f"format=short-iso; [ $# -gt 2 ] && format=with-unit; "
                 f"exec journalctl \"$@\" -n {int(lines)} --no-pager -o $format" + (" -f" if follow else "") + "\n")
     return command
+
+
+def no_replica(host: str, hostvars: dict, index: int, units_listed: str) -> str:
+    """What to say of a host that has no replica ``index``: the replicas it has, by index."""
+    has = sorted({r.index for r in (from_unit(hostvars, u) for u in units_listed.split()) if r is not None})
+    return (f"{host} has no replica {index} (it has {', '.join(map(str, has)) or 'none'}): "
+            f"see invoke status --hosts {host}")
 
 
 def stream_logs(play, hosts: list[str], lines: int, follow: bool, out=sys.stdout, replica: int | None = None) -> bool:
@@ -33,8 +49,13 @@ def stream_logs(play, hosts: list[str], lines: int, follow: bool, out=sys.stdout
             out.write(f"{host:<{width}} | {line}\n")
             out.flush()
 
+    def failed(host, message):
+        if replica is not None and message.startswith(f"exit {NO_REPLICA}:"):
+            emit(host, no_replica(host, play.hostvars(host), replica, message.split(":", 1)[1]))
+        else:
+            emit(host, f"journalctl failed: {message}")
+
     command = journal_command(lines, follow, replica)
     with play.connections() as connections:
-        failed = stream(connections, {h: command(play.hostvars(h)) for h in hosts}, emit,
-                        lambda host, message: emit(host, f"journalctl failed: {message}"))
-    return bool(failed)
+        failed_hosts = stream(connections, {h: command(play.hostvars(h)) for h in hosts}, emit, failed)
+    return bool(failed_hosts)

@@ -17,14 +17,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from roles import scrape_targets
-from roles.exporters.textfiles import TEXTFILES
 from roles.fleet import is_gateway, is_monitoring, is_serving
-from roles.frontdoor.render import FRONTDOOR, GATEWAY
-from roles.frontdoor.stats import POOL_PREFIX, stats_rows
+from roles.haproxy.stats import POOL_PREFIX
+from roles.replicas import server_index
 
 from . import exposition
-from .status import parse_stats_csv
+from .readings import HostReading, firing, gateway_script, host_script, parse_stats_csv, read_host, split_markers
 
 
 @dataclass
@@ -157,9 +155,9 @@ def snapshot_from_prometheus(output: str, at: float, source: str) -> Snapshot:
     put("ttft95", "ttft_p95_s")
     put("kv", "kv_cache")
     for labels, v in vectors["errors"]:
-        server = labels.get("server", "")
-        if server.startswith("replica") and server[7:].isdigit():
-            row = rows.get((labels.get("host"), int(server[7:])))
+        index = server_index(labels.get("server", ""))
+        if index is not None:
+            row = rows.get((labels.get("host"), index))
             if row is not None:
                 row.errors_s = (row.errors_s or 0.0) + v
     gpu = {}
@@ -178,17 +176,10 @@ def snapshot_from_prometheus(output: str, at: float, source: str) -> Snapshot:
         alerts = json.loads(sections.get("alerts", "") or "{}").get("data", {}).get("alerts", [])
     except ValueError:
         alerts, snap.problems = [], snap.problems + ["Prometheus's alerts did not answer"]
-    snap.alerts = [_alert(a) for a in alerts if a.get("state") == "firing"]
+    snap.alerts = [firing(a, since="activeAt") for a in alerts if a.get("state") == "firing"]
     if not sections:
         snap.problems.append("Prometheus did not answer")
     return snap
-
-
-def _alert(a: dict) -> dict:
-    labels, notes = a.get("labels", {}), a.get("annotations", {})
-    return {"alertname": labels.get("alertname", ""), "severity": labels.get("severity", ""),
-            "host": labels.get("host", ""), "replica": labels.get("replica", ""), "server": labels.get("server", ""),
-            "summary": notes.get("summary", ""), "fix": notes.get("fix", ""), "since": a.get("activeAt", "")}
 
 
 def _gpu_figures(row: ReplicaLoad, figures: list[dict]):
@@ -221,50 +212,6 @@ class PrometheusSource:
 
 
 # ---------------------------------------------------------------- the hosts themselves
-
-def host_script(v: dict) -> str:
-    """A serving host's own figures: its replicas (from its scrape targets), each one's
-    /metrics on loopback, its front door's stats page, the GPU collector's textfile."""
-    base = int(v.get("replica_base_port", 8100))
-    targets = shlex.quote(f"{FRONTDOOR.dir}/targets.json")
-    return (f"echo '@targets'; cat {targets} 2>/dev/null\n"
-            f"for i in $(sed -n 's/.*\"replica\": \"\\([0-9]*\\)\".*/\\1/p' {targets} 2>/dev/null); do\n"
-            f"  echo \"@replica $i\"; curl -sS --max-time 3 http://127.0.0.1:$(({base} + i))/metrics 2>/dev/null\n"
-            f"done\n"
-            f"echo '@frontdoor'; curl -sS --max-time 3 'http://127.0.0.1:{FRONTDOOR.metrics_port}/stats;csv' 2>/dev/null\n"
-            f"echo '@gpu'; cat {shlex.quote(TEXTFILES + '/gpu.prom')} 2>/dev/null; true\n")
-
-
-def gateway_script() -> str:
-    return f"echo '@gateway'; curl -sS --max-time 3 'http://127.0.0.1:{GATEWAY.metrics_port}/stats;csv' 2>/dev/null; true\n"
-
-
-def split_markers(output: str) -> dict[str, str]:
-    parts, name = {}, None
-    for line in output.splitlines():
-        if line.startswith("@"):
-            name = line[1:].strip()
-            parts[name] = ""
-        elif name is not None:
-            parts[name] += line + "\n"
-    return parts
-
-
-@dataclass
-class HostReading:
-    """One reading of a serving host, at ``at``."""
-    at: float
-    replicas: dict  # index -> (labels of its target group, samples)
-    frontdoor: list  # rows of its stats page
-    gpu: list  # samples of the GPU textfile
-
-
-def read_host(output: str, at: float) -> HostReading:
-    parts = split_markers(output)
-    groups = {int(r["index"]): r for r in scrape_targets.replicas_of(scrape_targets.parse(parts.get("targets", "")))}
-    replicas = {i: (groups[i], exposition.parse(parts.get(f"replica {i}", ""))) for i in groups}
-    return HostReading(at, replicas, stats_rows(parts.get("frontdoor", "")), exposition.parse(parts.get("gpu", "")))
-
 
 def loads_from_readings(host: str, now: HostReading, before: HostReading | None) -> list[ReplicaLoad]:
     """The host's replicas from two readings (rates and percentiles over the time between)."""
@@ -301,7 +248,7 @@ def loads_from_readings(host: str, now: HostReading, before: HostReading | None)
 
 def _server_5xx(rows: list[dict], index: int) -> float | None:
     """5xx answers of replica ``index`` so far (every backend it serves in: servers, its pool)."""
-    found = [float(r.get("hrsp_5xx") or 0) for r in rows if r.get("svname") == f"replica{index}"
+    found = [float(r.get("hrsp_5xx") or 0) for r in rows if server_index(r.get("svname")) == index
              and (r.get("pxname") == "servers" or r.get("pxname", "").startswith(POOL_PREFIX))]
     return sum(found) if found else None
 

@@ -14,9 +14,10 @@ RELAY = Output("the run's artifact relay", RelayView)
 
 def relay_steps(ctx):
     """The probe, once per host, when the run offers a relay; it produces RELAY:
-    the relay as this host reaches it, or None. Read it with ``usable_relay``."""
+    the relay as this host reaches it, or None. Read it with ``usable_relay``. A check
+    starts no relay (it would serve nothing, and make its folder on the control machine)."""
     offered = ctx.services.get("relay")
-    if offered is None or RELAY in ctx.results:
+    if offered is None or RELAY in ctx.results or ctx.check:
         return
 
     def interpret(result):

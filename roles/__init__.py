@@ -60,5 +60,5 @@ def defaults() -> list[VarSource]:
 
 def problems() -> list[str]:
     """What is wrong with the roles' own data (the catalogs), for inventory.check."""
-    from roles.preflight import catalog
+    from roles import catalog
     return catalog.problems()

@@ -1,110 +1,229 @@
-"""A host's vLLM replicas: one per GPU (or tensor-parallel group) the placement
-gives, each its own container, unit and loopback port. Replica 0 keeps the
-service's own name, so a one-GPU host, and every host deployed before replicas
-existed, keeps its unit as it is; replica N is ``<service_name>-N`` on
-``replica_base_port + N``. Pure."""
+"""Who a replica is on its host, in one place: its index, the model family it serves,
+its GPUs, and every name made from them (its container, its unit and the unit's file,
+its loopback port, its server in the front door), with the parse of each name back to
+the replica. Every role, day-2 command and bench names a replica through this module;
+host-side scripts get the names it makes in their environment (`shell_table`).
+
+A replica's index follows its GPUs (roles/preflight/placement.py) and numbers it on the
+host, whatever family it serves: it gives the port (``replica_base_port + index``) and
+the front door's server (``replica<index>``). The container is the family's service
+name, and ``-<index>`` after it for every replica but 0: DiffusionGemma's service is
+``service_name`` (``vllm-diffusiongemma``), so a one-GPU host, and every host deployed
+before families existed, keeps its unit; another family's service says the family
+(``vllm-gemma4``; hgx01's Gemma 4 on GPU 2 is ``vllm-gemma4-2``, unit
+``podman-vllm-gemma4-2.service``). Pure."""
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
+
+from roles import catalog
+from roles.catalog import DEFAULT_FAMILY
 
 DEFAULT_SERVICE = "vllm-diffusiongemma"
 UNIT_DIR = "/etc/systemd/system"
+SERVER_PREFIX = "replica"  # the front door's server of replica N is replica<N>
+DEFAULT_BASE_PORT = 8100
+
+
+def service(v: dict) -> str:
+    """The host's service name (``service_name``): DiffusionGemma's replicas, and the name of
+    the files every replica shares (the environment file, the image record)."""
+    return v.get("service_name", DEFAULT_SERVICE)
+
+
+def family_service(v: dict, family: str) -> str:
+    """The name a family's replicas take: ``service_name`` for DiffusionGemma, else the
+    same with the family in place of DiffusionGemma's (``vllm-gemma4``), or after it when
+    ``service_name`` does not end in it (``dg`` -> ``dg-gemma4``)."""
+    name = service(v)
+    if family == DEFAULT_FAMILY:
+        return name
+    return f"{name.removesuffix('-' + DEFAULT_FAMILY)}-{family}"
+
+
+def runtime(v: dict) -> str:
+    return v.get("container_runtime", "podman")
+
+
+def base_port(v: dict) -> int:
+    return int(v.get("replica_base_port", DEFAULT_BASE_PORT))
+
+
+def port(v: dict, index: int) -> int:
+    """Replica ``index``'s loopback port on a host with these variables."""
+    return base_port(v) + int(index)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of a host: what names it there."""
+    index: int
+    family: str
+    service: str  # the family's service name on this host
+    runtime: str
+    base_port: int
+    gpus: tuple = ()  # the GPUs it is handed, by uuid (none: not known, or every GPU)
+
+    @property
+    def container(self) -> str:
+        return self.service if self.index == 0 else f"{self.service}-{self.index}"
+
+    @property
+    def unit(self) -> str:
+        return f"{self.runtime}-{self.container}.service"
+
+    @property
+    def unit_path(self) -> str:
+        return f"{UNIT_DIR}/{self.unit}"
+
+    @property
+    def port(self) -> int:
+        return port({"replica_base_port": self.base_port}, self.index)
+
+    @property
+    def server(self) -> str:
+        """Its server in the front door (backend ``servers``, and its family's pool)."""
+        return f"{SERVER_PREFIX}{self.index}"
+
+    @property
+    def address(self) -> str:
+        """Where vLLM listens: loopback alone (the front door is the way in)."""
+        return f"127.0.0.1:{self.port}"
+
+    def with_gpus(self, gpus) -> "Replica":
+        return Replica(self.index, self.family, self.service, self.runtime, self.base_port, tuple(gpus))
+
+
+def replica(v: dict, index: int, family: str = DEFAULT_FAMILY, gpus=()) -> Replica:
+    return Replica(int(index), family, family_service(v, family), runtime(v), base_port(v), tuple(gpus))
+
+
+def families() -> list[str]:
+    """Every family of the catalog, DiffusionGemma first."""
+    return sorted(catalog.models()["families"], key=lambda f: f != DEFAULT_FAMILY)
+
+
+def from_container(v: dict, name: str) -> Replica | None:
+    """The replica a container name is (any family of the catalog), or None."""
+    for family in families():
+        match = re.fullmatch(re.escape(family_service(v, family)) + r"(?:-([1-9][0-9]*))?", name)
+        if match:
+            return replica(v, int(match.group(1) or 0), family)
+    return None
+
+
+def from_unit(v: dict, unit: str) -> Replica | None:
+    """The replica a unit (name or path) runs, or None when it is none of ours."""
+    name = unit.rsplit("/", 1)[-1]
+    prefix = f"{runtime(v)}-"
+    if not (name.startswith(prefix) and name.endswith(".service")):
+        return None
+    return from_container(v, name[len(prefix):-len(".service")])
+
+
+def server_index(name: str) -> int | None:
+    """The index of the replica a front door's server name is, or None (another server)."""
+    match = re.fullmatch(re.escape(SERVER_PREFIX) + r"([0-9]+)", name or "")
+    return int(match.group(1)) if match else None
+
+
+def unit_globs(v: dict) -> tuple[str, ...]:
+    """The unit files of every replica a host may have, each family's (a unit's name is
+    schema-checked: no pattern character in it)."""
+    return name_globs(v, f"{UNIT_DIR}/{runtime(v)}-", ".service")
+
+
+def name_globs(v: dict, before: str, after: str) -> tuple[str, ...]:
+    """Globs of the files named after each replica's container: ``before NAME after``."""
+    return tuple(glob for family in families() for glob in
+                 (f"{before}{family_service(v, family)}{after}", f"{before}{family_service(v, family)}-[0-9]*{after}"))
+
+
+def units_of(v: dict, units: dict | None) -> list[tuple[Replica, dict]]:
+    """(the replica, its unit's state) of every replica unit the host has, from the UnitFiles
+    fact of `unit_globs` (a unit systemd does not know is not installed), by index."""
+    found = []
+    for path, unit in (units or {}).items():
+        ident = from_unit(v, path)
+        state = (unit or {}).get("state") or {}
+        if ident is not None and state.get("LoadState") not in (None, "not-found"):
+            found.append((ident, state))
+    return sorted(found, key=lambda pair: (pair[0].index, pair[0].unit))
+
+
+def installed(v: dict, units: dict | None) -> dict[int, tuple[Replica, dict]]:
+    """Index -> (the replica, its unit's state) for every replica the host has. Two units of
+    one index (a move to a family's name cut short): the one that runs."""
+    found: dict[int, tuple[Replica, dict]] = {}
+    for ident, state in units_of(v, units):
+        if ident.index not in found or state.get("ActiveState") == "active":
+            found[ident.index] = (ident, state)
+    return found
+
+
+def unit_fact(units: dict | None, ident: Replica) -> dict:
+    """A replica's entry of the UnitFiles fact: {"file": FileState, "state": UnitState} (empty: none)."""
+    return (units or {}).get(ident.unit_path) or {}
+
+
+def chosen(indices, wanted: int | None) -> list[int]:
+    """The replicas a day-2 command acts on: all of them, or the one ``--replica`` names."""
+    return [i for i in indices if wanted is None or i == wanted]
+
+
+def shell_table(replicas) -> str:
+    """The replicas as a table for host-side programs, a parameter of theirs (a line each:
+    index, unit, container, port, server, its GPUs comma-separated or -): the names come
+    from here, never made again in shell."""
+    return "\n".join(f"{r.index} {r.unit} {r.container} {r.port} {r.server} {','.join(sorted(r.gpus)) or '-'}"
+                     for r in replicas)
 
 
 @dataclass(frozen=True)
 class Served:
-    """What one replica runs: a model of a family, a memory fraction, its GPUs by uuid (none:
-    every GPU, as a unit rendered without a placement), its tensor-parallel size and the
-    serving settings its family's ``models:`` entry sets for it alone."""
-    index: int
+    """What one replica runs: a model of its family, a memory fraction, its tensor-parallel
+    size and the serving settings its family's ``models:`` entry sets for it alone."""
+    replica: Replica
     model: str
     utilization: float
-    gpus: tuple = ()
     tensor_parallel_size: int = 1
-    family: str = "diffusiongemma"
     settings: tuple = ()  # (name, value) pairs over the host's variables
 
     @classmethod
-    def of(cls, replica) -> "Served":
-        """From a placement's replica (roles/preflight/placement.Replica)."""
-        return cls(replica.index, replica.model, replica.utilization, tuple(g["uuid"] for g in replica.gpus),
-                   replica.tensor_parallel_size, replica.family,
-                   tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(replica.settings.items())))
+    def of(cls, v: dict, placed) -> "Served":
+        """From a placement's replica (roles/preflight/placement.Placed)."""
+        return cls(replica(v, placed.index, placed.family, [g["uuid"] for g in placed.gpus]), placed.model,
+                   placed.utilization, placed.tensor_parallel_size,
+                   tuple((k, tuple(x) if isinstance(x, list) else x) for k, x in sorted(placed.settings.items())))
+
+    @property
+    def index(self) -> int:
+        return self.replica.index
+
+    @property
+    def family(self) -> str:
+        return self.replica.family
+
+    @property
+    def gpus(self) -> tuple:
+        return self.replica.gpus
 
     def variables(self, v: dict) -> dict:
         """The host's variables with this replica's own settings over them."""
         return {**v, **{k: list(x) if isinstance(x, tuple) else x for k, x in self.settings}}
 
 
-def service(v: dict) -> str:
-    return v.get("service_name", DEFAULT_SERVICE)
-
-
-def replica_name(v: dict, index: int) -> str:
-    """The container's name (and the unit's, after the runtime)."""
-    return service(v) if index == 0 else f"{service(v)}-{index}"
-
-
-def replica_unit(v: dict, index: int) -> str:
-    return f"{v.get('container_runtime', 'podman')}-{replica_name(v, index)}.service"
-
-
-def replica_unit_path(v: dict, index: int) -> str:
-    return f"{UNIT_DIR}/{replica_unit(v, index)}"
-
-
-def replica_port(v: dict, index: int) -> int:
-    return int(v.get("replica_base_port", 8100)) + index
-
-
-def more_units_glob(v: dict) -> str:
-    """The unit files of replicas 1 and up (service_name is schema-checked: no glob in it)."""
-    return f"{UNIT_DIR}/{v.get('container_runtime', 'podman')}-{service(v)}-[0-9]*.service"
-
-
-def units_shell(v: dict) -> str:
-    """Shell that sets ``$units`` to the replica units the host has (replica 0's when it has
-    none), for day-2 commands that run without facts."""
-    first = replica_unit(v, 0)
-    # unit names are schema-checked (no pattern characters): an exact grep of the folder
-    pattern = shlex.quote(f"^{first.removesuffix('.service')}(-[1-9][0-9]*)?[.]service$")
-    return (f"units=$(ls {UNIT_DIR} 2>/dev/null | grep -E {pattern}); "
-            f"[ -n \"$units\" ] || units={shlex.quote(first)}")
-
-
-def index_of(v: dict, unit: str) -> int | None:
-    """Which replica a unit (name or path) is, or None when it is none of this service's."""
-    name = unit.rsplit("/", 1)[-1]
-    prefix = f"{v.get('container_runtime', 'podman')}-"
-    if not (name.startswith(prefix) and name.endswith(".service")):
-        return None
-    return index_of_container(v, name[len(prefix):-len(".service")])
-
-
-def index_of_container(v: dict, name: str) -> int | None:
-    """Which replica a container name is, or None when it is none of this service's."""
-    if name == service(v):
-        return 0
-    match = re.fullmatch(re.escape(service(v)) + r"-([1-9][0-9]*)", name)
-    return int(match.group(1)) if match else None
-
-
-def installed(v: dict, first_unit: dict | None, more_units: dict | None) -> dict[int, dict]:
-    """Replica index -> its unit's state, for every replica unit the host has: replica 0's
-    from its UnitState fact (absent when systemd does not know it), the others from the
-    UnitFiles fact of ``more_units_glob``."""
-    found = {}
-    if first_unit and first_unit.get("LoadState") not in (None, "not-found"):
-        found[0] = first_unit
-    for path, unit in (more_units or {}).items():
-        index = index_of(v, path)
-        if index:
-            found[index] = unit["state"]
-    return dict(sorted(found.items()))
-
-
-def chosen(indices, wanted: int | None) -> list[int]:
-    """The replicas a day-2 command acts on: all of them, or the one ``--replica`` names."""
-    return [i for i in indices if wanted is None or i == wanted]
+def shell_functions(v: dict) -> str:
+    """Shell for host-side programs that start from what the host has (no table to give
+    them): ``replica_of_unit UNIT`` prints the replica's index, container and port (nothing
+    for a unit of none), ``replica_port INDEX`` its port. Made here, from the names above."""
+    cases = []
+    for family in families():
+        ident = replica(v, 0, family)
+        first = f"{ident.runtime}-{ident.service}"
+        cases.append(f"    {first}.service) echo \"0 {ident.container} {ident.port}\";;\n"
+                     f"    {first}-[1-9]*.service) i=${{1#{first}-}}; i=${{i%.service}}\n"
+                     f"      case $i in *[!0-9]*) ;; *) echo \"$i {ident.service}-$i $(replica_port \"$i\")\";; esac;;\n")
+    return (f"replica_port() {{ echo $(( {base_port(v)} + $1 )); }}\n"
+            f"replica_of_unit() {{\n  case $1 in\n{''.join(cases)}  esac\n}}\n")

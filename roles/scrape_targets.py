@@ -47,11 +47,10 @@ def address(name: str, v: dict) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def host_targets(name: str, v: dict, replicas: list[dict], *, gateway: bool = False,
-                 dcgm: bool = False) -> list[dict]:
-    """The host's target groups. ``replicas``: each replica's ``index``, ``family`` (the
-    model, as the gateway names its pool), ``model`` (the checkpoint) and ``gpus`` (uuids);
-    a gateway has none. ``dcgm``: the host runs NVIDIA's DCGM exporter."""
+def host_targets(name: str, v: dict, served: list, *, gateway: bool = False, dcgm: bool = False) -> list[dict]:
+    """The host's target groups. ``served``: what each replica runs (roles.replicas.Served:
+    its index, family, checkpoint and GPUs); a gateway has none. ``dcgm``: the host runs
+    NVIDIA's DCGM exporter."""
     where = [address(name, v)]
 
     def group(job, path, **labels):
@@ -61,10 +60,9 @@ def host_targets(name: str, v: dict, replicas: list[dict], *, gateway: bool = Fa
     out = [group(GATEWAY_JOB if gateway else FRONTDOOR_JOB, HAPROXY_PATH), group(NODE_JOB, NODE_PATH)]
     if dcgm:
         out.append(group(GPU_JOB, GPU_PATH))
-    for r in sorted(replicas, key=lambda r: int(r["index"])):
-        out.append(group(VLLM_JOB, replica_path(r["index"]), instance=f"{name}/{int(r['index'])}",
-                         replica=str(int(r["index"])), model=str(r.get("family") or ""),
-                         variant=str(r.get("model") or ""), gpu_uuid=",".join(r.get("gpus") or ())))
+    for s in sorted(served, key=lambda s: s.index):
+        out.append(group(VLLM_JOB, replica_path(s.index), instance=f"{name}/{s.index}", replica=str(s.index),
+                         model=s.family, variant=s.model, gpu_uuid=",".join(s.gpus)))
     return out
 
 

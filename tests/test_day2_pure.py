@@ -50,7 +50,7 @@ def test_bench_figures_follow_the_seeds_method():
 def test_the_gateway_view_calls_a_draining_host_drain():
     """A capture of the lab's gateway while rtx01's only replica was drained in its front door
     (its /health said 404; the gateway's disable-on-404 made it NOLB)."""
-    from day2.status import parse_stats_csv
+    from day2.readings import parse_stats_csv
     text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
     # the capture predates the gateway's pools: its one backend, `servers`, is DiffusionGemma's pool now
     text = "\n".join("pool_diffusiongemma," + line[len("servers,"):] if line.startswith("servers,") else line
@@ -62,7 +62,7 @@ def test_the_gateway_view_calls_a_draining_host_drain():
 
 def test_the_front_door_fact_reads_the_same_stats_page():
     """The frontdoor role's fact of its servers' states reads the same CSV, per server."""
-    from roles.frontdoor.stats import ServerStates
+    from roles.haproxy.stats import ServerStates
     text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
     states = ServerStates("/run/x.sock").process(text, 0)
     assert states["rtx01"] == {"status": "NOLB", "in_flight": 0} and set(states) == {"spark01", "rtx01", "h100-01",
@@ -124,7 +124,7 @@ def test_the_diffusion_settings_in_force_come_from_the_running_command_line():
     assert running == diffusion_wanted({})  # the roles' defaults, as the lab runs them
     # the last occurrence wins, as in vLLM's parser; -dc and --flag=value are read too
     tuned = serve_args({"diffusion_entropy_bound": 0.2, "extra_serve_args": ["-dc", '{"canvas_length": 128}']},
-                       "google/diffusiongemma-26B-A4B-it", 0.9)
+                       "google/diffusiongemma-26B-A4B-it", 0.9, 1, 8100)
     assert diffusion_in_force(tuned) == {"canvas_length": 128, "diffusion_sampler": "entropy_bound",
                                          "diffusion_entropy_bound": 0.2}
     assert diffusion_in_force(["vllm", "serve", '--hf-overrides={"diffusion_sampler": "x"}']) == \
@@ -140,7 +140,7 @@ def test_the_status_probe_reads_each_replicas_command_line():
     import base64
     from pathlib import Path
 
-    from day2.status import ServiceProbe
+    from day2.readings import ServiceProbe
     raw = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes()
     out = ServiceProbe({}).process(f"0 running 200 2,1,0.0125 {base64.b64encode(raw).decode()}\n"
                                    f"1 exited 000 - -\n", 0)

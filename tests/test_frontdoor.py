@@ -21,8 +21,10 @@ from cryptography import x509
 from credentials import CredentialError, ca as fleet_ca
 from credentials.keys import KeyStore, digest
 from roles import scrape_targets
-from roles.frontdoor.render import ALLOWED, Server, render_config, render_keys, render_unit, run_command
-from roles.frontdoor.stats import stats_rows
+from roles.haproxy.instance import render_unit, run_command
+from roles.haproxy.config import ALLOWED, Server, render_config, render_keys
+from roles.haproxy.stats import stats_rows
+from roles.replicas import Served, replica
 
 
 def test_the_ca_is_made_once_and_its_key_stays_0600(tmp_path):
@@ -123,10 +125,10 @@ def front_door_of_three(tmp_path):
 @pytest.fixture
 def front_door_of_two_families(tmp_path):
     """Replicas 0 and 1 serve DiffusionGemma, replica 2 Gemma 4 (hgx01's kind of host)."""
-    from roles.frontdoor.pools import frontdoor_pools
+    from roles.haproxy.pools import frontdoor_pools
     yield from _front_door(tmp_path, 3, lambda servers: frontdoor_pools(
-        {0: "diffusiongemma", 1: "diffusiongemma", 2: "gemma4"}, {"diffusiongemma": "diffusiongemma",
-                                                                  "gemma4": "gemma4"}, servers))
+        {"replica0": "diffusiongemma", "replica1": "diffusiongemma", "replica2": "gemma4"},
+        {"diffusiongemma": "diffusiongemma", "gemma4": "gemma4"}, servers))
 
 
 @pytest.fixture
@@ -135,10 +137,10 @@ def front_door_with_a_queue(tmp_path):
     takes one request at once, and a queue busy for two seconds makes its /health say full."""
     from dataclasses import replace
 
-    from roles.frontdoor.pools import frontdoor_pools
+    from roles.haproxy.pools import frontdoor_pools
 
     def pools(servers):
-        made = frontdoor_pools({0: "diffusiongemma", 1: "diffusiongemma", 2: "gemma4"},
+        made = frontdoor_pools({"replica0": "diffusiongemma", "replica1": "diffusiongemma", "replica2": "gemma4"},
                                {"diffusiongemma": "diffusiongemma", "gemma4": "gemma4"}, servers)
         return [replace(made[0], queue={"limit": 1, "after_s": 2}), made[1]]
     yield from _front_door(tmp_path, 3, pools)
@@ -159,10 +161,9 @@ def _front_door(tmp_path, replicas: int, pools=None):
     (tmp_path / "monitoring.sha256").write_text(render_keys({"monitoring": digest(MONITORING_KEY)}))
     port = _free_port()
     v = {"api_host": "127.0.0.1", "api_port": port}
-    servers = [Server(f"replica{i}", f"127.0.0.1:{b.server_address[1]}") for i, b in enumerate(backends)]
+    servers = [Server(replica(v, i).server, f"127.0.0.1:{b.server_address[1]}", replica=i) for i, b in enumerate(backends)]
     (tmp_path / "targets.json").write_text(scrape_targets.render(scrape_targets.host_targets(
-        "rtx01", v, [{"index": i, "family": "diffusiongemma", "model": "nvidia/x", "gpus": [f"GPU-{i}"]}
-                     for i in range(replicas)])))
+        "rtx01", v, [Served(replica(v, i, gpus=[f"GPU-{i}"]), "nvidia/x", 0.7) for i in range(replicas)])))
     def write_config(servers, generation="gen1"):
         config = render_config("rtx01", v, servers, generation, files=str(tmp_path),
                                socket=str(tmp_path / "admin.sock"), admin=str(tmp_path / "admin-http.sock"),
@@ -256,8 +257,8 @@ def test_the_hosts_metrics_open_to_the_monitoring_key_alone(front_door_of_three)
 
 def test_the_catalog_names_the_official_haproxy_and_the_lab_publishes_that_tag():
     from lab import config
-    from roles.frontdoor.render import image_ref
-    from roles.preflight.catalog import images
+    from roles.haproxy.instance import image_ref
+    from roles.catalog import images
     official = images()["frontdoor"]
     assert image_ref({}) == f"docker.io/{official['repository']}:{official['tag']}"
     assert image_ref({"registry": "10.213.0.1:5000"}) == f"10.213.0.1:5000/{official['repository']}:{official['tag']}"
@@ -283,7 +284,7 @@ def _own(tmp_path, host="rtx01", names=("rtx01", "10.213.0.12")):
 def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_fleets(tmp_path):
     from converge.errors import StepFailed
     from roles.fleet import fleet_of
-    from roles.frontdoor import tls
+    from roles.haproxy import tls
     files, issued = _own(tmp_path)
     v = {"credentials_dir": str(tmp_path / "fleet"), "tls_cert_file": files["cert.pem"],
          "tls_key_file": files["key.pem"], "tls_ca_file": files["ca.pem"]}
@@ -311,10 +312,13 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
 
 
 def _roll_shell(door, index: int, command: str) -> str:
-    """The rolling deploy's own shell (drain, ready, state) against this front door."""
-    from roles.frontdoor.admin import FRONTDOOR_SHELL
-    script = f"ADMIN={door.admin}; I={index}\n{FRONTDOOR_SHELL}\n{command}\n"
-    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    """The rolling deploy's own shell (files/admin.sh: drain, ready, state) against this front
+    door, run by dash as a host's sh runs it; ``$S`` is replica ``index``'s server."""
+    from roles.frontdoor.admin import ADMIN_LIBRARY, admin_parameters
+    from roles.host_programs import Program
+    params = {**admin_parameters(), "ADMIN": door.admin, "S": replica({}, index).server}
+    script = Program((ADMIN_LIBRARY,)).script(params) + command + "\n"
+    proc = subprocess.run(["dash", "-c", script], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()
 
@@ -322,7 +326,7 @@ def _roll_shell(door, index: int, command: str) -> str:
 def reload_as_the_deploy_does(proxy, config: str, state_dir, proc) -> None:
     """proxy.reload_action on a test's HAProxy: the servers' states dumped through its runtime
     API into ``state_dir``, then SIGUSR2 to its master."""
-    from roles.frontdoor.proxy import reload_action
+    from roles.haproxy.steps import reload_action
     script = (reload_action(proxy, "u", config).replace(proxy.socket_dir, str(state_dir))
               .replace("systemctl reload u", f"kill -USR2 {proc.pid}"))
     subprocess.run(["bash", "-c", script], check=True, timeout=30)
@@ -384,7 +388,7 @@ def test_a_roll_s_flag_keeps_health_at_404_while_its_replica_is_stopped(front_do
 
 
 def test_the_gateway_takes_a_draining_front_door_out_of_balancing():
-    from roles.frontdoor.render import GATEWAY
+    from roles.haproxy.instance import GATEWAY
     from roles.gateway.role import BACKEND
     config = render_config("gateway01", {}, [Server("rtx01", "10.213.0.12:8000")], "g", proxy=GATEWAY, backend=BACKEND)
     backend = config.split("backend pool_diffusiongemma", 1)[1].split("\nfrontend", 1)[0]
@@ -535,7 +539,7 @@ def test_a_reload_keeps_a_down_servers_state_and_takes_a_moved_servers_new_port(
     runtime API, then SIGUSR2. A replica found down stays down in the new instance (not called
     up until its checks, which would send it requests); a replica whose port moved in the new
     configuration is reached at the new port (HAProxy would restore the old one from the file)."""
-    from roles.frontdoor.render import FRONTDOOR
+    from roles.haproxy.instance import FRONTDOOR
     door = front_door_of_three
     time.sleep(2.5)
     door.backends[2].shutdown()
@@ -546,8 +550,9 @@ def test_a_reload_keeps_a_down_servers_state_and_takes_a_moved_servers_new_port(
         time.sleep(0.3)
     moved = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
     threading.Thread(target=moved.serve_forever, daemon=True).start()
-    servers = [Server("replica0", f"127.0.0.1:{door.ports[0]}"), Server("replica1", f"127.0.0.1:{moved.server_address[1]}"),
-               Server("replica2", f"127.0.0.1:{door.ports[2]}")]
+    servers = [Server("replica0", f"127.0.0.1:{door.ports[0]}", replica=0),
+               Server("replica1", f"127.0.0.1:{moved.server_address[1]}", replica=1),
+               Server("replica2", f"127.0.0.1:{door.ports[2]}", replica=2)]
     config = door.write_config(servers, "gen2")
     reload_as_the_deploy_does(FRONTDOOR, config, tmp_path, door.proc)
     state = [line.split() for line in (tmp_path / "servers.state").read_text().splitlines()[2:] if line]
@@ -570,9 +575,9 @@ def test_a_roll_taking_a_pools_last_replicas_raises_its_flag_first(front_door_of
     its family here before the replicas are drained)."""
     door = front_door_of_two_families
     time.sleep(2.5)
-    assert _roll_shell(door, 0, 'leaving_pools " 2 "') == "gemma4"
-    assert _roll_shell(door, 0, 'leaving_pools " 0 "') == ""  # replica 1 still serves DiffusionGemma
-    assert _roll_shell(door, 0, 'leaving_pools " 0 1 "') == "diffusiongemma"
+    assert _roll_shell(door, 0, 'leaving_pools " replica2 "') == "gemma4"
+    assert _roll_shell(door, 0, 'leaving_pools " replica0 "') == ""  # replica 1 still serves DiffusionGemma
+    assert _roll_shell(door, 0, 'leaving_pools " replica0 replica1 "') == "diffusiongemma"
     assert _roll_shell(door, 0, "pool_flag gemma4 ready && raised_pool_flags") == "gemma4"
     assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[:2] == (404, {"status": "draining"})
     assert door("/health", headers={"X-Dgemma-Pool": "diffusiongemma"})[0] == 200

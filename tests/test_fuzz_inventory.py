@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import roles
-from converge.changes import Command, File, HostContext
+from converge.changes import Command, Decision, File, HostContext
 from converge.errors import ConvergeError, InventoryError
 from converge.facts import Facts
 from converge.facts.host import parse_meminfo
@@ -212,7 +212,7 @@ def facts_for_plans() -> Facts:
                   "commands": {c: f"/usr/bin/{c}" for c in ("flock", "base64", "sha256sum", "curl", "timeout")},
                   "disk_cache": {"path": "/srv", "mount": "/", "free_mib": 10 ** 7},
                   "disk_images": {"path": "/var", "mount": "/", "free_mib": 10 ** 7},
-                  "unit": {"LoadState": "not-found", "ActiveState": "inactive"}, "unit_file": None, "env_file": None,
+                  "replica_units": {}, "env_file": None,
                   "images": [], "image_record": None, "weights": {}, "nixos_module": None, "nixos_configuration": {}})
 
 
@@ -223,7 +223,9 @@ def scripts_of(play: Play, host: str) -> list[tuple[str, str]]:
     for role in roles.load():
         try:
             for step in role.plan(ctx):
-                if isinstance(step, Command):
+                if isinstance(step, Decision):  # what the runner records for the roles after it
+                    ctx.results.record(step.produces, step.value, step.name)
+                elif isinstance(step, Command):
                     out.append((f"{role.name}: {step.name}", step.script))
                     if step.probe:
                         break  # what follows depends on what the probe reads on the host

@@ -14,8 +14,9 @@ import pytest
 
 from roles.fleet import fleet_of
 from credentials.keys import digest
-from roles.frontdoor.pools import gateway_pools, pools_in_config, render_upstream_keys
-from roles.frontdoor.render import GATEWAY, container, render_config, render_keys
+from roles.haproxy.pools import gateway_pools, pools_in_config, render_upstream_keys
+from roles.haproxy.instance import GATEWAY, container
+from roles.haproxy.config import render_config, render_keys
 from roles.gateway.role import BACKEND, fallback_problems, servers
 from roles.preflight.placement import place_declared
 from roles.preflight.select import Refused, choose, image_channel
@@ -77,12 +78,14 @@ def test_one_image_serves_every_family_of_a_host():
 
 def test_gemma4_is_served_without_diffusion_settings_and_answers_for_the_families_that_fall_back_to_it():
     v = {"model_fallback": {"diffusiongemma": {"to": "gemma4"}}}
-    args = serve_args(v, "google/gemma-4-26B-A4B-it", 0.9, family="gemma4")
+    args = serve_args(v, "google/gemma-4-26B-A4B-it", 0.9, 1, 8102, family="gemma4")
     assert "--diffusion-config" not in args and "--hf-overrides" not in args
+    # its catalog entry needs no attention backend: vLLM chooses (DiffusionGemma's needs Triton's)
+    assert "--attention-backend" not in args
     names = args[args.index("--served-model-name") + 1:args.index("--host")]
     assert names == ["gemma4", "google/gemma-4-26B-A4B-it", "diffusiongemma"]
-    dg = serve_args(v, "google/diffusiongemma-26B-A4B-it", 0.9)
-    assert "--diffusion-config" in dg
+    dg = serve_args(v, "google/diffusiongemma-26B-A4B-it", 0.9, 1, 8100)
+    assert "--diffusion-config" in dg and dg[dg.index("--attention-backend") + 1] == "TRITON_ATTN"
     assert dg[dg.index("--served-model-name") + 1:dg.index("--host")] == ["diffusiongemma",
                                                                            "google/diffusiongemma-26B-A4B-it"]
 
@@ -192,7 +195,7 @@ def test_a_fallback_that_cannot_work_is_refused_with_its_key():
 def test_a_run_that_places_nothing_keeps_the_front_doors_pools():
     text = "backend pool_gemma4\n    server replica2 127.0.0.1:8102 track servers/replica2\nbackend rolling\n" \
            "    server flag 127.0.0.1:9 disabled\nbackend pool_diffusiongemma\n    server replica0 127.0.0.1:8100 x\n"
-    assert pools_in_config(text) == {2: "gemma4", 0: "diffusiongemma"}
+    assert pools_in_config(text) == {"replica2": "gemma4", "replica0": "diffusiongemma"}
 
 
 def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:

@@ -12,6 +12,8 @@ import yaml
 from roles import scrape_targets
 from roles.exporters import textfiles
 from roles.fleet import fleet_of
+from roles.handoffs import UnitPlan
+from roles.replicas import Served, replica
 from roles.monitoring import alertmanager, prometheus, rules
 from tests.conftest import ROOT
 
@@ -116,7 +118,8 @@ def test_alertmanager_takes_each_kind_of_receiver_with_its_secret_in_a_file(tmp_
 def test_a_host_lists_its_replicas_with_their_model_gpus_and_path():
     replicas = [{"index": 1, "family": "gemma4", "model": "google/gemma-4-26B-A4B-it", "gpus": ["GPU-b", "GPU-c"]},
                 {"index": 0, "family": "diffusiongemma", "model": "google/diffusiongemma-26B-A4B-it", "gpus": ["GPU-a"]}]
-    groups = scrape_targets.host_targets("hgx01", {"ansible_host": "10.213.0.109", "api_port": 8443}, replicas,
+    served = [Served(replica({}, r["index"], r["family"], r["gpus"]), r["model"], 0.9) for r in replicas]
+    groups = scrape_targets.host_targets("hgx01", {"ansible_host": "10.213.0.109", "api_port": 8443}, served,
                                          dcgm=True)
     assert [g["labels"]["job"] for g in groups] == ["frontdoor", "node", "gpu", "vllm", "vllm"]
     assert all(g["targets"] == ["10.213.0.109:8443"] for g in groups)
@@ -130,8 +133,9 @@ def test_a_host_lists_its_replicas_with_their_model_gpus_and_path():
 
 def test_the_textfiles_say_which_gpu_serves_which_replica_and_why_one_is_left_out(tmp_path):
     gpus = [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}]
-    text = textfiles.placement(gpus, [{"index": 0, "family": "diffusiongemma", "model": "nvidia/x", "gpus": ["GPU-a"],
-                                       "unit": "podman-vllm-diffusiongemma.service"}],
+    first = replica({}, 0, gpus=["GPU-a"])
+    text = textfiles.placement(gpus, [UnitPlan(Served(first, "nvidia/x", 0.7), "diffusiongemma", ("diffusiongemma",),
+                                               first.unit_path, "")],
                                [{"uuid": "GPU-b", "reason": 'busy: "python3" holds 40000 MiB'}],
                                {0: {"canvas_length": 256, "max_denoising_steps": 48, "diffusion_sampler": "entropy_bound",
                                     "diffusion_entropy_bound": 0.1}})

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from roles.service.nixos import imported, imports_line, module_name, nix_value
-from roles.replicas import Served
+from roles.replicas import Served, replica
 from roles.service.role import render_module, render_unit
 
 NIX = shutil.which("nix-instantiate")
@@ -44,7 +44,7 @@ TWO_GPUS = ["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "GPU-4d5f8a85-15cf-7668-
 ])
 def test_every_rendered_module_evaluates_to_the_declared_service(tmp_path, hostvars, gpus):
     size = len(gpus or [0])
-    served = Served(0, MODEL, 0.7, tuple(gpus or ()), size)
+    served = Served(replica(hostvars, 0, gpus=gpus or ()), MODEL, 0.7, size)
     module = evaluate(render_module(hostvars, IMAGE, [served], True), tmp_path)
     name = hostvars.get("service_name", "vllm-diffusiongemma")
     runtime = hostvars["container_runtime"]
@@ -102,9 +102,9 @@ def test_the_configuration_imports_the_module_or_not():
 
 
 def test_one_module_declares_every_replica(tmp_path):
-    replicas = [Served(0, MODEL, 0.7, ("GPU-a",)), Served(2, MODEL, 0.8, ("GPU-c",))]
-    module = evaluate(render_module({"container_runtime": "podman", "autostart": True}, IMAGE, replicas, False),
-                      tmp_path)
+    v = {"container_runtime": "podman", "autostart": True}
+    replicas = [Served(replica(v, 0, gpus=("GPU-a",)), MODEL, 0.7), Served(replica(v, 2, gpus=("GPU-c",)), MODEL, 0.8)]
+    module = evaluate(render_module(v, IMAGE, replicas, False), tmp_path)
     containers = module["virtualisation"]["oci-containers"]["containers"]
     assert sorted(containers) == ["dgemma-frontdoor", "dgemma-node-exporter", "vllm-diffusiongemma",
                                   "vllm-diffusiongemma-2"]
@@ -113,7 +113,8 @@ def test_one_module_declares_every_replica(tmp_path):
     assert "--web.listen-address=127.0.0.1:9100" in exporter["cmd"] and exporter["volumes"] == ["/:/host:ro,rslave"]
     collector = module["systemd"]["services"]["dgemma-metrics-collector"]
     assert collector["serviceConfig"]["ExecStart"] == "/bin/sh /etc/dgemma/metrics/collector.sh"
-    assert collector["environment"]["DGEMMA_REPLICA_UNIT"] == "podman-vllm-diffusiongemma.service"
+    assert collector["environment"]["DGEMMA_REPLICAS"] == \
+        "0:podman-vllm-diffusiongemma.service:replica0,2:podman-vllm-diffusiongemma-2.service:replica2"
     second = containers["vllm-diffusiongemma-2"]
     assert second["cmd"][second["cmd"].index("--port") + 1] == "8102"
     assert [o for o in second["extraOptions"] if "nvidia.com/gpu" in o] == ["--device=nvidia.com/gpu=GPU-c"]

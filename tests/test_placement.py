@@ -139,11 +139,11 @@ def test_a_replica_keeps_its_index_on_the_gpus_it_held():
     again, GPU 0's replica takes index 0 back. New replicas take the lowest free index."""
     idle = nvidia(H200 / "idle-query.csv")
     gpu0, gpu1 = (g["uuid"] for g in idle["gpus"])
-    placed = keep_indices(place(idle, {}, {}), {gpu0: 0, gpu1: 1}, 8100)
+    placed = keep_indices(place(idle, {}, {}), {gpu0: 0, gpu1: 1}, {})
     assert [(r.index, r.port, r.gpus[0]["uuid"]) for r in placed.replicas] == [(0, 8100, gpu0), (1, 8101, gpu1)]
-    only_gpu1 = keep_indices(place(idle, {}, {"gpus": [1]}), {gpu0: 0, gpu1: 1}, 8100)
+    only_gpu1 = keep_indices(place(idle, {}, {"gpus": [1]}), {gpu0: 0, gpu1: 1}, {})
     assert [(r.index, r.port) for r in only_gpu1.replicas] == [(1, 8101)]
-    swapped = keep_indices(place(idle, {}, {}), {gpu1: 0}, 8100)
+    swapped = keep_indices(place(idle, {}, {}), {gpu1: 0}, {})
     assert [(r.index, r.gpus[0]["uuid"]) for r in swapped.replicas] == [(0, gpu1), (1, gpu0)]
 
 

@@ -9,15 +9,15 @@ import pytest
 from converge.changes import File
 from converge.errors import StepFailed
 from converge.transport import Result
-from roles.service.rollout import Roll, Target, interpret, script, throttle
+from roles.replicas import replica
+from roles.service.rollout import Roll, interpret, script, throttle
 
 
 def _roll(**changes) -> Roll:
     unit = File("unit file", path="/etc/systemd/system/podman-vllm-diffusiongemma-1.service",
                 content="[Service]\nExecStart=/usr/bin/podman run x\n", current=None)
     fields = dict(host="hgx01", runtime="podman", action="restart",
-                  replicas=(Target(1, "podman-vllm-diffusiongemma-1.service", "vllm-diffusiongemma-1", 8101,
-                                   ("GPU-b", "GPU-a")),),
+                  replicas=(replica({}, 1, gpus=("GPU-b", "GPU-a")),),
                   env_path="/etc/dgemma/vllm-diffusiongemma.env", unit_file=unit, unit_path=unit.path,
                   image="10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130", same_image_ref=True,
                   api_port=8000, frontdoor_address="127.0.0.1",
@@ -43,8 +43,9 @@ def test_the_script_is_one_the_hosts_shell_reads(shell, write):
     assert proc.returncode == 0, proc.stderr
     # the key never reaches a command line: read from the 0600 file, given to curl on stdin
     assert "Authorization: Bearer %s" in text and "-K -" in text
-    # the GPUs it must see, sorted as the check compares them
-    assert "WANT_GPUS='GPU-a GPU-b'" in text
+    # the replica as roles/replicas.py names it, its GPUs sorted as the check compares them
+    assert ("REPLICAS='1 podman-vllm-diffusiongemma-1.service vllm-diffusiongemma-1 8101 replica1 GPU-a,GPU-b'"
+            in text)
 
 
 def test_a_script_cut_short_on_its_way_runs_nothing():
@@ -99,10 +100,14 @@ def test_the_start_role_does_not_wait_again_for_a_replica_its_roll_gated():
     from roles.serving_host import restart
     from roles.start.role import plan as start_plan
     from roles.service.rollout import gated
-    unit = "podman-vllm-diffusiongemma.service"
+    from roles.handoffs import UNITS, UnitPlan, Units
+    from roles.replicas import Served
+    first = replica({}, 0)
+    unit = first.unit
     running = {"ActiveState": "active", "SubState": "running", "LoadState": "loaded"}
-    ctx = HostContext("rtx01", {"container_runtime": "podman"}, {"unit": running})
-    ctx.desired["replicas"] = [{"index": 0, "unit": unit, "port": 8100}]
+    ctx = HostContext("rtx01", {"container_runtime": "podman"}, {"replica_units": {first.unit_path: {"state": running}}})
+    ctx.results.record(UNITS, Units((UnitPlan(Served(first, "m", 0.7), "diffusiongemma", ("diffusiongemma",),
+                                              first.unit_path, ""),), "unit", "img"), "service")
     ctx.handlers_run.add(restart(unit))
     assert next(start_plan(ctx)).needed()  # restarted by the handler: waited for
     ctx.results.record(gated(unit), unit, "service | rolling restart")

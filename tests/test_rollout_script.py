@@ -12,7 +12,13 @@ import pytest
 from converge.changes import File
 from converge.errors import StepFailed
 from converge.transport import Result
+from roles.frontdoor.admin import ADMIN_SOCKET
+from roles.replicas import replica
 from roles.service import rollout
+
+# replica 1 of a host whose service is vllm-x: unit podman-vllm-x-1.service, container vllm-x-1
+R1 = replica({"service_name": "vllm-x"}, 1, gpus=("GPU-b", "GPU-a"))
+U = R1.unit
 
 STUBS = {
     "systemctl": """case "$*" in
@@ -20,6 +26,7 @@ STUBS = {
   show*) printf 'NRestarts=0\nActiveState=active\nSubState=running\n';;
   restart*|start*) echo "$*" >> "$LOG"; echo UP > "$LOG.state";;
   stop*|"disable --now"*) echo "$*" >> "$LOG"; echo DOWN > "$LOG.state";;
+  disable*) echo "$*" >> "$LOG";;
   kill*) echo "$*" >> "$LOG";; *) ;;
 esac""",
     # the front door's stats page (admin actions, CSV) and the replica: a chat completion
@@ -28,6 +35,8 @@ esac""",
 while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
 case "$all" in
   *--data\\ s=*) echo "$all" | sed -n 's/.*s=\\([a-z0-9]*\\)&.*action=\\([a-z]*\\).*/admin \\1 \\2/p' >> "$LOG"
+    # the front door refuses to put a replica back (HAProxy's stats page: st=DENY) when REFUSE_READY is set
+    case "$all" in *action=ready*s=replica*|*s=replica*action=ready*) [ -n "$REFUSE_READY" ] && { echo 'location: /;st=DENY'; exit 0; };; esac
     echo 'location: /;st=DONE';;
   *";csv"*) printf '# pxname,svname,qcur,qmax,scur,slim,smax,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status\\n'
            printf 'servers,replica1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,%s\\n' "$(cat "$LOG.state" 2>/dev/null || echo DRAIN)";;
@@ -65,17 +74,18 @@ def host(tmp_path):
     admin.close()
 
 
-def _roll(host, fail_first: int, action="restart", write=True):
+def _roll(host, fail_first: int, action="restart", write=True, replicas=(R1,), refuse_ready=False, **change):
     unit = File("unit file", path=str(host / "unit.service"), content="new unit\n", current=None,
                 owner=str(os.getuid()), group=str(os.getgid()))
     deploy = dict(unit_file=unit, unit_path=unit.path, image="img:tag", same_image_ref=True) if write else {}
-    roll = rollout.Roll(host="hgx01", runtime="podman", action=action,
-                        replicas=(rollout.Target(1, "u.service", "c", 8101, ("GPU-b", "GPU-a")),),
+    paths = {"remove_paths": (str(host / "unit.service"),) if action == "remove" else ()}
+    roll = rollout.Roll(host="hgx01", runtime="podman", action=action, replicas=replicas,
                         env_path=str(host / "env"), api_port=8000,
                         frontdoor_address="127.0.0.1", drain_timeout=5, ready_timeout=5, alone=False,
-                        remove_paths=(str(host / "unit.service"),) if action == "remove" else (), **deploy)
-    text = rollout.script(roll).replace(rollout.ADMIN_SOCKET, str(host / "admin.sock"))
-    env = {"PATH": f"{host / 'bin'}:/usr/bin:/bin", "LOG": str(host / "log"), "FAIL_FIRST": str(fail_first)}
+                        **{**paths, **deploy, **change})
+    text = rollout.script(roll).replace(ADMIN_SOCKET, str(host / "admin.sock"))
+    env = {"PATH": f"{host / 'bin'}:/usr/bin:/bin", "LOG": str(host / "log"), "FAIL_FIRST": str(fail_first),
+           "REFUSE_READY": "1" if refuse_ready else ""}
     proc = subprocess.run(["dash", "-s"], input=text, capture_output=True, text=True, env=env, timeout=60)
     log = (host / "log").read_text().splitlines()
     return roll, Result(proc.returncode, proc.stdout, proc.stderr), log
@@ -88,17 +98,17 @@ BACK = ["admin replica1 ready", "admin flag maint"]
 def test_a_roll_that_passes_drains_writes_restarts_gates_and_puts_back(host):
     roll, result, log = _roll(host, fail_first=0)
     assert result.rc == 0, result.stdout + result.stderr
-    assert log == DRAIN + ["restart u.service", "admin replica1 hrunn"] + BACK
+    assert log == DRAIN + [f"restart {U}", "admin replica1 hrunn"] + BACK
     assert (host / "unit.service").read_text() == "new unit\n"
     assert (host / "unit.service.previous").read_text() == "old unit\n"
-    assert rollout.interpret(roll)(result).message.startswith("u.service rolled: drained in")
+    assert rollout.interpret(roll)(result).message.startswith(f"{U} rolled: drained in")
 
 
 def test_a_roll_that_fails_its_gate_goes_back_to_its_unit_and_image_and_is_put_back(host):
     roll, result, log = _roll(host, fail_first=1)
     assert result.rc == 5, result.stdout + result.stderr
     # back to the unit it ran, the image it ran named by the tag again, restarted, gated, put back
-    assert log == DRAIN + ["restart u.service", "admin replica1 hrunn", "tag old-image img:tag", "restart u.service",
+    assert log == DRAIN + [f"restart {U}", "admin replica1 hrunn", "tag old-image img:tag", f"restart {U}",
                            "admin replica1 hrunn"] + BACK
     assert (host / "unit.service").read_text() == "old unit\n"
     with pytest.raises(StepFailed, match=r"(?s)answered 500.*its unit, and the image it ran, retagged.*"
@@ -116,7 +126,7 @@ def test_a_roll_whose_way_back_fails_too_still_leaves_it_in_service(host):
 
 def test_day_2_restart_has_nothing_to_go_back_to_and_says_what_to_run(host):
     roll, result, log = _roll(host, fail_first=0, write=False)
-    assert result.rc == 0 and log == DRAIN + ["restart u.service", "admin replica1 hrunn"] + BACK
+    assert result.rc == 0 and log == DRAIN + [f"restart {U}", "admin replica1 hrunn"] + BACK
     assert (host / "unit.service").read_text() == "old unit\n"
     roll, result, log = _roll(host, fail_first=99, write=False)
     assert result.rc == 4 and log[-2:] == BACK and "tag" not in " ".join(log)
@@ -128,24 +138,24 @@ def test_day_2_restart_has_nothing_to_go_back_to_and_says_what_to_run(host):
 def test_a_stop_drains_stops_and_puts_it_back_once_its_front_door_sees_it_down(host):
     roll, result, log = _roll(host, fail_first=0, action="stop", write=False)
     assert result.rc == 0, result.stdout + result.stderr
-    assert log == DRAIN + ["stop u.service"] + BACK  # no gate: nothing comes back
+    assert log == DRAIN + [f"stop {U}"] + BACK  # no gate: nothing comes back
     said = rollout.interpret(roll)(result)
-    assert said.startswith("u.service stopped: drained in") and "out of service" in said
+    assert said.startswith(f"{U} stopped: drained in") and "out of service" in said
 
 
 def test_a_start_is_gated_through_the_front_door(host):
     roll, result, log = _roll(host, fail_first=0, action="start", write=False)
     assert result.rc == 0, result.stdout + result.stderr
-    assert log == DRAIN + ["start u.service", "admin replica1 hrunn"] + BACK
+    assert log == DRAIN + [f"start {U}", "admin replica1 hrunn"] + BACK
     said = rollout.interpret(roll)(result)
-    assert said.value == "u.service" and "gate passed (1 the front door, its checks)" not in said.message
+    assert said.value == U and "gate passed (1 the front door, its checks)" not in said.message
     assert "started, ready in" in said.message and "gate passed (the front door" in said.message
 
 
 def test_recover_clears_the_unit_and_container_then_starts_and_gates(host):
     roll, result, log = _roll(host, fail_first=0, action="recover", write=False)
     assert result.rc == 0, result.stdout + result.stderr
-    assert log == DRAIN + ["stop u.service", "kill -s KILL u.service", "podman rm", "start u.service",
+    assert log == DRAIN + [f"stop {U}", f"kill -s KILL {U}", "podman rm", f"start {U}",
                            "admin replica1 hrunn"] + BACK
     said = rollout.interpret(roll)(result).message
     assert "replica 1: unit stopped and reset" in said and "container removed" in said and "gate passed" in said
@@ -154,5 +164,43 @@ def test_recover_clears_the_unit_and_container_then_starts_and_gates(host):
 def test_a_replica_no_longer_planned_is_drained_then_removed(host):
     roll, result, log = _roll(host, fail_first=0, action="remove", write=False)
     assert result.rc == 0, result.stdout + result.stderr
-    assert log == DRAIN + ["disable --now u.service"] + BACK
+    assert log == DRAIN + [f"disable --now {U}"] + BACK
     assert not (host / "unit.service").exists()
+
+
+def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_and_names_the_mend(host):
+    roll, result, log = _roll(host, fail_first=0, refuse_ready=True)
+    assert result.rc == 0 and "@undrain-failed 1 replica1" in result.stdout, result.stdout
+    assert log == DRAIN + [f"restart {U}", "admin replica1 hrunn", "admin replica1 ready", "admin flag maint"]
+    with pytest.raises(StepFailed, match=r"refused to put replica 1 \(replica1\) back in service after its restart: "
+                                         r"it stays drained.*invoke recover --hosts hgx01 --replica 1"):
+        rollout.interpret(roll)(result)
+
+
+def test_a_replica_moves_to_its_familys_name_through_the_roll(host):
+    """The unit it ran under stops, the new one starts and passes the gate, then the old unit's
+    files go; the front door's server (the index's) is the same throughout."""
+    before = replica({"service_name": "vllm-x"}, 1, "diffusiongemma")
+    moved = replica({"service_name": "vllm-x"}, 1, "gemma4", gpus=R1.gpus)
+    (host / "old.service").write_text("old unit\n")
+    roll, result, log = _roll(host, fail_first=0, replicas=(moved,), replaces=before,
+                              remove_paths=(str(host / "old.service"),))
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + [f"stop {before.unit}", f"restart {moved.unit}", "admin replica1 hrunn",
+                           f"disable {before.unit}"] + BACK
+    assert not (host / "old.service").exists() and (host / "unit.service").read_text() == "new unit\n"
+    said = rollout.interpret(roll)(result).message
+    assert said.startswith(f"{moved.unit} rolled: drained in") and f"it ran as {before.unit} before" in said
+
+
+def test_a_move_that_fails_its_gate_goes_back_to_the_unit_it_ran_under(host):
+    before = replica({"service_name": "vllm-x"}, 1, "diffusiongemma")
+    moved = replica({"service_name": "vllm-x"}, 1, "gemma4", gpus=R1.gpus)
+    (host / "unit.service").unlink()  # the new unit did not exist before the move
+    (host / "old.service").write_text("old unit\n")
+    roll, result, log = _roll(host, fail_first=1, replicas=(moved,), replaces=before,
+                              remove_paths=(str(host / "old.service"),))
+    assert result.rc == 5, result.stdout + result.stderr
+    assert log[:4] == DRAIN + [f"stop {before.unit}", f"restart {moved.unit}"]
+    assert f"restart {before.unit}" in log and log[-2:] == BACK
+    assert not (host / "unit.service").exists() and (host / "old.service").read_text() == "old unit\n"

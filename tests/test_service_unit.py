@@ -7,7 +7,7 @@ import pytest
 import roles
 from converge.errors import StepFailed
 from converge.play import Play
-from roles.replicas import Served, index_of, installed, replica_unit
+from roles.replicas import Served, from_unit, installed, replica
 from roles.service.role import render_env, render_unit
 
 NVFP4 = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
@@ -25,8 +25,12 @@ def unquote_systemd(line: str) -> list[str]:
     return shlex.split(line.replace("\\'", "'\"'\"'").replace("%%", "%").replace("$$", "$"))
 
 
+def served(v, index, model, utilization, gpus=(), size=1, family="diffusiongemma"):
+    return Served(replica(v, index, family, gpus), model, utilization, size)
+
+
 def test_serve_args_match_the_seed_command_and_parse():
-    args = serve_args(hostvars("spark01"), "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7)
+    args = serve_args(hostvars("spark01"), "nvidia/diffusiongemma-26B-A4B-it-NVFP4", 0.7, 1, 8100)
     assert args[0] == "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
     joined = " ".join(args)
     for expected in ("--max-model-len 100000", "--gpu-memory-utilization 0.7", "--max-num-batched-tokens 8192",
@@ -42,9 +46,9 @@ def test_serve_args_match_the_seed_command_and_parse():
 
 def test_unknown_or_harmful_extra_flags_are_refused():
     with pytest.raises(StepFailed, match="no option --made-up"):
-        serve_args(hostvars("rtx01"), "m/x", 0.7) and check_flags(["--made-up"])
+        serve_args(hostvars("rtx01"), "m/x", 0.7, 1, 8100) and check_flags(["--made-up"])
     with pytest.raises(StepFailed, match="enforce-eager"):
-        serve_args({**hostvars("rtx01"), "extra_serve_args": ["--enforce-eager"]}, "m/x", 0.7)
+        serve_args({**hostvars("rtx01"), "extra_serve_args": ["--enforce-eager"]}, "m/x", 0.7, 1, 8100)
 
 
 def test_systemd_quoting_round_trips():
@@ -54,7 +58,7 @@ def test_systemd_quoting_round_trips():
 
 def test_podman_unit_is_on_demand_with_conflicts_and_bounded_restarts():
     v = hostvars("rtx01")
-    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", Served(0, NVFP4, 0.7), False)
+    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", served(v, 0, NVFP4, 0.7), False)
     assert "Conflicts=ollama.service" in unit
     assert "StartLimitBurst=3" in unit and "StartLimitIntervalSec=900" in unit and "Restart=on-failure" in unit
     assert "ExecStartPre=-/usr/bin/podman rm -f vllm-diffusiongemma" in unit
@@ -71,7 +75,7 @@ def test_podman_unit_is_on_demand_with_conflicts_and_bounded_restarts():
 
 def test_docker_unit_uses_gpus_all_and_the_docker_service():
     v = hostvars("spark01")
-    unit = render_unit(v, "vllm/vllm-openai:gemma-aarch64-cu130", Served(0, NVFP4, 0.7), True)
+    unit = render_unit(v, "vllm/vllm-openai:gemma-aarch64-cu130", served(v, 0, NVFP4, 0.7), True)
     assert "Requires=docker.service" in unit and "--gpus all" in unit and "/usr/bin/docker run --rm" in unit
     assert "--log-driver" not in unit  # docker has no passthrough: its attached client relays the lines
     assert "-e HF_TOKEN " in unit and "Conflicts=" not in unit
@@ -86,7 +90,7 @@ def test_the_unit_hands_over_only_the_placements_gpus_by_uuid():
     model = "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic"
 
     def argv(v, gpus, size=1, index=0):
-        unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", Served(index, model, 0.7, tuple(gpus), size), False)
+        unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", served(v, index, model, 0.7, tuple(gpus), size), False)
         return unquote_systemd(next(line for line in unit.splitlines() if line.startswith("ExecStart="))[10:])
     podman = argv(hostvars("rtx01"), gpus[1:])
     assert [podman[i + 1] for i, a in enumerate(podman) if a == "--device"] == [f"nvidia.com/gpu={gpus[1]}"]
@@ -101,7 +105,7 @@ def test_the_unit_hands_over_only_the_placements_gpus_by_uuid():
 
 def test_replica_n_has_its_own_name_port_and_environment_note():
     v = hostvars("rtx01")
-    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", Served(2, NVFP4, 0.8, ("GPU-x",)), False)
+    unit = render_unit(v, "vllm/vllm-openai:gemma-x86_64-cu130", served(v, 2, NVFP4, 0.8, ("GPU-x",)), False)
     argv = unquote_systemd(next(line for line in unit.splitlines() if line.startswith("ExecStart="))[10:])
     assert argv[argv.index("--name") + 1] == "vllm-diffusiongemma-2"
     assert argv[argv.index("--port") + 1] == "8102" and argv[argv.index("--host") + 1] == "127.0.0.1"
@@ -113,11 +117,22 @@ def test_replica_n_has_its_own_name_port_and_environment_note():
 
 def test_replica_units_are_told_from_other_units():
     v = {"container_runtime": "docker", "service_name": "dg"}
-    assert replica_unit(v, 0) == "docker-dg.service" and replica_unit(v, 3) == "docker-dg-3.service"
-    assert [index_of(v, u) for u in ("docker-dg.service", "/etc/systemd/system/docker-dg-12.service",
-                                     "docker-dg-0.service", "docker-dg-x.service", "podman-dg-1.service",
-                                     "docker-dg-frontdoor.service")] == [0, 12, None, None, None, None]
-    found = installed(v, {"LoadState": "loaded", "ActiveState": "active"},
-                      {"/etc/systemd/system/docker-dg-2.service": {"state": {"ActiveState": "failed"}}})
-    assert found == {0: {"LoadState": "loaded", "ActiveState": "active"}, 2: {"ActiveState": "failed"}}
-    assert installed(v, {"LoadState": "not-found"}, {}) == {}
+    assert replica(v, 0).unit == "docker-dg.service" and replica(v, 3).unit == "docker-dg-3.service"
+    # another family's replicas say it, after the service's name
+    assert replica(v, 2, "gemma4").unit == "docker-dg-gemma4-2.service"
+    assert replica({}, 2, "gemma4").container == "vllm-gemma4-2"
+    assert [(r.index, r.family) if r else None for r in (from_unit(v, u) for u in (
+        "docker-dg.service", "/etc/systemd/system/docker-dg-12.service", "docker-dg-gemma4-3.service",
+        "docker-dg-0.service", "docker-dg-x.service", "podman-dg-1.service", "docker-dg-frontdoor.service"))] == \
+        [(0, "diffusiongemma"), (12, "diffusiongemma"), (3, "gemma4"), None, None, None, None]
+    units = {"/etc/systemd/system/docker-dg.service": {"state": {"LoadState": "loaded", "ActiveState": "active"}},
+             "/etc/systemd/system/docker-dg-2.service": {"state": {"LoadState": "loaded", "ActiveState": "failed"}},
+             "/etc/systemd/system/docker-dg-3.service": {"state": {"LoadState": "not-found"}}}
+    found = installed(v, units)
+    assert {i: (r.unit, state["ActiveState"]) for i, (r, state) in found.items()} == \
+        {0: ("docker-dg.service", "active"), 2: ("docker-dg-2.service", "failed")}
+    # a move to a family's name cut short: two units of one index, the one that runs counts
+    units["/etc/systemd/system/docker-dg-gemma4-2.service"] = {"state": {"LoadState": "loaded",
+                                                                       "ActiveState": "active"}}
+    assert installed(v, units)[2][0].unit == "docker-dg-gemma4-2.service"
+    assert installed(v, {}) == {}

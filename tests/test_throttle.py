@@ -85,9 +85,11 @@ def test_ctrl_c_while_waiting_for_a_turn_stops_there(tmp_path):
     log, report, control = [], Report(quiet=True), RunControl()
 
     def ctrl_c_once_one_began():
-        while not list(tmp_path.iterdir()):
+        # one rolls, and the other two have done the step before theirs (each then waits for its
+        # turn): a fixed second was too short for a host's facts on a loaded machine
+        while not list(tmp_path.iterdir()) or len([t for t in report.tasks if t.task == "change"]) < 3:
             time.sleep(0.05)
-        time.sleep(1.0)  # the others reach their turn's wait meanwhile
+        time.sleep(0.5)
         control.stop("interrupted (Ctrl-C)")
     threading.Thread(target=ctrl_c_once_one_began, daemon=True).start()
     run(_targets(["a", "b", "c"]), _rolling(log, seconds=3, began=tmp_path), report,

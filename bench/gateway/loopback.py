@@ -54,14 +54,17 @@ def prepare(folder: Path, replicas: int = 1):
     from bench.gateway.run import wrk_script
     from credentials import ca as fleet_ca
     from roles.fleet import Fleet, FrontDoor
-    from roles.frontdoor.render import CONTAINER_DIR, FRONTDOOR, GATEWAY, Server, render_config, render_keys
+    from roles.haproxy.instance import CONTAINER_DIR, FRONTDOOR, GATEWAY
+    from roles.haproxy.config import Server, render_config, render_keys
     from roles.gateway.role import BACKEND, servers as gateway_servers
+    from roles.replicas import replica
     folder.mkdir(parents=True, exist_ok=True)
     digests = {"bench": hashlib.sha256(KEY.encode()).hexdigest(),
                "gateway": hashlib.sha256(GATEWAY_KEY.encode()).hexdigest()}
     for name, proxy, host, v, servers, backend in (
             ("frontdoor", FRONTDOOR, "rtx01", {"api_host": "127.0.0.1", "api_port": PORTS["frontdoor"]},
-             [Server(f"replica{i}", f"127.0.0.1:{PORTS['direct'] + i}") for i in range(replicas)], None),
+             [Server(r.server, r.address, replica=r.index) for r in
+              (replica({"replica_base_port": PORTS["direct"]}, i) for i in range(replicas))], None),
             ("gateway", GATEWAY, "gateway01", {"api_host": "127.0.0.1", "api_port": PORTS["gateway"]},
              gateway_servers(Fleet((FrontDoor("rtx01", "127.0.0.1", PORTS["frontdoor"]),), ())), BACKEND)):
         files = folder / name

@@ -38,7 +38,8 @@ import roles  # noqa: E402
 from converge.play import Play  # noqa: E402
 from lab import config as lab_config  # noqa: E402
 from roles.fleet import is_gateway  # noqa: E402
-from roles.frontdoor.render import FRONTDOOR, GATEWAY  # noqa: E402
+from roles.haproxy.instance import FRONTDOOR, GATEWAY  # noqa: E402
+from roles.replicas import replica  # noqa: E402
 from converge.secrets import read_optional_secret as read_secret  # noqa: E402
 
 KNOB_DIR = ".vllm-standin"
@@ -144,7 +145,7 @@ def main():
                          f"bench/gateway runs on the lab (invoke lab.up, invoke deploy)")
     need_wrk()
     targets = [
-        ("direct (vLLM on loopback)", "direct", f"http://127.0.0.1:{int(v.get('replica_base_port', 8100))}"),
+        ("direct (vLLM on loopback)", "direct", f"http://{replica(v, 0).address}"),
         ("front door (same host)", "frontdoor", f"https://127.0.0.1:{int(v.get('api_port', 8000))}"),
         (f"gateway ({gateways[0]})", "gateway",
          f"https://{gw.get('ansible_host', gateways[0])}:{int(gw.get('api_port', 8000))}"),

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,10 @@ from bench.toolkit import in_toolkit_env, write_section  # noqa: E402
 
 in_toolkit_env()
 
+import roles  # noqa: E402
 from lab import config  # noqa: E402
+from roles.replicas import from_unit, unit_globs  # noqa: E402
+from roles.serving_host import env_path  # noqa: E402
 from tests.lab.conftest import LAB_INVENTORY, front_door, ssh  # noqa: E402
 
 
@@ -60,18 +64,22 @@ def deploy(*args) -> tuple[int, dict, float]:
 
 
 def replicas(host) -> list[tuple[str, int]]:
-    """(unit, loopback port) of each replica the host runs."""
-    out = ssh(host, "ls /etc/systemd/system | grep -E '^(podman|docker)-vllm-diffusiongemma(-[0-9]+)?[.]service$'")
-    found = []
-    for unit in out.stdout.split():
-        index = re.search(r"-(\d+)\.service$", unit)
-        found.append((unit, 8100 + (int(index.group(1)) if index else 0)))
-    return found
+    """(unit, loopback port) of each replica the host runs (roles/replicas.py names them)."""
+    v = hostvars(host)
+    out = ssh(host, f"for f in {' '.join(unit_globs(v))}; do [ -f \"$f\" ] && echo \"${{f##*/}}\"; done; true")
+    return [(r.unit, r.port) for r in (from_unit(v, unit) for unit in out.stdout.split()) if r is not None]
+
+
+def hostvars(host) -> dict:
+    from converge.play import Play
+    play = Play.load(str(LAB_INVENTORY), roles.schemas(), roles.defaults())
+    return play.hostvars(host)
 
 
 def restart_time(host, unit, port) -> float:
     """systemctl restart, then /health and /v1/models on loopback, timed on the host."""
-    script = (f"key=$(sed -n 's/^VLLM_API_KEY=//p' /etc/dgemma/vllm-diffusiongemma.env); s=$(date +%s%N); "
+    env = shlex.quote(env_path(hostvars(host)))
+    script = (f"key=$(sed -n 's/^VLLM_API_KEY=//p' {env}); s=$(date +%s%N); "
               f"systemctl restart {unit}; until curl -fs -o /dev/null http://127.0.0.1:{port}/health && "
               f"printf 'header = \"Authorization: Bearer %s\"\\n' \"$key\" | curl -fs -K - -o /dev/null "
               f"http://127.0.0.1:{port}/v1/models; do sleep 0.1; done; echo $(( ($(date +%s%N) - s) / 1000000 ))")

@@ -163,13 +163,20 @@ class UnitState(Fact):
         return props
 
 
+def plain_globs(patterns: tuple) -> str:
+    """Shell globs, checked to be globs alone (no quote, expansion, separator or blank)."""
+    for pattern in patterns:
+        if not pattern or any(c in pattern for c in "'\"`$;&|<>\n "):
+            raise ValueError(f"not a plain glob: {pattern!r}")
+    return " ".join(patterns)
+
+
 class TextFiles(Fact):
-    """The text of the files a shell glob names (e.g. /etc/nixos/*.nix), each cut
+    """The text of the files shell globs name (e.g. /etc/nixos/*.nix), each cut
     at ``max_bytes``: ``{path: text}``, empty when none match."""
 
-    def __init__(self, pattern: str, max_bytes: int = 256 * 1024):
-        if any(c in pattern for c in "'\"`$;&|<>\n"):
-            raise ValueError(f"not a plain glob: {pattern!r}")
+    def __init__(self, *patterns: str, max_bytes: int = 256 * 1024):
+        pattern = plain_globs(patterns)
         self.pattern = pattern
         self.command = (f"for f in {pattern}; do [ -f \"$f\" ] || continue; printf '@file %s\\n' \"$f\"; "
                         f"head -c {int(max_bytes)} \"$f\" | base64; done; true")
@@ -204,13 +211,12 @@ class HttpHeader(Fact):
 
 
 class UnitFiles(Fact):
-    """The unit files a shell glob names (e.g. /etc/systemd/system/foo-[0-9]*.service),
+    """The unit files shell globs name (e.g. /etc/systemd/system/foo-[0-9]*.service),
     each with its FileState and its UnitState: ``{path: {"file": ..., "state": ...}}``,
     empty when none match. For a family of units whose members are not known in advance."""
 
-    def __init__(self, pattern: str):
-        if any(c in pattern for c in "'\"`$;&|<>\n "):
-            raise ValueError(f"not a plain glob: {pattern!r}")
+    def __init__(self, *patterns: str):
+        pattern = plain_globs(patterns)
         self.pattern = pattern
         self.command = (f"for f in {pattern}; do [ -f \"$f\" ] || continue; printf '@unit %s\\n' \"$f\"; "
                         f"{file_state_command(chr(34) + '$f' + chr(34))}; printf '@state\\n'; "

@@ -15,7 +15,8 @@ set -u
 interval=${DGEMMA_INTERVAL:-10}
 dir=${DGEMMA_TEXTFILES:-/var/lib/dgemma/metrics}
 weights=${DGEMMA_WEIGHTS:-/srv/models/hf-cache}
-replica_unit=${DGEMMA_REPLICA_UNIT:-podman-vllm-diffusiongemma.service}
+# the host's replicas as deploy declared them (roles/replicas.py): index:unit:server, comma-separated
+replicas_declared=${DGEMMA_REPLICAS:-}
 frontdoor_socket=${DGEMMA_FRONTDOOR_SOCKET:-/run/dgemma-frontdoor/admin.sock}
 fields=index,uuid,name,pci.bus_id,driver_version,utilization.gpu,utilization.memory,memory.used,memory.free,memory.total,temperature.gpu,temperature.memory,power.draw,power.limit,clocks.sm,clocks.max.sm,clocks_throttle_reasons.active
 host=$(hostname 2>/dev/null || cat /etc/hostname)
@@ -88,17 +89,16 @@ weights_disk() {
 }
 
 replicas() {
-  first=${replica_unit%.service}
-  units=$(ls /etc/systemd/system 2>/dev/null | grep -E "^${first}(-[1-9][0-9]*)?[.]service$")
-  # the front door's servers as its runtime API says them: field 7 is the admin state (0: in
-  # service; bits 0x1, 0x2, 0x4, 0x20, 0x40 maintenance, 0x8, 0x10 drain)
+  entries=$(printf '%s' "$replicas_declared" | tr ',' ' ')
+  # the front door's servers as its runtime API says them: field 4 the server, field 7 its admin
+  # state (0: in service; bits 0x1, 0x2, 0x4, 0x20, 0x40 maintenance, 0x8, 0x10 drain)
   servers=$(echo 'show servers state servers' | curl -sS --max-time 2 --unix-socket "$frontdoor_socket" \
-            telnet://localhost 2>/dev/null | awk 'NF >= 7 && $4 ~ /^replica[0-9]+$/ { print substr($4, 8), $7 }')
+            telnet://localhost 2>/dev/null | awk 'NF >= 7 && $1 !~ /^#/ { print $4, $7 }')
   {
     echo "# HELP dgemma_replica_unit_state Each vLLM replica's unit, by systemd's ActiveState (1: the one it is in)."
     echo "# TYPE dgemma_replica_unit_state gauge"
-    for unit in $units; do
-      index=${unit%.service}; index=${index#"$first"}; index=${index#-}; index=${index:-0}
+    for entry in $entries; do
+      index=${entry%%:*}; rest=${entry#*:}; unit=${rest%%:*}
       state=$(systemctl show -p ActiveState --value "$unit" 2>/dev/null)
       for s in active activating deactivating inactive failed reloading; do
         printf 'dgemma_replica_unit_state{replica="%s",unit="%s",state="%s"} %d\n' "$index" "$unit" "$s" \
@@ -107,14 +107,18 @@ replicas() {
     done
     echo "# HELP dgemma_replica_unit_restarts_total How often systemd restarted each replica's unit on failure since it was started (NRestarts)."
     echo "# TYPE dgemma_replica_unit_restarts_total counter"
-    for unit in $units; do
-      index=${unit%.service}; index=${index#"$first"}; index=${index#-}; index=${index:-0}
+    for entry in $entries; do
+      index=${entry%%:*}; rest=${entry#*:}; unit=${rest%%:*}
       printf 'dgemma_replica_unit_restarts_total{replica="%s",unit="%s"} %s\n' "$index" "$unit" \
         "$(systemctl show -p NRestarts --value "$unit" 2>/dev/null || echo 0)"
     done
     echo "# HELP dgemma_replica_out_of_service Whether the front door holds a replica out of service on purpose (1: drained or in maintenance)."
     echo "# TYPE dgemma_replica_out_of_service gauge"
-    printf '%s\n' "$servers" | awk 'NF == 2 { printf "dgemma_replica_out_of_service{replica=\"%s\"} %d\n", $1, ($2 + 0 != 0) ? 1 : 0 }'
+    for entry in $entries; do
+      index=${entry%%:*}; server=${entry##*:}
+      printf '%s\n' "$servers" | awk -v s="$server" -v i="$index" \
+        '$1 == s { printf "dgemma_replica_out_of_service{replica=\"%s\"} %d\n", i, ($2 + 0 != 0) ? 1 : 0 }'
+    done
   } > "$dir/.replicas.prom.$$" && mv -f "$dir/.replicas.prom.$$" "$dir/replicas.prom"
 }
 

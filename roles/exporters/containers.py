@@ -7,9 +7,8 @@ from pathlib import Path
 
 from roles import scrape_targets
 from roles.container_unit import Container
-from roles.frontdoor.render import FRONTDOOR, runtime_socket
-from roles.preflight.catalog import monitoring_image
-from roles.replicas import replica_unit
+from roles.haproxy.instance import FRONTDOOR, runtime_socket
+from roles.catalog import monitoring_image
 
 from .textfiles import TEXTFILES
 
@@ -68,21 +67,23 @@ def dcgm_exporter(v: dict, hostengine: bool = True) -> Container:
         ready=f"curl -sf -o /dev/null --max-time 2 http://127.0.0.1:{port}/metrics")
 
 
-def collector_environment(v: dict, dcgm: bool) -> dict[str, str]:
-    """What the collector reads (every value schema-checked: no quote or blank in it)."""
+def collector_environment(v: dict, dcgm: bool, replicas) -> dict[str, str]:
+    """What the collector reads (every value schema-checked: no quote or blank in it);
+    ``replicas``: the host's (roles.replicas.Replica), each ``index:unit:server``."""
     return {"DGEMMA_INTERVAL": str(int(v.get("gpu_metrics_interval_s", 10))), "DGEMMA_TEXTFILES": TEXTFILES,
             "DGEMMA_WEIGHTS": v.get("model_cache", "/srv/models/hf-cache"),
             "DGEMMA_NVIDIA_SMI_TIMEOUT": str(int(v.get("nvidia_smi_timeout", 15))),
-            "DGEMMA_GPUS": "0" if dcgm else "1", "DGEMMA_REPLICA_UNIT": replica_unit(v, 0),
+            "DGEMMA_GPUS": "0" if dcgm else "1",
+            "DGEMMA_REPLICAS": ",".join(f"{r.index}:{r.unit}:{r.server}" for r in replicas),
             "DGEMMA_FRONTDOOR_SOCKET": runtime_socket(FRONTDOOR)}
 
 
-def collector_unit(v: dict, dcgm: bool) -> str:
+def collector_unit(v: dict, dcgm: bool, replicas) -> str:
     return ("# Managed by dgemma-fleet (roles/exporters): edits here are replaced on the next deploy.\n"
             "[Unit]\nDescription=What the node exporter cannot read itself (GPUs from nvidia-smi, the weights' disk, "
             "vLLM's units), as its textfiles\n\n"
             "[Service]\nType=simple\n"
-            + "".join(f"Environment={k}={val}\n" for k, val in collector_environment(v, dcgm).items()) +
+            + "".join(f"Environment={k}={val}\n" for k, val in collector_environment(v, dcgm, replicas).items()) +
             f"ExecStart=/bin/sh {COLLECTOR}\nRestart=always\nRestartSec=5\n"
             "# a reading takes a fork of nvidia-smi: keep it from competing with vLLM's own threads\n"
             "Nice=10\n\n[Install]\nWantedBy=multi-user.target\n")
@@ -93,7 +94,7 @@ def dcgm_counters() -> str:
             + "".join(f"{name}, {kind}, {doc}\n" for name, kind, doc in DCGM_FIELDS))
 
 
-def nixos_declarations(v: dict, dcgm: bool) -> dict:
+def nixos_declarations(v: dict, dcgm: bool, replicas) -> dict:
     """What the NixOS module declares for the host's metrics (the exporters role writes the
     collector's script and the textfiles beside it): the exporters' containers and the
     collector's service, with the same names as our units."""
@@ -102,4 +103,4 @@ def nixos_declarations(v: dict, dcgm: bool) -> dict:
     return {"containers": [{"name": c.name, "image": c.image, "cmd": list(c.args),
                             "volumes": list(c.volumes), "options": list(c.options)} for c in containers],
             "collector": {"unit": COLLECTOR_UNIT.removesuffix(".service"), "script": COLLECTOR,
-                          "environment": collector_environment(v, dcgm)}}
+                          "environment": collector_environment(v, dcgm, replicas)}}

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import shlex
 
-from converge.changes import Command, File, Role
+from converge.changes import Command, Decision, File, Role
 from converge.facts.containers import Images
 from converge.facts.host import Directory, FileState, OsRelease, UnitState
 from converge.facts.nvidia import Dcgm
 
 from roles import container_unit, scrape_targets
 from roles.fleet import is_serving
+from roles.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
 from roles.serving_host import STATE_DIR
 
 from . import textfiles
@@ -57,7 +58,7 @@ def plan(ctx):
     yield from _textfiles(ctx)
     serving = is_serving(v)
     dcgm = serving and scrape_targets.uses_dcgm(v, f.get("dcgm"))
-    ctx.desired["gpu_metrics"] = None if not serving else "dcgm" if dcgm else "nvidia-smi"
+    yield Decision("GPU metrics", produces=GPU_METRICS, value=None if not serving else "dcgm" if dcgm else "nvidia-smi")
     if serving:
         yield from _collector(ctx, nixos, dcgm)
     if dcgm:
@@ -82,17 +83,17 @@ def plan(ctx):
 
 def _textfiles(ctx):
     f = ctx.facts
-    choice = ctx.desired.get("choice")
-    if choice is not None and "replicas" in ctx.desired:
+    choice, declared = ctx.results.get(CHOICE), ctx.results.get(UNITS)
+    if choice is not None and declared is not None:
         gpus = (f.get("nvidia") or {}).get("gpus") or []
         settings = {r.index: {k: r.settings.get(k, ctx.vars.get(k)) for k in textfiles.DIFFUSION_SETTINGS}
                     for r in choice.replicas}
         yield File("placement textfile", path=f"{TEXTFILES}/placement.prom", mode="0644",
-                   content=textfiles.placement(gpus, ctx.desired["replicas"], choice.placement.skipped, settings),
+                   content=textfiles.placement(gpus, declared.replicas, choice.placement.skipped, settings),
                    current=f.get("placement_textfile"))
-    if ctx.desired.get("certificates"):
+    if ctx.results.get(CERTIFICATES):
         yield File("certificates textfile", path=f"{TEXTFILES}/certificates.prom", mode="0644",
-                   content=textfiles.certificates(ctx.desired["certificates"]), current=f.get("certificates_textfile"))
+                   content=textfiles.certificates(ctx.results[CERTIFICATES]), current=f.get("certificates_textfile"))
 
 
 def _collector(ctx, nixos: bool, dcgm: bool):
@@ -102,7 +103,9 @@ def _collector(ctx, nixos: bool, dcgm: bool):
     yield script
     unit_file = None
     if not nixos:
-        unit_file = File("metrics collector unit", path=COLLECTOR_UNIT_PATH, content=collector_unit(v, dcgm),
+        declared = ctx.results.get(UNITS)
+        replicas = [plan.replica for plan in declared.replicas] if declared else []
+        unit_file = File("metrics collector unit", path=COLLECTOR_UNIT_PATH, content=collector_unit(v, dcgm, replicas),
                          mode="0644", current=f.get("collector_unit_file"))
         yield unit_file
     state = f.get("collector_unit") or {}
@@ -137,7 +140,7 @@ def summary(ctx) -> dict:
     return {"exporters": {"node_exporter": container_unit.unit_name(v, node_exporter(v))
                           if v.get("node_exporter_managed", True) else None,
                           "node_exporter_port": int(v.get("node_exporter_port", scrape_targets.NODE_EXPORTER_PORT)),
-                          "gpu_metrics": ctx.desired.get("gpu_metrics"),
+                          "gpu_metrics": ctx.results.get(GPU_METRICS),
                           "collector": COLLECTOR_UNIT, "textfiles": TEXTFILES,
                           "dcgm_exporter": container_unit.unit_name(v, dcgm_exporter(v)),
                           "state_dir": STATE_DIR}}

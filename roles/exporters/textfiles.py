@@ -23,24 +23,25 @@ def _family(name: str, doc: str, samples: list[str]) -> str:
     return f"# HELP {name} {doc}\n# TYPE {name} gauge\n" + "".join(s + "\n" for s in samples)
 
 
-def placement(gpus: list[dict], replicas: list[dict], skipped: list[dict], settings: dict[int, dict]) -> str:
-    """``gpus``: the host's GPUs (nvidia-smi's rows: index, uuid); ``replicas``: each placed
-    replica's index, family, model (checkpoint), gpus (uuids) and unit; ``skipped``: the GPUs
+def placement(gpus: list[dict], declared: tuple, skipped: list[dict], settings: dict[int, dict]) -> str:
+    """``gpus``: the host's GPUs (nvidia-smi's rows: index, uuid); ``declared``: each placed
+    replica as the service role declares it (roles.handoffs.UnitPlan); ``skipped``: the GPUs
     left out (uuid, reason); ``settings``: each replica's diffusion settings by index."""
-    serving = {uuid: r for r in replicas for uuid in r.get("gpus") or ()}
+    serving = {uuid: plan.replica for plan in declared for uuid in plan.replica.gpus}
     why = {s["uuid"]: s.get("reason", "") for s in skipped}
     placed = []
     for gpu in gpus:
         r = serving.get(gpu["uuid"])
         placed.append(f"dgemma_gpu_placed{{{labels(gpu=gpu['index'], UUID=gpu['uuid'])},"
-                      f"{labels(replica='' if r is None else r['index'], model='' if r is None else r.get('family', ''))},"
+                      f"{labels(replica='' if r is None else r.index, model='' if r is None else r.family)},"
                       f"{labels(reason='' if r is not None else why.get(gpu['uuid'], 'not declared for a model'))}}} "
                       f"{0 if r is None else 1}")
     info = []
-    for r in sorted(replicas, key=lambda r: r["index"]):
-        extra = {k: settings.get(r["index"], {}).get(k, "") for k in DIFFUSION_SETTINGS} \
-            if r.get("family") == "diffusiongemma" else {}
-        info.append(f"dgemma_replica_info{{{labels(replica=r['index'], model=r.get('family', ''), variant=r.get('model', ''), gpu_uuid=','.join(r.get('gpus') or ()), unit=r.get('unit', ''), **extra)}}} 1")
+    for plan in sorted(declared, key=lambda p: p.replica.index):
+        r = plan.replica
+        extra = {k: settings.get(r.index, {}).get(k, "") for k in DIFFUSION_SETTINGS} \
+            if r.family == "diffusiongemma" else {}
+        info.append(f"dgemma_replica_info{{{labels(replica=r.index, model=r.family, variant=plan.served.model, gpu_uuid=','.join(r.gpus), unit=r.unit, **extra)}}} 1")
     return (_family("dgemma_gpu_placed", "Whether deploy placed a replica on this GPU (1) or left it out (0: the reason "
                                          "label says why).", placed)
             + _family("dgemma_replica_info", "A replica deploy placed here: its model, checkpoint, GPUs, unit and "

@@ -4,58 +4,62 @@ but /health (the host holds only the keys' sha256), vLLM's replicas on loopback.
 The steps are proxy.py's, shared with the gateway."""
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
 
-from converge.changes import Command, File, Role
-from converge.facts.host import UnitFiles, UnitState
+from converge.changes import Command, Decision, File, Role
+from converge.errors import StepFailed
 from converge.facts.nvidia import Dcgm
 
 from roles import scrape_targets
 from roles.fleet import is_serving
-from roles.replicas import installed, more_units_glob, replica_port
-from roles.serving_host import env_path, unit_name
+from roles.handoffs import FRONTDOOR_GENERATION, UNITS
+from roles.replicas import installed, replica, server_index
+from roles.serving_host import UNITS_FACT, env_path, units_fact
 
 from roles.preflight.declared import DEFAULT_FAMILY, served_name
 
-from . import proxy, tls
-from .pools import frontdoor_pools, pools_in_config, queue_rule
-from .admin import ADMIN_SOCKET, FRONTDOOR_SHELL
-from .render import FRONTDOOR, Server
-from .stats import ServerStates
+from roles.haproxy import steps as proxy, tls
+from roles.haproxy.config import Server
+from roles.haproxy.instance import FRONTDOOR
+from roles.haproxy.pools import frontdoor_pools, pools_in_config, queue_rule
+from roles.haproxy.stats import ServerStates
+
+from .admin import ADMIN_SOCKET, BACK, BACK_PROGRAM, admin_parameters
 
 
 def facts(v):
     # which replicas the host has, for a run that does not place them (keys add, revoke)
-    return {**proxy.facts(v, FRONTDOOR, "frontdoor"), "unit": UnitState(unit_name(v)),
-            "replica_units": UnitFiles(more_units_glob(v)),
+    return {**proxy.facts(v, FRONTDOOR, "frontdoor"), **units_fact(v),
             # replicas it holds out of service (a rolling deploy's drain that did not end)
             "frontdoor_servers": ServerStates(ADMIN_SOCKET),
             # NVIDIA's DCGM exporter is scraped where the host engine runs (roles/exporters)
             "dcgm": Dcgm()}
 
 
+def _replicas(ctx) -> list:
+    """vLLM's replicas on this host: those this deploy places, or else those the host has
+    (replica 0 alone on a host that has none yet)."""
+    declared = ctx.results.get(UNITS)
+    if declared is not None:
+        return [plan.replica for plan in declared.replicas]
+    found = [ident for ident, _ in installed(ctx.vars, ctx.facts.get(UNITS_FACT)).values()]
+    return found or [replica(ctx.vars, 0)]
+
+
 def servers(ctx) -> list[Server]:
-    """vLLM's replicas on this host, on loopback: those this deploy places, or else
-    those the host has (replica 0 alone on a host that has none yet)."""
-    v = ctx.vars
-    if "replicas" in ctx.desired:
-        indices = [r["index"] for r in ctx.desired["replicas"]]
-    else:
-        indices = list(installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units"))) or [0]
-    return [Server(f"replica{i}", f"127.0.0.1:{replica_port(v, i)}") for i in indices]
+    """vLLM's replicas on this host, on loopback, as the front door's servers."""
+    return [Server(r.server, r.address, replica=r.index) for r in _replicas(ctx)]
 
 
 def pools(ctx, replicas: list[Server]) -> list:
     """The host's replicas by family: as this deploy places them, or (a run that places
     nothing) as the running configuration groups them."""
     v = ctx.vars
-    if "replicas" in ctx.desired:
-        families = {r["index"]: r["family"] for r in ctx.desired["replicas"]}
+    if ctx.results.get(UNITS) is not None:
+        families = {r.server: r.family for r in _replicas(ctx)}
     else:
         running = pools_in_config((ctx.facts.get("frontdoor_config") or {}).get("content") or "")
-        indices = (int(s.name.removeprefix("replica")) for s in replicas)
-        families = {i: running.get(i, DEFAULT_FAMILY) for i in indices}
+        families = {s.name: running.get(s.name, DEFAULT_FAMILY) for s in replicas}
     aliases = {f: served_name(f, v) for f in set(families.values())}
     return [replace(pool, queue=queue_rule(v, pool.name)) for pool in frontdoor_pools(families, aliases, replicas)]
 
@@ -63,16 +67,17 @@ def pools(ctx, replicas: list[Server]) -> list:
 def targets(ctx) -> str:
     """What the monitoring hosts scrape here, with each replica's labels: as this deploy places
     the replicas; a run that places nothing (keys add, revoke) keeps what the host serves."""
-    if "replicas" not in ctx.desired:
+    declared = ctx.results.get(UNITS)
+    if declared is None:
         return ((ctx.facts.get("frontdoor_targets") or {}).get("content") or "")
     dcgm = scrape_targets.uses_dcgm(ctx.vars, ctx.facts.get("dcgm"))
-    return scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, ctx.desired["replicas"], dcgm=dcgm))
+    return scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, [p.served for p in declared.replicas], dcgm=dcgm))
 
 
 def wanted(ctx) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # the gateway reaches the front doors with a key of its own
-    accepted = tls.accepted_keys(ctx.name, ctx.vars, gateway=bool(fleet and fleet.has_gateway))
+    accepted = tls.accepted_keys(ctx.name, ctx.vars, gateway=bool(fleet and fleet.has_gateway), make=not ctx.check)
     replicas = servers(ctx)
     sd = targets(ctx)
     # the DCGM exporter's route as the targets name it (a keys run: as the host serves them)
@@ -82,8 +87,10 @@ def wanted(ctx) -> proxy.Wanted:
 
 def plan(ctx):
     v = ctx.vars
+    fleet = ctx.services.get("fleet")
+    yield from tls.made_step(ctx, (tls.MONITORING_KEY,) + ((tls.GATEWAY_KEY,) if fleet and fleet.has_gateway else ()))
     want = wanted(ctx)
-    ctx.desired["frontdoor_generation"] = want.generation
+    yield Decision("generation", produces=FRONTDOOR_GENERATION, value=want.generation)
     # the unit reads vLLM's key from vLLM's environment file: a new key there is a restart
     env_changed = any(isinstance(s, File) and s.path == env_path(v) and s.content_changed()
                       for s in ctx.changed_steps)
@@ -96,13 +103,20 @@ def back_in_service(ctx) -> Command:
     its script, which otherwise puts it back itself) is put back, and the roll's flag lowered:
     deploy never leaves one out."""
     states = ctx.facts.get("frontdoor_servers") or {}
-    drained = [name for name, state in states.items() if state["status"].startswith("DRAIN")]
-    indices = [name.removeprefix("replica") for name in drained if name.removeprefix("replica").isdigit()]
-    script = (f"ADMIN={shlex.quote(ADMIN_SOCKET)}\n{FRONTDOOR_SHELL}\n"
-              + "".join(f"I={int(i)}; admin ready || {{ echo \"replica{int(i)} is still drained\"; exit 1; }}\n"
-                        for i in indices) + "flag maint || true\n"
-              + 'for p in $(raised_pool_flags); do pool_flag "$p" maint || true; done\n')
-    return Command("replicas in service", script=script, when=bool(indices),
+    drained = [name for name, state in states.items()
+               if state["status"].startswith("DRAIN") and server_index(name) is not None]
+
+    def interpret(result):
+        refused = BACK.first(result.stdout, "still-drained")
+        if refused is not None:
+            raise StepFailed(f"the front door refused to put {refused[0]} back in service: see journalctl -u "
+                             f"{FRONTDOOR.unit_name(ctx.vars)}")
+        if result.rc != 0:
+            raise StepFailed(f"putting {', '.join(drained)} back in service failed (exit {result.rc}): "
+                             f"{(result.stdout + result.stderr).strip()[-300:]}")
+        return f"{', '.join(drained)} back in service"
+    return Command("replicas in service", when=bool(drained), interpret=interpret,
+                   script=BACK_PROGRAM.script({**admin_parameters(), "SERVERS": " ".join(drained)}),
                    describe=f"{', '.join(drained)} left drained in the front door (a rolling deploy cut short): "
                             f"back in service")
 
@@ -111,6 +125,6 @@ def plan_keys(ctx):
     yield from proxy.reload_steps(ctx, FRONTDOOR, "frontdoor", wanted(ctx))
 
 
-ROLE = Role("frontdoor", facts, plan, summary=lambda ctx: proxy.summary(ctx, FRONTDOOR, "frontdoor"),
+ROLE = Role("frontdoor", facts, plan, summary=lambda ctx: proxy.summary(ctx, FRONTDOOR, "frontdoor", FRONTDOOR_GENERATION),
             hosts=is_serving)
 KEYS_ROLE = Role("frontdoor keys", facts, plan_keys, hosts=is_serving)

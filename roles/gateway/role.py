@@ -11,19 +11,21 @@ only this host holds (in a 0600 environment file); an external fallback's key si
 in a 0600 map beside its configuration, so that setting or changing one is a reload."""
 from __future__ import annotations
 
-from converge.changes import Check, File, Role
+from converge.changes import Check, Decision, File, Role
+from converge.errors import SecretError
 from converge.facts.host import FileState
+from converge.secrets import read_secret_file
 from credentials import CredentialError, directory
 from credentials.keys import service_key
 
 from roles import scrape_targets
 from roles.fleet import is_gateway
-from roles.frontdoor import proxy, tls
-from converge.errors import SecretError
-from converge.secrets import read_secret_file
-from roles.frontdoor.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
-                                   render_upstream_keys, serving)
-from roles.frontdoor.render import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S, Server
+from roles.handoffs import GATEWAY_GENERATION
+from roles.haproxy import steps as proxy, tls
+from roles.haproxy.config import Server
+from roles.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S
+from roles.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
+                                 render_upstream_keys, serving)
 
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second
@@ -66,7 +68,8 @@ def wanted(ctx, keys_map: str) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # front doors with a certificate of their own: the gateway trusts their CAs too
     own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
-    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars), BACKEND, own_cas,
+    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars, make=not ctx.check),
+                        BACKEND, own_cas,
                         pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")),
                         secret_files=keys_map,
                         targets=scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, [], gateway=True)))
@@ -84,8 +87,9 @@ def plan(ctx):
         yield Check("serving hosts", ok=False, message="the inventory has no serving host for the gateway to "
                                                        "front: add hosts outside the group `gateway`")
         return
+    yield from tls.made_step(ctx, (tls.GATEWAY_KEY, tls.MONITORING_KEY))
     try:
-        key = service_key(directory(ctx.vars), tls.GATEWAY_KEY)
+        key = service_key(directory(ctx.vars), tls.GATEWAY_KEY, make=not ctx.check)
     except CredentialError as exc:
         yield Check("gateway key", ok=False, message=str(exc))
         return
@@ -99,7 +103,7 @@ def plan(ctx):
         yield Check("model_fallback", ok=False, message=str(exc))
         return
     want = wanted(ctx, keys_map)
-    ctx.desired["gateway_generation"] = want.generation
+    yield Decision("generation", produces=GATEWAY_GENERATION, value=want.generation)
     env = File("gateway environment", path=ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
                current=ctx.facts.get("gateway_env"))
     yield env
@@ -142,7 +146,7 @@ def plan_keys(ctx):
 
 
 def summary(ctx) -> dict:
-    out = proxy.summary(ctx, GATEWAY, "gateway")
+    out = proxy.summary(ctx, GATEWAY, "gateway", GATEWAY_GENERATION)
     fleet = ctx.services.get("fleet")
     if out and fleet:
         out["gateway"]["servers"] = [door.host for door in fleet.serving]

@@ -11,7 +11,9 @@ from converge.facts.host import FileState
 from relay.probe import fallback_note, relay_steps, usable_relay
 
 from roles.fleet import is_serving
-from roles.serving_host import STATE_DIR, record_path, restart_all
+from roles.handoffs import CHOICE
+from roles.replicas import Served
+from roles.serving_host import STATE_DIR, record_path, restart
 
 from .pull_progress import pull_reader
 
@@ -61,10 +63,15 @@ def pull_script(runtime: str, ref: str, record: str, pull: bool = True, relayed:
             f"echo \"@digest $d $a\"\n")
 
 
+def restart_all(ctx) -> tuple:
+    """The handlers that restart every replica the choice places (a new image serves them all)."""
+    return tuple(restart(Served.of(ctx.vars, placed).replica.unit) for placed in ctx.results[CHOICE].replicas)
+
+
 def plan(ctx):
     v = ctx.vars
     runtime = v.get("container_runtime", "podman")
-    ref = ctx.desired["image"]
+    ref = ctx.results[CHOICE].image
     images = ctx.facts["images"]
     present = find_image(images, ref)
     want_arch = ARCH_NAMES.get(ctx.facts.get("arch"), ctx.facts.get("arch"))

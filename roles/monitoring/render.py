@@ -11,11 +11,12 @@ from converge.changes import Role
 from converge.facts.nvidia import Dcgm
 from credentials import directory
 from credentials.ca import ca_paths
-from credentials.keys import service_key
 
 from roles import scrape_targets
 from roles.fleet import is_exporting, is_gateway
-from roles.frontdoor import tls
+from roles.haproxy import tls
+from roles.handoffs import CHOICE
+from roles.replicas import Served
 
 from . import prometheus, rules
 
@@ -27,13 +28,12 @@ def _summary(ctx) -> dict:
     v = ctx.vars
     if is_gateway(v):
         return {"scrape_targets": scrape_targets.host_targets(ctx.name, v, [], gateway=True)}
-    choice = ctx.desired.get("choice")
+    choice = ctx.results.get(CHOICE)
     if choice is None:
         return {}  # the preflight choice failed: the report says why
-    replicas = [{"index": r.index, "family": r.family, "model": r.model, "gpus": [g["uuid"] for g in r.gpus]}
-                for r in choice.replicas]
+    served = [Served.of(v, placed) for placed in choice.replicas]
     dcgm = scrape_targets.uses_dcgm(v, ctx.facts.get("dcgm") if ctx.facts else None)
-    return {"scrape_targets": scrape_targets.host_targets(ctx.name, v, replicas, dcgm=dcgm)}
+    return {"scrape_targets": scrape_targets.host_targets(ctx.name, v, served, dcgm=dcgm)}
 
 
 RENDER_ROLE = Role("render prometheus", lambda v: {"dcgm": Dcgm()}, lambda ctx: iter(()), summary=_summary,
@@ -45,7 +45,7 @@ def files(groups_by_host: dict[str, list[dict]], v: dict) -> list[tuple[str, str
     into its prometheus.yml, the targets, the rules, and the credentials' whereabouts."""
     folder = directory(v)
     key = folder / f"{tls.MONITORING_KEY}.key"
-    service_key(folder, tls.MONITORING_KEY)  # made on first need, as deploy makes it
+    made = "" if key.exists() else " (not made yet: the first deploy makes it)"
     secured = {"scheme": "https",
                "authorization": {"type": "Bearer", "credentials_file": f"{TARGET_DIR}/{prometheus.KEY_FILE}"},
                "tls_config": {"ca_file": f"{TARGET_DIR}/{prometheus.CA_FILE}"}}
@@ -57,7 +57,7 @@ def files(groups_by_host: dict[str, list[dict]], v: dict) -> list[tuple[str, str
     if remote:
         scrape["remote_write"] = [{"url": r["url"]} for r in remote]
     credentials = (
-        f"# The monitoring key: {key} (0600). Copy it to {TARGET_DIR}/{prometheus.KEY_FILE} on your\n"
+        f"# The monitoring key: {key}{made} (0600). Copy it to {TARGET_DIR}/{prometheus.KEY_FILE} on your\n"
         f"# Prometheus host, readable by Prometheus alone; the front doors hold its sha256 (deploy puts it\n"
         f"# there), and no user key opens /metrics/*.\n"
         f"# The fleet CA: {ca_paths(folder)[0]}. Copy it to {TARGET_DIR}/{prometheus.CA_FILE}.\n"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 
-from converge.changes import Check, Command, File, Role
+from converge.changes import Check, Command, Decision, File, Role
 from converge.errors import SecretError, StepFailed
 from converge.facts import Fact
 from converge.facts.containers import Images
@@ -27,8 +27,9 @@ from credentials.keys import service_key
 from roles import container_unit
 from roles.container_unit import Container
 from roles.fleet import Fleet, is_monitoring
-from roles.frontdoor import tls
-from roles.preflight.catalog import monitoring_image
+from roles.haproxy import tls
+from roles.handoffs import MONITORING
+from roles.catalog import monitoring_image
 from roles.serving_host import STATE_DIR
 
 from . import alertmanager, prometheus, rules
@@ -122,9 +123,11 @@ def plan(ctx):
                             "(services.prometheus); run `invoke render --format prometheus` for its scrape "
                             "configuration, rules and credentials, or choose another host for the group `monitoring`")
         return
+    yield from tls.made_step(ctx, (tls.MONITORING_KEY,), certificate=False)
     try:
-        key = service_key(directory(v), tls.MONITORING_KEY)
-        ca = tls.trusted_cas(ctx.name, v, tuple(dict.fromkeys(d.ca_file for d in fleet.serving if d.ca_file)))
+        key = service_key(directory(v), tls.MONITORING_KEY, make=not ctx.check)
+        ca = tls.trusted_cas(ctx.name, v, tuple(dict.fromkeys(d.ca_file for d in fleet.serving if d.ca_file)),
+                             make=not ctx.check)
         remote, remote_secrets = _remote_write(ctx)
         receiver_secrets = [(r, kind, read_secret_file(path, f"alert_receivers[{r}].{kind}", ctx.name))
                             for r, kind, path in alertmanager.secrets(v)]
@@ -165,7 +168,7 @@ def plan(ctx):
     yield from prometheus_files
     yield targets
     yield from alertmanager_files
-    ctx.desired["monitoring"] = True
+    yield Decision("planned", produces=MONITORING, value=True)
     yield from container_unit.steps(ctx, alertmanager_container(v), "monitoring", unit_fact="alertmanager_unit",
                                     unit_file_fact="alertmanager_unit_file",
                                     files_changed=any(s.needed() for s in alertmanager_files), timeout=60)
@@ -196,7 +199,7 @@ def _remote_write(ctx) -> tuple[list[dict], list[tuple[int, str]]]:
 def summary(ctx) -> dict:
     """What verify checks (no secret in here)."""
     v = ctx.vars
-    if not ctx.desired.get("monitoring"):
+    if not ctx.results.get(MONITORING):
         return {}
     return {"monitoring": {"prometheus": container_unit.unit_name(v, prometheus_container(v)),
                            "alertmanager": container_unit.unit_name(v, alertmanager_container(v)),

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import catalog
+from roles import catalog
+from roles.catalog import DEFAULT_FAMILY
 from .variants import Refused
 
-DEFAULT_FAMILY = "diffusiongemma"
 # what an entry may set for its own replicas alone (a change rolls only those)
 ENTRY_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_thinking",
                   "gpu_memory_utilization", "extra_serve_args")
@@ -49,7 +49,7 @@ def declared(hostvars: dict) -> list[Declared]:
         where = f"models[{i}]"
         family = entry["family"]
         if family not in families:
-            raise Refused(f"{where}.family: {family!r} is not in the model catalog (roles/preflight/models.yml); "
+            raise Refused(f"{where}.family: {family!r} is not in the model catalog (roles/catalog/models.yml); "
                           f"it has {', '.join(families)}")
         if family in seen:
             raise Refused(f"{where}.family: {family} is declared twice for this host: give it one entry with "

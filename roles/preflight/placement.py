@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from roles.replicas import port as replica_port
+
 from .declared import declared, family_of, title
 from .memory import (WORKER_MIB, GpuMemory, budget_mib, check_words, gpu_memory, largest_safe_utilization,
                      passes_vllm_check, vllm_refusal)
@@ -28,7 +30,8 @@ TENSOR_PARALLEL_SIZES = (2, 4, 8)
 
 
 @dataclass
-class Replica:
+class Placed:
+    """A replica as the placement gives it: where it runs and why."""
     index: int
     gpus: list  # the GPUs' facts (nvidia-smi rows), in the order vLLM numbers them
     tensor_parallel_size: int
@@ -192,13 +195,12 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
             if model is None:
                 alone.append((gpu, mem, util, why, reason))
                 continue
-            placement.replicas.append(Replica(0, [gpu], 1, model, spec.get("quantization"), util, 0,
+            placement.replicas.append(Placed(0, [gpu], 1, model, spec.get("quantization"), util, 0,
                                               reason, why, mem))
         _tensor_parallel(alone, variants, name, placement, hostvars.get("family_title", "DiffusionGemma"))
     placement.replicas.sort(key=lambda r: r.gpus[0]["index"])
-    port = int(hostvars.get("replica_base_port", 8100))
     for index, replica in enumerate(placement.replicas):
-        replica.index, replica.port = index, port + index
+        replica.index, replica.port = index, replica_port(hostvars, index)
     placement.skipped.sort(key=lambda s: s["index"])
     if named and placement.skipped:
         first = placement.skipped[0]
@@ -206,7 +208,7 @@ def place(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | None = No
     return placement
 
 
-def keep_indices(placement: Placement, previous: dict[str, int], base_port: int) -> Placement:
+def keep_indices(placement: Placement, previous: dict[str, int], hostvars: dict) -> Placement:
     """Number the replicas so that one on the GPUs a deployed replica holds keeps that
     replica's index (and so its unit, container and port): a GPU that becomes busy stops
     its own replica alone, and the others are not renamed. ``previous``: GPU uuid -> index."""
@@ -220,7 +222,7 @@ def keep_indices(placement: Placement, previous: dict[str, int], base_port: int)
     for replica in placement.replicas:
         if replica.index is None:
             replica.index = next(free)
-        replica.port = base_port + replica.index
+        replica.port = replica_port(hostvars, replica.index)
     placement.replicas.sort(key=lambda r: r.index)
     return placement
 
@@ -240,7 +242,7 @@ def _tensor_parallel(left: list, variants: list, name: str, placement: Placement
             model, spec = chosen
             need = spec["weights_mib"] / size + spec["overhead_mib"]
             first = min(group, key=lambda e: e[2])
-            placement.replicas.append(Replica(0, [e[0] for e in group], size, model, spec["quantization"], util, 0,
+            placement.replicas.append(Placed(0, [e[0] for e in group], size, model, spec["quantization"], util, 0,
                                               f"{name}: no variant fits one GPU; {spec['quantization']} fits "
                                               f"{size} with tensor parallel ({need:.0f} MiB per GPU)",
                                               first[3], first[1]))
@@ -302,7 +304,6 @@ def place_declared(nvidia: dict, meminfo: dict, hostvars: dict, running: dict | 
             reasons[gpu["uuid"]] = {"uuid": gpu["uuid"], "index": gpu["index"],
                                     "reason": "no entry of models: takes it"}
     placement.skipped = sorted(reasons.values(), key=lambda s: s["index"])
-    port = int(hostvars.get("replica_base_port", 8100))
     for index, replica in enumerate(placement.replicas):
-        replica.index, replica.port = index, port + index
+        replica.index, replica.port = index, replica_port(hostvars, index)
     return placement

@@ -2,19 +2,20 @@
 with the remedy in words when something it needs is missing."""
 from __future__ import annotations
 
-from converge.changes import Check, Role
+from converge.changes import Check, Decision, Role
 from converge.facts import FactError
 from converge.facts.containers import Runtimes
-from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd, UnitFiles, UnitState
+from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd
 from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
+from roles.handoffs import CHOICE
 from roles.service.nixos import module_path
 from roles.service.serve import diffusion_wanted
-from roles.replicas import index_of_container, installed, more_units_glob
-from roles.serving_host import unit_file, unit_name, unit_path
+from roles.replicas import from_container, units_of
+from roles.serving_host import UNITS_FACT, units_fact
 
-from . import catalog
+from roles import catalog
 from .deployed import deployed_replicas, module_containers
 from .placement import keep_indices
 from .select import Refused, choose
@@ -34,9 +35,7 @@ def facts(hostvars):
         "disk_cache": DiskFree(hostvars.get("model_cache", "/srv/models/hf-cache")),
         "disk_images": DiskFree(CONTAINER_STORAGE[hostvars.get("container_runtime", "podman")]),
         # whether our own replicas run (their memory is then not free), and what they started with
-        "unit": UnitState(unit_name(hostvars)),
-        "unit_file": FileState(unit_path(hostvars)),
-        "replica_units": UnitFiles(more_units_glob(hostvars)),
+        **units_fact(hostvars),
         "nixos_module": FileState(module_path(hostvars)),
     }
 
@@ -71,11 +70,12 @@ def plan_choice(ctx):
         yield Check("GPU facts", ok=False, message=str(exc))
         return
     v = ctx.vars
-    states = installed(v, ctx.facts.get("unit"), ctx.facts.get("replica_units"))
-    held = deployed_replicas(_declared(ctx, states), gathered["nvidia"]["gpus"])
+    units = units_of(v, ctx.facts.get(UNITS_FACT))
+    held = deployed_replicas(_declared(ctx, units), gathered["nvidia"]["gpus"])
     # our own replicas hold their memory now: the GPUs they were handed keep their utilization
-    running = {uuid: utilization for index, gpus in held.items()
-               if states.get(index, {}).get("ActiveState") in ("active", "activating", "reloading")
+    active = {ident.index for ident, state in units
+              if state.get("ActiveState") in ("active", "activating", "reloading")}
+    running = {uuid: utilization for index, gpus in held.items() if index in active
                for uuid, utilization in gpus.items()}
     try:
         choice = choose(gathered, v, running)
@@ -83,12 +83,8 @@ def plan_choice(ctx):
         yield Check("image, model and memory", ok=False, message=str(exc))
         return
     # a replica on the GPUs a deployed one holds keeps its index (its unit, container and port)
-    keep_indices(choice.placement, {uuid: index for index, gpus in held.items() for uuid in gpus},
-                 int(v.get("replica_base_port", 8100)))
-    ctx.desired["choice"] = choice
-    ctx.desired["image"] = choice.image
-    ctx.desired["model"] = choice.model
-    ctx.desired["utilization"] = choice.utilization
+    keep_indices(choice.placement, {uuid: index for index, gpus in held.items() for uuid in gpus}, v)
+    yield Decision("choice", produces=CHOICE, value=choice)
     yield Check("image", ok=True, message=f"{choice.image} ({choice.image_reason})")
     yield Check("model", ok=True, message=f"{choice.model} ({choice.model_reason})")
     for replica in choice.replicas:
@@ -100,22 +96,28 @@ def plan_choice(ctx):
         yield Check("GPUs left out", ok=True, message="; ".join(choice.notes))
 
 
-def _declared(ctx, states: dict) -> dict[int, str]:
+def _declared(ctx, units: list) -> dict[int, str]:
     """Replica index -> the text that declares it: its unit file, or its container in our
     NixOS module."""
     v = ctx.vars
     module = (ctx.facts.get("nixos_module") or {}).get("content")
     if module:
-        by_index = {index_of_container(v, name): text for name, text in module_containers(module).items()}
-        return {index: text for index, text in by_index.items() if index is not None}
-    return {index: (unit_file(ctx, index) or {}).get("content", "") for index in {0, *states}}
+        found = {}
+        for name, text in module_containers(module).items():
+            ident = from_container(v, name)
+            if ident is not None:
+                found[ident.index] = text
+        return found
+    files = ctx.facts.get(UNITS_FACT) or {}
+    return {ident.index: ((files.get(ident.unit_path) or {}).get("file") or {}).get("content", "")
+            for ident, _ in units}
 
 
 def plan(ctx):
     v, f = ctx.vars, ctx.facts
     ok = True
     for step in plan_choice(ctx):
-        ok = ok and step.ok
+        ok = ok and (not isinstance(step, Check) or step.ok)
         yield step
     if not ok:
         return
@@ -127,7 +129,7 @@ def plan(ctx):
     yield Check("host tools", ok=not missing,
                 message=f"missing {', '.join(missing)}: install coreutils, util-linux, curl and an awk" if missing
                 else "")
-    choice = ctx.desired["choice"]
+    choice = ctx.results[CHOICE]
     runtime = v.get("container_runtime", "podman")
     problem = runtime_problem(runtime, f.get("runtimes") or {})
     yield Check(f"{runtime} GPU access", ok=problem is None, message=problem or "")
@@ -166,7 +168,7 @@ def summary(ctx) -> dict:
         "systemd": f.get("systemd"),
         "disk": {"model_cache": f.get("disk_cache"), "images": f.get("disk_images")},
     }
-    choice = ctx.desired.get("choice")
+    choice = ctx.results.get(CHOICE)
     out["choice"] = choice.as_dict() if choice else None
     # what a replica of this host is started with (inventory, group_vars, role defaults)
     out["diffusion"] = diffusion_wanted(ctx.vars)

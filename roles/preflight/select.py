@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from converge.facts.nvidia import cuda_tuple
 
-from . import catalog
+from roles import catalog
 from .memory import GpuMemory
 from .placement import place_declared
 from .variants import Refused, version
@@ -90,7 +90,7 @@ def choose_image(arch: str, cuda: str | None, hostvars: dict, families: list[str
     channel = image_channel(hostvars, families or ["diffusiongemma"])
     rows = cat["channels"].get(channel)
     if not rows:
-        raise Refused(f"image_channel {channel!r} is not in the image catalog (roles/preflight/images.yml); it has "
+        raise Refused(f"image_channel {channel!r} is not in the image catalog (roles/catalog/images.yml); it has "
                       f"{', '.join(cat['channels'])}")
     have = cuda_tuple(cuda)
     if have is None:

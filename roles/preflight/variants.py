@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from converge.errors import StepFailed
 
-from . import catalog
+from roles import catalog
 
 
 class Refused(StepFailed):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from roles.replicas import Served, replica_name, replica_port
+from roles.replicas import Served
 from .serve import serve_args
 
 CONTAINER_CACHE = "/root/.cache/huggingface"
@@ -54,11 +54,11 @@ def gpu_handover(runtime: str, gpus: list[str] | None) -> list[str]:
 
 def container_spec(v: dict, image: str, served: Served, has_token: bool) -> ContainerSpec:
     """One replica's container: its own name and loopback port, handed only its GPUs."""
-    runtime = v.get("container_runtime", "podman")
+    runtime = served.replica.runtime
     return ContainerSpec(
-        runtime=runtime, name=replica_name(v, served.index), image=image,
+        runtime=runtime, name=served.replica.container, image=image,
         cmd=serve_args(served.variables(v), served.model, served.utilization, served.tensor_parallel_size,
-                       replica_port(v, served.index), served.family),
+                       served.replica.port, served.family),
         volumes=[f"{v.get('model_cache', '/srv/models/hf-cache')}:{CONTAINER_CACHE}",
                  f"{v.get('compile_cache', '/var/cache/vllm')}:/root/.cache/vllm"],
         gpu=gpu_handover(runtime, list(served.gpus) or None),

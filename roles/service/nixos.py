@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 
+from roles.replicas import service
+
 NIXOS_DIR = "/etc/nixos"
 CONFIGURATION = f"{NIXOS_DIR}/configuration.nix"
 
 
 def module_name(v: dict) -> str:
-    return f"dgemma-{v.get('service_name', 'vllm-diffusiongemma')}.nix"
+    return f"dgemma-{service(v)}.nix"
 
 
 def module_path(v: dict) -> str:

@@ -5,23 +5,25 @@ from __future__ import annotations
 
 from converge.changes import Role
 
+from roles.handoffs import CHOICE
+from roles.replicas import Served
+
 from .nixos import module_path
-from roles.replicas import Served, replica_unit_path
 from .role import read_secret, render_module, render_unit
 
 FORMATS = ("systemd", "nixos")
 
 
 def _summary(ctx) -> dict:
-    d, v = ctx.desired, ctx.vars
-    if "model" not in d:
+    v, choice = ctx.vars, ctx.results.get(CHOICE)
+    if choice is None:
         return {}  # the preflight choice failed: the report says why
     has_token = bool(read_secret(v.get("hf_token_file"), "hf_token_file", ctx.name))
-    served = [Served.of(replica) for replica in d["choice"].replicas]
+    served = [Served.of(v, placed) for placed in choice.replicas]
     # a unit per replica; one module declares them all
-    return {"render": {"systemd": [(replica_unit_path(v, s.index), render_unit(v, d["image"], s, has_token))
+    return {"render": {"systemd": [(s.replica.unit_path, render_unit(v, choice.image, s, has_token))
                                    for s in served],
-                       "nixos": [(module_path(v), render_module(v, d["image"], served, has_token))]}}
+                       "nixos": [(module_path(v), render_module(v, choice.image, served, has_token))]}}
 
 
 RENDER_ROLE = Role("render", lambda v: {}, lambda ctx: iter(()), summary=_summary)

@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from converge.errors import StepFailed
+from roles import catalog
 from roles.preflight.declared import DEFAULT_FAMILY, is_diffusion, served_name, served_names
 
 HERE = Path(__file__).parent
@@ -19,21 +20,30 @@ def known_options() -> frozenset:
     return frozenset((HERE / "vllm-serve-options.txt").read_text().split())
 
 
-def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: int = 1,
-               port: int | None = None, family: str = DEFAULT_FAMILY) -> list[str]:
-    """``port``: the replica's loopback port (replica 0's, ``replica_base_port``, when None);
-    ``family``: the model family (an autoregressive one takes no diffusion settings)."""
+def attention_backend(v: dict, family: str) -> str | None:
+    """The attention backend a family's replicas are started with: the inventory's, else the
+    one its catalog entry needs (DiffusionGemma's bidirectional attention: TRITON_ATTN, seed
+    001), else none: vLLM chooses (on Hopper, a faster one than Triton's)."""
+    return v.get("attention_backend") or catalog.models()["families"].get(family, {}).get("attention_backend")
+
+
+def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: int, port: int,
+               family: str = DEFAULT_FAMILY) -> list[str]:
+    """``port``: the replica's loopback port (roles/replicas.py); ``family``: the model family
+    (its catalog entry says the flags it needs; an autoregressive one takes no diffusion settings)."""
     dumps = lambda obj: json.dumps(obj, separators=(", ", ": "))  # noqa: E731
     args = [model,
             # one name per family on every host, whatever variant it serves (the gateway routes
             # by it); the variant's own name too, so that clients that ask for it still get it
             "--served-model-name", served_name(family, v), model, *served_names(family, v)[1:],
             # loopback only: the front door (roles/frontdoor) is the way in from the network
-            "--host", "127.0.0.1", "--port", str(port or v.get("replica_base_port", 8100)),
+            "--host", "127.0.0.1", "--port", str(int(port)),
             "--gpu-memory-utilization", f"{utilization:g}",
             "--max-num-seqs", str(v.get("max_num_seqs", 4)),
-            "--max-num-batched-tokens", str(v.get("max_num_batched_tokens", 8192)),
-            "--attention-backend", v.get("attention_backend", "TRITON_ATTN")]
+            "--max-num-batched-tokens", str(v.get("max_num_batched_tokens", 8192))]
+    backend = attention_backend(v, family)
+    if backend:
+        args += ["--attention-backend", backend]
     if is_diffusion(family):
         args += ["--diffusion-config", dumps({"canvas_length": v.get("canvas_length", 256),
                                               "max_denoising_steps": v.get("max_denoising_steps", 48)}),

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import shlex
 
-from converge.changes import Check, Command, File, Role
+from converge.changes import Check, Command, Decision, File, Role
 from converge.facts import Fact
 from converge.facts.host import Commands, FileState, OsRelease, UnitState
 
 from roles.fleet import is_gateway
-from roles.frontdoor.render import GATEWAY
+from roles.haproxy.instance import GATEWAY
+from roles.handoffs import KEEPALIVED
 
 from . import keepalived
 from .keepalived import CHECK, CONF, UNIT
@@ -77,7 +78,7 @@ def plan(ctx):
              File("keepalived configuration", path=CONF, mode="0644",
                   content=keepalived.render_config(ctx.name, v, place, gateways(ctx)),
                   current=f.get("keepalived_conf"))]
-    ctx.desired["keepalived_sha256"] = files[1].sha256
+    yield Decision("configuration", produces=KEEPALIVED, value=files[1].sha256)
     changed = any(step.needed() for step in files)
     yield from files
     state = f.get("keepalived_unit") or {}
@@ -159,10 +160,10 @@ def _removal(ctx):
 
 def summary(ctx) -> dict:
     shared = ctx.vars.get("gateway_address")
-    if not shared or "keepalived_sha256" not in ctx.desired:
+    if not shared or ctx.results.get(KEEPALIVED) is None:
         return {}
     return {"shared_address": {"address": shared, "unit": UNIT, "config": CONF, "ca": f"{GATEWAY.dir}/ca.crt",
-                               "config_sha256": ctx.desired["keepalived_sha256"], "gateways": list(gateways(ctx)),
+                               "config_sha256": ctx.results[KEEPALIVED], "gateways": list(gateways(ctx)),
                                "port": int(ctx.vars.get("api_port", 8000))}}
 
 

@@ -3,102 +3,105 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
 
 from roles.fleet import is_serving
-from roles.replicas import service
-from roles.service.ready import AWAIT_READY, entries, failed_unit, late_units, prelude, ready_seconds
+from roles.handoffs import UNITS
+from roles.host_programs import Program, Protocol
+from roles.replicas import Replica, service, shell_table, unit_globs
+from roles.service.ready import (PRELUDE, READY, READY_MARKERS, failed_unit, late_units, ready_seconds,
+                                 replica_ready)
 from roles.service.rollout import gated, is_running
 from roles.serving_host import env_path, record_path, restart, step_name, unit_state
 
+START = Protocol("start and wait", markers={"start-failed": "systemctl start failed", **READY_MARKERS},
+                 exits={"failed": 3, "timeout": 4})
+PROGRAM = Program((PRELUDE, READY, Path(__file__).parent / "files" / "start.sh"), START)
 
-def wait_script(v: dict, units: list[tuple[str, int]], timeout: int) -> str:
-    """Start every ``(unit, loopback port)`` at once, then wait until each is ready (the one
-    readiness loop, roles/service/ready.py: replicas on separate GPUs start side by side)."""
-    names = " ".join(shlex.quote(unit) for unit, _ in units)
-    return f"""
-{prelude(env_path(v))}
-journal() {{ [ $# -gt 1 ] && echo "  | -- $1"; journalctl -u "$1" -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }}
-{AWAIT_READY.strip()}
-for u in {names}; do systemctl reset-failed "$u" 2>/dev/null; done
-systemctl start {names} || {{ echo "@failed start"; for u in {names}; do journal "$u" {len(units)}; done; exit 3; }}
-if await_ready {int(timeout)} {entries(units)}; then exit 0; fi
-if [ -n "$failed_unit" ]; then journal "$failed_unit" {len(units)}; exit 3; fi
-for u in {names}; do journal "$u" {len(units)}; done; exit 4
-"""
+
+def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:
+    """Start every replica at once, then wait until each is ready (the one readiness loop,
+    roles/service/ready.py: replicas on separate GPUs start side by side)."""
+    return PROGRAM.script({"ENV_FILE": env_path(v), "REPLICAS": shell_table(replicas),
+                           "READY_TIMEOUT_S": int(timeout)})
 
 
 def parse_wait(result) -> tuple[float | None, bool, str]:
     """What wait_script printed: seconds to ready (or None), whether it timed out, the journal tail."""
     journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
-    timed_out = bool(late_units(result.stdout))
-    return (ready_seconds(result.stdout) if result.rc == 0 else None), timed_out, journal
+    timed_out = bool(late_units(START, result.stdout))
+    return (ready_seconds(START, result.stdout) if result.rc == 0 else None), timed_out, journal
 
 
 def plan(ctx):
     v = ctx.vars
-    replicas = ctx.desired["replicas"]
-    states = {r["index"]: unit_state(ctx, r["index"]) for r in replicas}
+    replicas = [p.replica for p in ctx.results[UNITS].replicas]
+    states = {r.index: unit_state(ctx, r) for r in replicas}
     if v.get("state", "started") == "stopped":
         for replica in replicas:
-            yield Command(step_name("stopped", replica["index"]), script=f"systemctl stop {shlex.quote(replica['unit'])}\n",
-                          when=is_running(states[replica["index"]]), describe=f"systemctl stop {replica['unit']}")
+            yield Command(step_name("stopped", replica.index), script=f"systemctl stop {shlex.quote(replica.unit)}\n",
+                          when=is_running(states[replica.index]), describe=f"systemctl stop {replica.unit}")
         return
     timeout = int(v.get("ready_timeout", 600))
     # a replica that is not running, or that a handler restarted, is waited for; one a roll
-    # restarted has passed its gate there already
-    wanted = [r for r in replicas if not is_running(states[r["index"]])
-              or (restart(r["unit"]) in ctx.handlers_run and gated(r["unit"]) not in ctx.results)]
-    units = [r["unit"] for r in wanted]
-    named = ", ".join(units)
+    # restarted (or moved to its family's name, a unit the facts did not know yet) has passed
+    # its gate there already
+    wanted = [r for r in replicas if gated(r.unit) not in ctx.results
+              and (not is_running(states[r.index]) or restart(r.unit) in ctx.handlers_run)]
+    named = ", ".join(r.unit for r in wanted)
 
     def interpret(result):
         seconds, timed_out, journal = parse_wait(result)
         if seconds is not None:
-            return f"{named} ready: /health and /v1/models answer after {seconds:.1f} s"
+            each = replica_ready(START, result.stdout)
+            after = (f" ({', '.join(f'{unit} after {s:.1f} s' for unit, s in each.items())})"
+                     if len(each) > 1 else "")
+            return f"{named} ready: /health and /v1/models answer after {seconds:.1f} s{after}"
         if timed_out:
-            raise StepFailed(f"{', '.join(late_units(result.stdout)) or named} did not answer /health and "
+            raise StepFailed(f"{', '.join(late_units(START, result.stdout)) or named} did not answer /health and "
                              f"/v1/models within {timeout} s (ready_timeout). Last log lines:\n{journal}\n"
                              f"See: invoke logs --hosts {ctx.name}")
-        which = failed_unit(result.stdout)
-        raise StepFailed(f"{which[0] if which else named} failed to start "
-                         f"({which[1] if which else 'systemctl start failed, exit ' + str(result.rc)}). "
-                         f"Last log lines:\n{journal}")
+        which = failed_unit(START, result.stdout)
+        how = (which[1] if which else "systemctl start failed" if START.first(result.stdout, "start-failed")
+               is not None else f"exit {result.rc}")
+        raise StepFailed(f"{which[0] if which else named} failed to start ({how}). Last log lines:\n{journal}")
 
     whys = []
     for r in wanted:
-        state = states[r["index"]]
-        whys.append(f"{r['unit']} restarted after a change" if is_running(state) else
-                    f"{r['unit']} was {state.get('ActiveState', 'absent')}")
-    yield Command("started and ready", script=wait_script(v, [(r["unit"], r["port"]) for r in wanted], timeout),
+        state = states[r.index]
+        whys.append(f"{r.unit} restarted after a change" if is_running(state) else
+                    f"{r.unit} was {state.get('ActiveState', 'absent')}")
+    yield Command("started and ready", script=wait_script(v, wanted, timeout),
                   when=bool(wanted), describe=f"systemctl start {named}; wait for /health and /v1/models "
                                               f"({'; '.join(whys)})",
                   timeout=timeout + 60, interpret=interpret,
-                  changes=any(not is_running(states[r["index"]]) for r in wanted))
+                  changes=any(not is_running(states[r.index]) for r in wanted))
 
 
 def summary(ctx) -> dict:
     """What verify checks each host against (no secret in here: it may go to --json)."""
 
-    d, v = ctx.desired, ctx.vars
-    if "replicas" not in d:
+    v, declared = ctx.vars, ctx.results.get(UNITS)
+    if declared is None:
         return {}
-    replicas = [{"index": r["index"], "unit": r["unit"], "unit_path": r["unit_path"], "unit_text": r["unit_text"],
-                 "container": r["container"], "vllm_port": r["port"], "model": r["model"], "gpus": r["gpus"],
-                 "family": r["family"], "served_name": r["served_name"], "served_names": r["served_names"]}
-                for r in d["replicas"]]
+    replicas = [{"index": p.replica.index, "unit": p.replica.unit, "unit_path": p.unit_path, "unit_text": p.unit_text,
+                 "container": p.replica.container, "vllm_port": p.replica.port, "model": p.served.model,
+                 "gpus": list(p.replica.gpus), "family": p.replica.family, "served_name": p.served_name,
+                 "served_names": list(p.served_names)} for p in declared.replicas]
     return {"expected": {
         # what declares each replica: its unit file, or on NixOS our module (the units NixOS generates)
-        "replicas": replicas, "declared_by": d["declared_by"], "env_path": env_path(v),
+        "replicas": replicas, "declared_by": declared.declared_by, "env_path": env_path(v),
         "autostart": bool(v.get("autostart", False)), "conflicts": list(v.get("conflicts") or []),
         "state": v.get("state", "started"), "api_host": v.get("api_host", "0.0.0.0"),
         "api_port": v.get("api_port", 8000),
         "served_model_name": v.get("served_model_name", "diffusiongemma"),
-        "models": sorted({r["model"] for r in replicas}), "image": d["image"],
+        "models": sorted({r["model"] for r in replicas}), "image": declared.image,
         "image_record": record_path(v), "arch": ctx.facts.get("arch"),
         "runtime": v.get("container_runtime", "podman"), "service_name": service(v),
+        "replica_unit_globs": list(unit_globs(v)),
         "model_cache": v.get("model_cache", "/srv/models/hf-cache"),
         "model_revision": v.get("model_revision", "main")}}
 

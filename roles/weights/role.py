@@ -8,7 +8,8 @@ from converge.errors import StepFailed
 
 from relay.probe import relay_steps, usable_relay
 from roles.fleet import is_serving
-from roles.replicas import replica_unit
+from roles.handoffs import CHOICE
+from roles.replicas import Served
 from converge.secrets import read_optional_secret as read_secret
 from roles.serving_host import restart
 
@@ -34,11 +35,11 @@ def _mib(n: int) -> str:
 
 def plan(ctx):
     """Every model the host's replicas serve (mixed GPUs may serve more than one)."""
-    replicas = ctx.desired["choice"].replicas
+    served = [Served.of(ctx.vars, placed) for placed in ctx.results[CHOICE].replicas]
     relayed = False
-    for model in dict.fromkeys(r.model for r in replicas):
+    for model in dict.fromkeys(s.model for s in served):
         # new weights restart the replicas that serve them
-        restarts = tuple(restart(replica_unit(ctx.vars, r.index)) for r in replicas if r.model == model)
+        restarts = tuple(restart(s.replica.unit) for s in served if s.model == model)
         relayed = yield from _model(ctx, model, restarts, relayed)
 
 

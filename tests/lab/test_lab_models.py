@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from lab import config
-from roles.frontdoor.pools import UPSTREAM_KEYS
-from roles.frontdoor.render import GATEWAY
-from roles.frontdoor.stats import stats_rows
+from roles.haproxy.pools import UPSTREAM_KEYS
+from roles.haproxy.instance import GATEWAY
+from roles.haproxy.stats import stats_rows
 from tests import openai_upstream
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 from tests.lab.test_lab_rollout import gateway_states, main_pids, running_settings
@@ -38,7 +38,9 @@ def through_gateway(path, body=None, timeout=90):
 
 
 def unit(index: int) -> str:
-    return "podman-vllm-diffusiongemma" + (f"-{index}" if index else "") + ".service"
+    """hgx01's replica ``index``'s unit: DiffusionGemma's on GPUs 0 and 1, Gemma 4's on 2 and 3."""
+    return ["podman-vllm-diffusiongemma.service", "podman-vllm-diffusiongemma-1.service",
+            "podman-vllm-gemma4-2.service", "podman-vllm-gemma4-3.service"][index]
 
 
 def served(index: int) -> int:

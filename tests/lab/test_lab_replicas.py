@@ -12,8 +12,10 @@ from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 HOST = "hgx01"
 UUIDS = ["GPU-c4e45dc5-923e-4dd7-b871-0c1b63d1157c", "GPU-4d5f8a85-15cf-7668-0fc3-bb5cece760ec",
          "GPU-b1117000-0000-4000-8000-000000000002", "GPU-b1117000-0000-4000-8000-000000000003"]
-UNITS = ["podman-vllm-diffusiongemma.service"] + [f"podman-vllm-diffusiongemma-{i}.service" for i in (1, 2, 3)]
-CONTAINERS = ["vllm-diffusiongemma"] + [f"vllm-diffusiongemma-{i}" for i in (1, 2, 3)]
+# each replica's unit and container say the family it serves
+UNITS = ["podman-vllm-diffusiongemma.service", "podman-vllm-diffusiongemma-1.service", "podman-vllm-gemma4-2.service",
+         "podman-vllm-gemma4-3.service"]
+CONTAINERS = ["vllm-diffusiongemma", "vllm-diffusiongemma-1", "vllm-gemma4-2", "vllm-gemma4-3"]
 UNIT_DIR = "/etc/systemd/system"
 
 

@@ -56,8 +56,9 @@ def running_settings(host) -> dict[int, str]:
 
 
 def main_pids(host) -> dict[str, str]:
-    out = ssh(host, "for u in $(ls /etc/systemd/system | grep -E '^(podman|docker)-vllm-diffusiongemma(-[0-9]+)?"
-                    "[.]service$'); do echo \"$u $(systemctl show -p MainPID --value $u)\"; done").stdout
+    """Each replica unit's main process: every family's (vllm-diffusiongemma, vllm-gemma4)."""
+    out = ssh(host, "for u in $(ls /etc/systemd/system | grep -E '^(podman|docker)-vllm-(diffusiongemma|gemma4)"
+                    "(-[0-9]+)?[.]service$'); do echo \"$u $(systemctl show -p MainPID --value $u)\"; done").stdout
     return dict(line.split() for line in out.splitlines() if line.strip())
 
 
@@ -380,3 +381,79 @@ def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_
     assert not drained_anywhere()
     proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
     assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)
+
+
+# a stand-in for the front door's admin page that answers as HAProxy's stats page does when it
+# refuses an action (a redirect to ;st=DENY), for putting REFUSED back in service alone; every
+# other request goes to the real page. It listens where the roll asks, in front of the page.
+REFUSING_ADMIN = r'''
+import os, socket, sys, threading
+real, path, refused = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+server = socket.socket(socket.AF_UNIX)
+server.bind(path)
+os.chmod(path, 0o600)
+server.listen(16)
+
+def request(conn):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = conn.recv(65536)
+        if not got:
+            return data
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+def serve(conn):
+    with conn:
+        data = request(conn)
+        if b"action=ready" in data and b"s=" + refused + b"&" in data:
+            conn.sendall(b"HTTP/1.1 303 See Other\r\nLocation: /;st=DENY\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.connect(real)
+        with upstream:
+            upstream.sendall(data.replace(b"HTTP/1.1\r\n", b"HTTP/1.0\r\n", 1))
+            while True:
+                got = upstream.recv(65536)
+                if not got:
+                    break
+                conn.sendall(got)
+
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+'''
+
+
+def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and_the_mend(fleet, tmp_path):
+    """rtx01's front door refuses to put replica 0 back in service as its roll ends: the roll
+    fails, names the replica and `invoke recover`, which mends it (and the other hosts answer
+    meanwhile)."""
+    admin = "/run/dgemma-frontdoor/admin-http.sock"
+    ssh("rtx01", f"mv {admin} {admin}.real && cat > /run/refusing-admin.py && "
+                 f"{{ setsid python3 /run/refusing-admin.py {admin}.real {admin} replica0 >/dev/null 2>&1 & "
+                 f"echo $! > /run/refusing-admin.pid; }} && "
+                 f"for i in $(seq 50); do [ -S {admin} ] && break; sleep 0.1; done; [ -S {admin} ]",
+        input=REFUSING_ADMIN)
+    try:
+        with Load() as load:
+            proc = invoke("restart", "--hosts", "rtx01", "--json", _json(tmp_path, "refused"))
+    finally:
+        ssh("rtx01", f"kill $(cat /run/refusing-admin.pid); rm -f {admin} /run/refusing-admin.py /run/refusing-admin.pid; "
+                     f"mv {admin}.real {admin}")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    failed = [t for t in json.loads(_json(tmp_path, "refused").read_text())["hosts"]["rtx01"]["tasks"]
+              if t["status"] == "failed"]
+    assert failed and "the front door refused to put replica 0 (replica0) back in service after its restart" \
+        in failed[0]["message"] and "invoke recover --hosts rtx01 --replica 0" in failed[0]["message"], failed
+    state = ssh("rtx01", f"curl -sS --unix-socket {admin} 'http://x/;csv'").stdout
+    assert [r["status"] for r in csv.DictReader(io.StringIO(state.lstrip("# ")))
+            if r["pxname"] == "servers" and r["svname"] == "replica0"] == ["DRAIN"]
+    assert not load.failed, load.failed[:5]
+    mend = invoke("recover", "--hosts", "rtx01", "--replica", "0")
+    assert mend.returncode == 0, mend.stdout[-3000:]
+    assert drained_anywhere() == {}

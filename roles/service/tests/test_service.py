@@ -11,13 +11,12 @@ def test_unit_file_is_the_rendered_one(host, expected, fix):
 
 
 def test_no_replica_left_that_is_not_planned(host, expected, fix):
-    """A replica the placement no longer gives (a GPU now busy, `gpus` reduced) is gone."""
+    """A replica the placement no longer gives (a GPU now busy, `gpus` reduced), or the unit a
+    replica ran under before it moved to its family's name, is gone."""
     planned = {replica["unit"] for replica in expected["replicas"]}
-    runtime, service = expected["runtime"], expected["service_name"]
-    found = host.run(f"systemctl list-units --all --plain --no-legend '{runtime}-{service}*.service' "
-                     f"| awk '{{print $1}}'; ls /etc/systemd/system | grep '^{runtime}-{service}.*\\.service$'")
-    left = {u for u in found.stdout.split() if u.endswith(".service") and u not in planned and
-            u.removeprefix(f"{runtime}-{service}").removeprefix("-").removesuffix(".service").isdigit()}
+    found = host.run(f"for f in {' '.join(expected['replica_unit_globs'])}; do [ -f \"$f\" ] && "
+                     f"echo \"${{f##*/}}\"; done; true")
+    left = set(found.stdout.split()) - planned
     assert not left, f"{', '.join(sorted(left))}: not planned on this host any more but still installed; {fix}"
 
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from roles.preflight import catalog
+from roles import catalog
 from roles.preflight.declared import DEFAULT_FAMILY, declared, served_name, served_names
 from roles.preflight.variants import Refused
 
@@ -68,14 +68,12 @@ def model_names(family: str, aliases) -> tuple:
     return tuple(dict.fromkeys([*aliases, *ids]))
 
 
-def frontdoor_pools(families: dict[int, str], aliases: dict[str, str], servers: list) -> list[Pool]:
-    """``families``: replica index -> its family; ``aliases``: family -> its alias on this host;
-    ``servers``: the replicas' servers (render.Server, named ``replica<N>``), in order."""
+def frontdoor_pools(families: dict[str, str], aliases: dict[str, str], servers: list) -> list[Pool]:
+    """``families``: a replica's server name -> its family; ``aliases``: family -> its alias on
+    this host; ``servers``: the replicas' servers (render.Server), in order."""
     order = default_first(families.values())
-    by_name = {s.name: s for s in servers}
     return [Pool(f, model_names(f, [aliases.get(f, f)]),
-                 tuple(by_name[f"replica{i}"] for i, fam in sorted(families.items())
-                       if fam == f and f"replica{i}" in by_name)) for f in order]
+                 tuple(s for s in servers if families.get(s.name) == f)) for f in order]
 
 
 def queue_rule(v: dict, family: str) -> dict | None:
@@ -92,18 +90,18 @@ def queue_rule(v: dict, family: str) -> dict | None:
     return {"limit": int(limit), "after_s": int(after)}
 
 
-def pools_in_config(text: str) -> dict[int, str]:
-    """Replica index -> family, as a front door's running configuration groups them (a run
-    that places nothing, e.g. keys add, renders them as they are)."""
+def pools_in_config(text: str) -> dict[str, str]:
+    """A server's name -> its family, as a front door's running configuration groups them (a
+    run that places nothing, e.g. keys add, renders them as they are)."""
     found, pool = {}, None
     for line in text.splitlines():
         head = re.match(r"backend pool_([a-z][a-z0-9_]*)\s*$", line)
         if head or line.startswith(("backend ", "frontend ", "global", "defaults")):
             pool = head.group(1) if head else None
             continue
-        server = re.match(r"\s+server replica([0-9]+) ", line)
+        server = re.match(r"\s+server (\S+) ", line)
         if pool and server:
-            found[int(server.group(1))] = pool
+            found[server.group(1)] = pool
     return found
 
 

@@ -6,9 +6,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from converge.changes import Check
 from converge.errors import StepFailed
 from credentials import CredentialError, directory
-from credentials.ca import ca_pem, host_certificate
+from credentials.ca import ca_paths, ca_pem, host_certificate, host_certificate_due
 from credentials.keys import KeyStore, digest, service_key
 
 from converge.secrets import read_optional_secret as read_secret
@@ -48,19 +49,20 @@ def names(host: str, v: dict) -> list[str]:
     return out
 
 
-def bundle(host: str, v: dict, extra_ca_files: tuple = ()) -> Bundle:
+def bundle(host: str, v: dict, extra_ca_files: tuple = (), make: bool = True) -> Bundle:
     """The host's certificate and key, and the CAs it trusts (``ca.crt``): the fleet CA, the
     CA of its own certificate when it brings one, and ``extra_ca_files`` (a gateway: those
-    of the front doors that bring their own)."""
+    of the front doors that bring their own). ``make``: a deploy makes what is missing (a
+    read-only run holds it in memory, unsaved)."""
     folder = directory(v)
     try:
-        cas = [ca_pem(folder)]
+        cas = [ca_pem(folder, make)]
         for path in extra_ca_files:
             cas.append(_read_pem(path, "tls_ca_file", host, False))
         if v.get("tls_cert_file"):
             cert, key, own_ca = own_certificate(host, v, cas[0])
             return Bundle(cert, key, _join(cas + [own_ca]))
-        issued = host_certificate(folder, host, names(host, v))
+        issued = host_certificate(folder, host, names(host, v), make)
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
     return Bundle(issued.cert_pem, issued.key_pem, _join(cas))
@@ -77,11 +79,11 @@ def expiries(bundle: Bundle, kind: str) -> dict[str, float]:
     return {kind: not_after(bundle.cert_pem), "ca": not_after(bundle.ca_pem)}
 
 
-def trusted_cas(host: str, v: dict, extra_ca_files: tuple = ()) -> str:
+def trusted_cas(host: str, v: dict, extra_ca_files: tuple = (), make: bool = True) -> str:
     """The CAs a client of the fleet's front doors trusts: the fleet CA, and those of the
     front doors that bring a certificate of their own (``extra_ca_files``)."""
     try:
-        cas = [ca_pem(directory(v))]
+        cas = [ca_pem(directory(v), make)]
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
     return _join(cas + [_read_pem(path, "tls_ca_file", host, False) for path in extra_ca_files])
@@ -162,24 +164,48 @@ GATEWAY_KEY = "gateway"
 MONITORING_KEY = "monitoring"
 
 
-def monitoring_keys(host: str, v: dict) -> dict[str, str]:
+def monitoring_keys(host: str, v: dict, make: bool = True) -> dict[str, str]:
     """Key name -> sha256 of the keys that open this host's metrics (the monitoring key)."""
     try:
-        return {MONITORING_KEY: digest(service_key(directory(v), MONITORING_KEY))}
+        return {MONITORING_KEY: digest(service_key(directory(v), MONITORING_KEY, make))}
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
 
 
-def accepted_keys(host: str, v: dict, gateway: bool = False) -> dict[str, str]:
+def accepted_keys(host: str, v: dict, gateway: bool = False, make: bool = True) -> dict[str, str]:
     """Key name -> sha256: the users' keys, the inventory's api_key_file as one more,
     and (``gateway``: the fleet has one) the key the gateway reaches front doors with."""
     try:
         hashes = KeyStore(directory(v)).hashes()
         if gateway:
-            hashes = {GATEWAY_KEY: digest(service_key(directory(v), GATEWAY_KEY)), **hashes}
+            hashes = {GATEWAY_KEY: digest(service_key(directory(v), GATEWAY_KEY, make)), **hashes}
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
     legacy = read_secret(v.get("api_key_file"), "api_key_file", host)
     if legacy:
         hashes = {"api_key_file": digest(legacy), **hashes}
     return hashes
+
+
+def to_make(host: str, v: dict, keys: tuple = (), certificate: bool = True) -> list[str]:
+    """What a deploy makes on the control machine for this host, before it can plan it: the fleet
+    CA, the host's certificate (none yet, renewal due, its names changed), the fleet's own
+    ``keys`` (gateway, monitoring). Empty when all are there."""
+    folder = directory(v)
+    out = []
+    if not ca_paths(folder)[0].exists():
+        out.append(f"the fleet CA in {folder}/ca")
+    if certificate and not v.get("tls_cert_file") and host_certificate_due(folder, host, names(host, v)):
+        out.append(f"{host}'s certificate")
+    out += [f"the {name} key" for name in keys if not (folder / f"{name}.key").exists()]
+    return out
+
+
+def made_step(ctx, keys: tuple = (), certificate: bool = True):
+    """The line that says what a deploy makes on the control machine for this host (in check
+    mode: would make, and nothing is written), or nothing when all is there."""
+    missing = to_make(ctx.name, ctx.vars, keys, certificate)
+    if missing:
+        yield Check("fleet credentials", ok=True,
+                    message=f"{'would make' if ctx.check else 'made'} {', '.join(missing)} on this machine"
+                            + (" (a deploy makes them; nothing was written)" if ctx.check else ""))

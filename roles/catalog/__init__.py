@@ -1,5 +1,6 @@
 """The image and model catalogs (``images.yml``, ``models.yml`` beside this file):
-data, not code, checked against ``catalog.schema.yml`` when read."""
+data, not code, checked against ``catalog.schema.yml`` when read. Shared by every role
+that names an image or a model family; it imports no role."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -14,6 +15,7 @@ from converge.inventory import VarSource, yaml_problem
 from converge.validate import check_source
 
 HERE = Path(__file__).parent
+DEFAULT_FAMILY = "diffusiongemma"  # what a host serves when its inventory declares no models
 
 
 @lru_cache(maxsize=None)

@@ -12,19 +12,22 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
-from converge.changes import Check, Command, File
+from converge.changes import Check, Command, Decision, File, Output
 from converge.errors import StepFailed
 from converge.facts.containers import Images
 from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
 
 from roles.container_unit import pull_steps
+from roles.handoffs import CERTIFICATES
+from roles.host_programs import Program, Protocol
 from roles.serving_host import connect_address
 
 from . import tls
-from .render import Proxy, Server, image_ref, render_config, render_keys, render_unit, runtime_socket, state_file
+from .config import Server, render_config, render_keys
+from .instance import Proxy, image_ref, render_unit, runtime_socket, state_file
 
 
 @dataclass(frozen=True)
@@ -66,9 +69,10 @@ def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], b
     generation that names them (any change to one of them is a new generation).
     ``secret_files``: the text of other files it reads (the gateway's upstream keys): only
     their digest counts."""
-    bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files)
+    make = not ctx.check  # a read-only run makes nothing on the control machine
+    bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files, make)
     keys = render_keys(accepted)
-    monitoring = render_keys(tls.monitoring_keys(ctx.name, ctx.vars))
+    monitoring = render_keys(tls.monitoring_keys(ctx.name, ctx.vars, make))
     unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend, pools=pools, dcgm=dcgm)
     secrets = hashlib.sha256(secret_files.encode()).hexdigest() if secret_files else ""
     generation = hashlib.sha256((unnamed + keys + monitoring + targets + bundle.cert_pem + secrets).encode()
@@ -77,55 +81,34 @@ def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], b
                                               pools=pools, dcgm=dcgm), generation, monitoring, targets)
 
 
+ANSWERING = Protocol("an HAProxy instance answering", markers={
+    "ready": "S: it answers with its new generation",
+    "failed": "STATE after S s: its unit failed",
+    "timeout": "S STATE GOT (files: GENERATION): it did not answer with its new generation in time",
+    "reload-signalled-again": "GOT: the reload had not taken after AGAIN_S s: signalled once more",
+    "reload-did-not-take": "GOT: the reload had not taken after GRACE_S s: restarted instead"},
+    exits={"failed": 3, "timeout": 4})
+ANSWERING_PROGRAM = Program((Path(__file__).parent / "files" / "answering.sh",), ANSWERING)
+
+
 def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: str | None = None,
                 grace: int = 10, again: int = 3) -> str:
-    """Run ``action``, then wait until https /health on this host answers with ``generation``.
-    ``fallback`` (a restart): run once when ``action`` (a reload) has not taken after ``grace``
-    seconds: the running instance reads files other than those written (a container that
-    still sees a directory replaced or remounted since it started). Before that, after
-    ``again`` seconds, the reload is signalled once more: HAProxy 2.6's master now and then
-    acts on no SIGUSR2 (on a loaded machine, 13 in about 100 reloads of a unit test's gateway; a
-    second signal took it each time, and one that comes during a reload merges into it),
-    and a reload keeps the connections in flight where a restart would cut them."""
+    """Run ``action``, then wait until https /health on this host answers with ``generation``
+    (files/answering.sh). ``fallback`` (a restart): run once when ``action`` (a reload) has not
+    taken after ``grace`` seconds: the running instance reads files other than those written
+    (a container that still sees a directory replaced or remounted since it started). Before
+    that, after ``again`` seconds, the reload is signalled once more: HAProxy 2.6's master now
+    and then acts on no SIGUSR2 (on a loaded machine, 13 in about 100 reloads of a unit test's
+    gateway; a second signal took it each time, and one that comes during a reload merges into
+    it), and a reload keeps the connections in flight where a restart would cut them."""
     v = ctx.vars
     port = int(v.get("api_port", 8000))
-    connect = connect_address(v)
-    u = shlex.quote(proxy.unit_name(v))
-    url = shlex.quote(f"https://{ctx.name}:{port}/health")
-    resolve = shlex.quote(f"{ctx.name}:{port}:{connect}")
-    then = (f"""  if [ $signalled = 0 ] && [ $elapsed -ge {int(again)} ]; then
-    echo "@reload-signalled-again ${{got:-no answer}}"; signalled=1
-    systemctl reload {u}
-  fi
-  if [ $fell_back = 0 ] && [ $elapsed -ge {int(grace)} ]; then
-    echo "@reload-did-not-take ${{got:-no answer}}"; fell_back=1
-{textwrap.indent(fallback, "    ")}
-  fi
-""" if fallback else "")
-    return f"""
-# what the instance said besides its access log (each line once: units older than the
-# passthrough log driver logged each line twice)
-journal() {{ journalctl -u {u} -n 400 --no-pager -o cat 2>/dev/null | grep -v 'HTTP/[0-9.]*"$' | grep -v '^[[:space:]]*$' \\
-  | awk '!seen[$0]++' | tail -n 15 | sed 's/^/  | /'; }}
-{action}
-start=$(date +%s)
-fell_back=0
-signalled=0
-while :; do
-  elapsed=$(( $(date +%s) - start ))
-  state=$(systemctl is-active {u})
-  if [ "$state" = failed ]; then echo "@failed $state after $elapsed s"; journal; exit 3; fi
-  # the certificate is checked against the fleet CA under the host's inventory name
-  got=$(curl -sS -D - -o /dev/null --max-time 3 --cacert {shlex.quote(proxy.dir + '/ca.crt')} --resolve {resolve} {url} 2>&1 \\
-        | tr -d '\\r' | sed -n 's/^[Xx]-[Ff]rontdoor-[Gg]eneration: //p')
-  if [ "$got" = {shlex.quote(generation)} ]; then echo "@ready $elapsed"; exit 0; fi
-{then}  if [ $elapsed -ge {int(timeout)} ]; then
-    echo "@timeout $elapsed $state ${{got:-no answer}} (files: $(sed -n 's/.*[Xx]-[Ff]rontdoor-[Gg]eneration //p' {shlex.quote(proxy.dir + '/haproxy.cfg')}))"
-    journal; exit 4
-  fi
-  sleep 0.3
-done
-"""
+    actions = f"act() {{\n{action.strip() or ':'}\n}}\nfall_back() {{\n{(fallback or ':').strip()}\n}}\n"
+    return ANSWERING_PROGRAM.script(
+        {"UNIT": proxy.unit_name(v), "URL": f"https://{ctx.name}:{port}/health",
+         "RESOLVE": f"{ctx.name}:{port}:{connect_address(v)}", "CA_FILE": f"{proxy.dir}/ca.crt",
+         "GENERATION": generation, "TIMEOUT_S": int(timeout), "FALLBACK": int(fallback is not None),
+         "GRACE_S": int(grace), "AGAIN_S": int(again), "CONFIG": f"{proxy.dir}/haproxy.cfg"}, before=actions)
 
 
 def kept_servers(config: str) -> list[str]:
@@ -169,17 +152,22 @@ def fresh_start(proxy: Proxy) -> str:
 def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
     def interpret(result):
         out = result.stdout
-        if result.rc == 0:
-            stale = [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("@reload-did-not-take ")]
-            if stale:
-                return (f"{done}; the reload did not take (it still answered as {stale[0]}: the container "
+        ready = ANSWERING.first(out, "ready")
+        if result.rc == 0 and ready is not None:
+            took = f" in {ready[0]} s" if ready and ready[0] != "0" else ""
+            stale = ANSWERING.rest(out, "reload-did-not-take")
+            if stale is not None:
+                return (f"{done}{took}; the reload did not take (it still answered as {stale}: the container "
                         f"read other files than those written), so it was restarted")
-            if any(line.startswith("@reload-signalled-again ") for line in out.splitlines()):
-                return f"{done}; HAProxy acted on the second reload signal, not the first"
-            return done
+            if ANSWERING.first(out, "reload-signalled-again") is not None:
+                return f"{done}{took}; HAProxy acted on the second reload signal, not the first"
+            return done + took
         journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
+        why = (f"its unit is {ANSWERING.rest(out, 'failed')}" if ANSWERING.first(out, "failed") is not None else
+               f"after {ANSWERING.rest(out, 'timeout')}" if ANSWERING.first(out, "timeout") is not None else
+               f"exit {result.rc}: {(out + result.stderr).strip()[-200:]}")
         raise StepFailed(f"{unit} did not answer with its new configuration within {timeout} s "
-                         f"({(out.splitlines() or ['?'])[0]}). Last log lines:\n{journal}\nSee: journalctl -u {unit}")
+                         f"({why}). Last log lines:\n{journal}\nSee: journalctl -u {unit}")
     return interpret
 
 
@@ -206,7 +194,7 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
     v = ctx.vars
     nixos = (ctx.facts.get("os") or {}).get("ID") == "nixos"
     # for the node exporter's textfiles (roles/exporters): when they expire
-    ctx.desired["certificates"] = tls.expiries(want.bundle, prefix)
+    yield Decision("certificates", produces=CERTIFICATES, value=tls.expiries(want.bundle, prefix))
     files = file_steps(ctx, proxy, prefix, want) + list(extra_files)
     reload = any(f.needed() for f in files)
     yield from files
@@ -282,11 +270,10 @@ def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted, extra_files: tupl
                   timeout=timeout + 30, interpret=_interpret(proxy, unit, timeout, "reloaded: the new keys answer"))
 
 
-def summary(ctx, proxy: Proxy, key: str) -> dict:
+def summary(ctx, proxy: Proxy, key: str, generation: Output) -> dict:
     """What verify checks the instance against (no secret in here)."""
     v = ctx.vars
-    if f"{key}_generation" not in ctx.desired:
+    if ctx.results.get(generation) is None:
         return {}
     return {key: {"unit": proxy.unit_name(v), "port": v.get("api_port", 8000), "dir": proxy.dir,
-                  "connect": connect_address(v),
-                  "generation": ctx.desired[f"{key}_generation"]}}
+                  "connect": connect_address(v), "generation": ctx.results[generation]}}

@@ -1,0 +1,167 @@
+"""The programs that run on hosts are files (roles/<role>/files/*.sh) with a declared
+protocol (roles/host_programs.py): each passes shellcheck as dash; every marker a program's
+files can print is declared by its protocol and read by its reader (taking the marker's
+lines out of an output changes what the reader says); every declared marker is printed."""
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from converge.errors import StepFailed
+from converge.transport import Result
+from roles.frontdoor.admin import BACK, BACK_PROGRAM
+from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
+from roles.haproxy.instance import FRONTDOOR
+from roles.host_programs import Program
+from roles.replicas import replica
+from roles.service import rollout
+from roles.service.rollout import PROGRAM as ROLL_PROGRAM, ROLL, Roll
+from roles.start.role import PROGRAM as START_PROGRAM, START
+from tests.conftest import ROOT
+
+COLLECTOR = Program((ROOT / "roles" / "exporters" / "collector.sh",))
+PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
+            "collector": COLLECTOR}
+
+
+def test_every_host_program_file_belongs_to_a_program():
+    files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | {ROOT / "roles" / "exporters" / "collector.sh"}
+    used = {Path(f) for program in PROGRAMS.values() for f in program.files}
+    assert files - used == set(), "a host program that no test checks"
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_program_passes_shellcheck_as_dash(name, tmp_path):
+    if not shutil.which("shellcheck"):
+        pytest.fail("shellcheck is not installed: ./run.sh test installs it (apt-get install shellcheck)")
+    script = tmp_path / f"{name}.sh"
+    script.write_text(PROGRAMS[name].text())
+    # SC2317: a library's functions look unreachable to a checker that sees no caller
+    proc = subprocess.run(["shellcheck", "-s", "dash", "-S", "style", "-e", "SC2317", "-f", "gcc", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("program", [ROLL_PROGRAM, START_PROGRAM, ANSWERING_PROGRAM, BACK_PROGRAM],
+                         ids=["roll", "start", "answering", "back"])
+def test_what_a_program_prints_is_what_its_protocol_declares(program):
+    assert program.printed_markers() == set(program.protocol.markers)
+
+
+# ---------------------------------------------------------------- each marker is read
+
+
+def _outcome(read, rc: int, lines: list[str]):
+    try:
+        said = read(Result(rc, "\n".join(lines) + "\n", ""))
+    except StepFailed as exc:
+        return ("failed", str(exc))
+    return ("said", getattr(said, "message", said), getattr(said, "value", None))
+
+
+def _roll(action="restart", replicas=1, **change) -> Roll:
+    targets = tuple(replica({}, i, gpus=(f"GPU-{i}",)) for i in range(1, replicas + 1))
+    fields = dict(host="hgx01", runtime="podman", action=action, replicas=targets, env_path="/etc/dgemma/x.env",
+                  api_port=8000, frontdoor_address="127.0.0.1", drain_timeout=120, ready_timeout=600, alone=False)
+    return Roll(**{**fields, **change})
+
+
+U1, U2 = replica({}, 1).unit, replica({}, 2).unit
+DEPLOY = dict(unit_file=SimpleNamespace(), unit_path="/etc/systemd/system/x.service", image="img:tag",
+              same_image_ref=True)
+# (the roll, its exit status, what it printed): each way a roll ends, as roll.sh says it
+ROLLS = [
+    (_roll(replicas=2), 0, ["@begin 0", "@drained 400 0", f"@replica-ready {U1} 1900", f"@replica-ready {U2} 2100",
+                            "@ready 2100", "@gate-passed 1 the front door", "@gate-passed 2 the front door",
+                            "@in-service 1 3000", "@in-service 2 3000", "@done 3000"]),
+    (_roll(replaces=replica({}, 1, "gemma4")), 0,
+     ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@ready 2000", "@gate-passed 1 the front door",
+      "@replaced podman-vllm-gemma4-1.service", "@in-service 1 2600", "@done 2600"]),
+    (_roll(**DEPLOY), 5, ["@begin 0", "@drained 10 0", "@gate-failed 9000 a chat completion answered 500",
+                          "  | ERROR EngineCore", "@retagged", f"@replica-ready {U1} 5000", "@ready 5000",
+                          "@gate-passed 1 the front door", "@in-service 1 16000", "@rolled-back 16000"]),
+    (_roll(**DEPLOY), 6, ["@begin 0", "@no-frontdoor", "@gate-failed 100 its container exited",
+                          "@rollback-failed its container exited again"]),
+    (_roll(alone=True), 0, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 2000", "@ready 2000",
+                            "@gate-passed 1 loopback", "@done 2100"]),
+    (_roll("stop"), 0, ["@begin 0", "@drained 10 0", "@stopped 5000", "@in-service 1 5100", "@done 5100"]),
+    (_roll("remove"), 0, ["@begin 0", "@drained 10 0", "@removed 400", "@in-service 1 500", "@done 500"]),
+    (_roll("recover"), 0, ["@begin 0", "@drained 10 0", "@cleared 1 123 456", f"@replica-ready {U1} 3000",
+                           "@ready 3000", "@gate-passed 1 the front door", "@in-service 1 3500", "@done 3500"]),
+    (_roll("recover"), 4, ["@begin 0", "@drained 10 0", "@clear-failed 1 the container is still there",
+                           "@in-service 1 900"]),
+    (_roll("stop"), 4, ["@begin 0", "@drained 10 0", "@action-failed systemctl stop failed", "@in-service 1 900"]),
+    (_roll(**DEPLOY), 7, ["@begin 0", "@drained 10 0", "@write-failed", "@in-service 1 100"]),
+    (_roll(), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@ready 2000",
+                  "@gate-passed 1 the front door", "@undrain-failed 1 replica1", "@done 2500"]),
+    (_roll(), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@ready 2000",
+                  "@gate-passed 1 the front door", "@in-service 1 2500", "@unflag-failed flag", "@done 2500"]),
+    (_roll("start", replicas=2), 4, ["@begin 0", "@no-frontdoor", f"@failed {U2} failed/failed 3000",
+                                     "@gate-failed 3000 its container exited after 3 s (failed/failed)"]),
+    (_roll("start", replicas=2), 4, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 900",
+                                     f"@timeout 600000 {U2}", "@gate-failed 600000 no answer within 600 s"]),
+]
+
+
+def _start_reader(units=(U1, U2)):
+    from roles.start.role import plan
+    from converge.changes import HostContext
+    from roles.handoffs import UNITS, UnitPlan, Units
+    from roles.replicas import Served
+    plans = tuple(UnitPlan(Served(replica({}, i), "m", 0.7), "diffusiongemma", ("diffusiongemma",), "", "")
+                  for i in (1, 2))
+    ctx = HostContext("hgx01", {}, {"replica_units": {}})
+    ctx.results.record(UNITS, Units(plans, "unit", "img"), "service")
+    return next(plan(ctx)).interpret
+
+
+STARTS = [
+    (0, [f"@replica-ready {U1} 1900", f"@replica-ready {U2} 2100", "@ready 2100"]),
+    (3, ["@start-failed", "  | no such unit"]),
+    (3, [f"@failed {U2} failed/failed 3000", "  | exited"]),
+    (4, [f"@replica-ready {U1} 900", f"@timeout 600000 {U2}"]),
+]
+ANSWERS = [
+    (0, ["@ready 1"]),
+    (0, ["@reload-signalled-again old", "@ready 4"]),
+    (0, ["@reload-signalled-again old", "@reload-did-not-take old", "@ready 11"]),
+    (3, ["@failed failed after 2 s", "  | [ALERT] bad config"]),
+    (4, ["@timeout 60 active old (files: new)"]),
+]
+
+
+def _cases():
+    for roll, rc, lines in ROLLS:
+        yield ROLL, rollout.interpret(roll), rc, lines
+    for rc, lines in STARTS:
+        yield START, _start_reader(), rc, lines
+    for rc, lines in ANSWERS:
+        yield ANSWERING, answering_reader(FRONTDOOR, "u.service", 60, "answers"), rc, lines
+    from roles.frontdoor.role import back_in_service
+    from converge.changes import HostContext
+    ctx = HostContext("rtx01", {}, {"frontdoor_servers": {"replica1": {"status": "DRAIN", "in_flight": 0}}})
+    yield BACK, back_in_service(ctx).interpret, 1, ["@still-drained replica1"]
+
+
+@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK], ids=lambda p: p.name)
+def test_every_marker_changes_what_its_reader_says(protocol):
+    """For each declared marker, an output that carries it, read with and without its lines:
+    the reader says something else without them (it reads the marker)."""
+    cases = [(read, rc, lines) for proto, read, rc, lines in _cases() if proto is protocol]
+    unread = []
+    for marker in protocol.markers:
+        with_it = [(read, rc, lines) for read, rc, lines in cases if any(l.startswith(f"@{marker}") for l in lines)]
+        assert with_it, f"no case prints @{marker}: add one"
+        if not any(_outcome(read, rc, lines) != _outcome(read, rc, [l for l in lines if not (
+                l == f"@{marker}" or l.startswith(f"@{marker} "))]) for read, rc, lines in with_it):
+            unread.append(marker)
+    assert not unread, f"{protocol.name}: its reader says the same without these markers: {unread}"
+
+
+def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and_the_mend():
+    roll, rc, lines = next(case for case in ROLLS if "@undrain-failed 1 replica1" in case[2])
+    with pytest.raises(StepFailed, match=r"refused to put replica 1 \(replica1\) back in service.*"
+                                         r"invoke recover --hosts hgx01 --replica 1"):
+        rollout.interpret(roll)(Result(rc, "\n".join(lines) + "\n", ""))

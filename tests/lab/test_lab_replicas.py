@@ -104,6 +104,10 @@ def test_status_and_day2_per_replica(four, tmp_path):
     assert all(f["errors"] == 0 and f["mean_output_tokens"] > 0 for b in benched for f in b["figures"])
     wrong = invoke("stop", "--hosts", HOST, "--replica", "7")
     assert wrong.returncode != 0 and "has no replica 7 (it has 0, 1, 2, 3)" in wrong.stdout + wrong.stderr
+    # logs checks it too, where it printed "-- No entries --" and succeeded
+    nothing = invoke("logs", "--hosts", HOST, "--replica", "7")
+    assert nothing.returncode == 1 and f"{HOST} | {HOST} has no replica 7 (it has 0, 1, 2, 3)" in nothing.stdout, \
+        nothing.stdout + nothing.stderr
     assert set(active(UNITS).values()) == {"active"}
 
 

@@ -96,13 +96,96 @@ def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=
                             "lines": "lines of history (default 50)",
                             "follow": "keep printing new lines (Ctrl-C to stop)",
                             "replica": OPS_HELP["replica"],
+                            "requests": "the gateways' record of each request instead (key, model, status, tokens, "
+                                        "time to first token, the replica's diffusion settings)",
+                            "key": "with --requests: one key's requests alone",
+                            "since": "with --requests: from then on, as journalctl takes it (2026-11-26 10:00, "
+                                     "today, '2 hours ago')",
+                            "json": "with --requests: the records as JSON to FILE ('-' for standard output)",
                             "ask_become_pass": runs.HELP["ask_become_pass"]})
-def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False, replica=None):
-    """The journal of vLLM's replicas on each host, prefixed by host."""
-    from day2.logs import stream_logs
+def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False, replica=None, requests=False,
+         key=None, since=None, json=None):
+    """The journal of vLLM's replicas on each host, prefixed by host; --requests: the gateways' request records."""
     play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    if requests:
+        _request_records(play, hosts, int(lines), key, since, json)
+        return
+    if key or since or json:
+        raise Exit("--key, --since and --json go with --requests (the gateways' request records)", code=2)
+    from day2.logs import stream_logs
     failed = stream_logs(play, runs.select(play, hosts), int(lines), follow, replica=_replica(replica))
     if failed:
+        raise Exit(code=1)
+
+
+def _gateways(play, hosts) -> list[str]:
+    from roles.fleet import is_gateway
+    gateways = [h for h in runs.select(play, hosts) if is_gateway(play.hostvars(h))]
+    if not gateways:
+        raise Exit("no gateway among the hosts: usage and request records are the gateways' (inventory group "
+                   "`gateway`)", code=2)
+    return gateways
+
+
+def _request_records(play, hosts, lines: int, key, since, json_target):
+    from converge.group import collect
+    from converge.report import write_json
+    from day2.usage import UsageError, record_line, records_command, records_of
+    runs.writable(json_target)
+    gateways = _gateways(play, hosts)
+    try:
+        command = records_command(since, key, lines)
+    except UsageError as exc:
+        raise Exit(str(exc), code=2)
+    with play.connections() as connections:
+        outputs, problems = collect(connections, {g: command for g in gateways})
+    records = sorted(((r.get("t", 0), g, r) for g, out in outputs.items() for r in records_of(out, key)),
+                     key=lambda item: item[0])
+    if json_target:
+        write_json({"records": [{"gateway": g, **r} for _, g, r in records], "problems": problems}, json_target)
+    else:
+        for _, gateway, record in records:
+            print(record_line(gateway, record))
+    for host, problem in sorted(problems.items()):
+        print(f"{host}: the records could not be read: {problem}", file=sys.stderr)
+    if problems:
+        raise Exit(code=1)
+
+
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
+                                 "since": "from this day on (UTC): a date (2026-11-01), today (the default) or "
+                                          "a number of days (7d)",
+                                 "key": "one key alone (a front end's users under it)",
+                                 "json": runs.HELP["json"],
+                                 "ask_become_pass": runs.HELP["ask_become_pass"]})
+def usage(c, inventory=None, hosts=None, since=None, key=None, json=None, ask_become_pass=False):
+    """Requests and tokens per key and model, summed over the gateways."""
+    import datetime
+
+    from converge.group import collect
+    from converge.report import write_json
+    from day2.usage import Usage, UsageError, since_day, table_lines, usage_command
+    runs.writable(json)
+    try:
+        first = since_day(since, datetime.datetime.now(datetime.timezone.utc).date())
+    except UsageError as exc:
+        raise Exit(str(exc), code=2)
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    gateways = _gateways(play, hosts)
+    with play.connections() as connections:
+        outputs, problems = collect(connections, {g: usage_command(first) for g in gateways})
+    found = Usage(first)
+    for gateway, output in sorted(outputs.items()):
+        found.add(gateway, output)
+    found = found.only(key)
+    found.problems += [f"{host}: {problem}" for host, problem in sorted(problems.items())]
+    if json:
+        write_json(found.as_dict(), json)
+    else:
+        print("\n".join(table_lines(found)))
+    for problem in found.problems:
+        print(problem, file=sys.stderr)
+    if problems:
         raise Exit(code=1)
 
 
@@ -182,4 +265,4 @@ def top(c, inventory=None, hosts=None, once=False, json=None, every="2", source=
         raise Exit(code=1)
 
 
-ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top)
+ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top, usage)

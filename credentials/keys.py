@@ -41,29 +41,54 @@ class KeyStore:
                                   f"the keys again") from exc
         if not isinstance(data, dict) or not all(isinstance(v, dict) and re.fullmatch(r"[0-9a-f]{64}",
                                                                                        str(v.get("sha256")))
+                                                  and isinstance(v.get("limits", {}), dict)
                                                   for v in data.values()):
-            raise CredentialError(f"{self.path}: each entry must be {{\"sha256\": 64 hex digits}}")
+            raise CredentialError(f"{self.path}: each entry must be {{\"sha256\": 64 hex digits, \"limits\": "
+                                  f"{{...}} or none}}")
         return data
 
     def _save(self, data: dict):
         write_private(self.path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
-    def add(self, name: str) -> str:
-        """A new key for ``name``; the secret is returned once and kept nowhere."""
+    def add(self, name: str, limits: dict | None = None) -> str:
+        """A new key for ``name`` (with its own ``limits``, checked by the caller); the secret is
+        returned once and kept nowhere."""
         if not NAME.match(name):
             raise CredentialError(f"key name {name!r}: use letters, digits and . _ @ - (at most 64)")
         with locked(self.path.parent):
-            return self._add(name)
+            return self._add(name, limits or {})
 
-    def _add(self, name: str) -> str:
+    def _add(self, name: str, limits: dict) -> str:
         data = self.load()
         if name in data:
             raise CredentialError(f"a key named {name} exists: revoke it first (invoke keys.revoke {name})")
         secret = PREFIX + secrets.token_urlsafe(32)
         data[name] = {"sha256": digest(secret),
                       "added": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        if limits:
+            data[name]["limits"] = dict(limits)
         self._save(data)
         return secret
+
+    def set_limits(self, name: str, changes: dict, cleared=()) -> dict:
+        """``name``'s own limits with ``changes`` over them and the ``cleared`` ones gone (back to
+        the inventory's); returns them."""
+        with locked(self.path.parent):
+            data = self.load()
+            if name not in data:
+                have = ", ".join(sorted(data)) or "none"
+                raise CredentialError(f"no key named {name} (keys: {have}); see: invoke keys.list")
+            own = {k: v for k, v in {**(data[name].get("limits") or {}), **changes}.items() if k not in cleared}
+            if own:
+                data[name]["limits"] = own
+            else:
+                data[name].pop("limits", None)
+            self._save(data)
+            return own
+
+    def limits(self) -> dict[str, dict]:
+        """Each key's own limits (empty: the inventory's)."""
+        return {name: dict(entry.get("limits") or {}) for name, entry in sorted(self.load().items())}
 
     def revoke(self, name: str):
         with locked(self.path.parent):

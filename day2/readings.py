@@ -14,6 +14,7 @@ from converge.facts import Fact
 
 from roles import scrape_targets
 from roles.exporters.textfiles import TEXTFILES
+from roles.gateway.accounting import USAGE_PORT
 from roles.haproxy.instance import FRONTDOOR, GATEWAY
 from roles.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
 from roles.replicas import replica, shell_functions, unit_globs
@@ -91,8 +92,10 @@ def host_script(v: dict) -> str:
 
 
 def gateway_script() -> str:
-    """The gateway's stats page, as GatewayServers reads it for invoke status."""
-    return f"echo '@gateway'; {GATEWAY_STATS} 2>/dev/null; true\n"
+    """The gateway's stats page, as GatewayServers reads it for invoke status, and its usage
+    service's counts per key (invoke top)."""
+    return (f"echo '@gateway'; {GATEWAY_STATS} 2>/dev/null\n"
+            f"echo '@usage'; curl -sS --max-time 3 http://127.0.0.1:{USAGE_PORT}/metrics 2>/dev/null; true\n")
 
 
 def split_markers(output: str) -> dict[str, str]:

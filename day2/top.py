@@ -45,6 +45,24 @@ class ReplicaLoad:
 
 
 @dataclass
+class KeyLoad:
+    """A key (or a front end's user) through the gateways: requests and tokens per second now,
+    tokens charged today."""
+    key: str
+    user: str = ""
+    requests_s: float | None = None
+    tokens_s: float | None = None
+    tokens_today: float | None = None
+
+
+BUSIEST = 5  # keys shown, busiest first
+
+
+def busiest(keys: dict) -> list:
+    return sorted(keys.values(), key=lambda k: (-(k.requests_s or 0), -(k.tokens_today or 0), k.key, k.user))[:BUSIEST]
+
+
+@dataclass
 class Snapshot:
     source: str
     at: float  # the instant the figures are for (Prometheus's evaluation time)
@@ -53,11 +71,12 @@ class Snapshot:
     alerts: list = field(default_factory=list)  # firing: alertname, severity, host, replica, summary, fix
     alerts_known: bool = True  # False: no Prometheus, no rule evaluated
     problems: list = field(default_factory=list)
+    keys: list = field(default_factory=list)  # KeyLoad, the busiest first
 
     def as_dict(self) -> dict:
         return {"source": self.source, "at": self.at, "replicas": [asdict(r) for r in self.replicas],
                 "gateway": self.gateway, "alerts": self.alerts if self.alerts_known else None,
-                "problems": self.problems}
+                "problems": self.problems, "keys": [asdict(k) for k in self.keys]}
 
 
 # the worst state a host has in any gateway's pool first (HAProxy's NOLB: drained by a roll)
@@ -87,6 +106,11 @@ QUERIES = {
     "gpu_used": "DCGM_FI_DEV_FB_USED",
     "gpu_free": "DCGM_FI_DEV_FB_FREE",
     "gateway": 'haproxy_server_status{job="gateway", proxy=~"pool_.+"} == 1',
+    # the keys, summed over the gateways (each counts what it served)
+    "key_requests": "sum by (key, user) (rate(dgemma_usage_requests_total[1m]))",
+    "key_tokens": "sum by (key, user) (rate(dgemma_usage_prompt_tokens_total[1m]) "
+                  "+ rate(dgemma_usage_completion_tokens_total[1m]))",
+    "key_today": "max by (key, user) (dgemma_key_tokens_today)",
 }
 
 
@@ -172,6 +196,13 @@ def snapshot_from_prometheus(output: str, at: float, source: str) -> Snapshot:
         states.setdefault(labels.get("server", "?"), []).append(labels.get("state", "?"))
     snap.gateway = {host: worst(s) for host, s in states.items()}
     snap.replicas = sorted(rows.values(), key=lambda r: (r.host, r.replica))
+    keys: dict = {}
+    for name, attr in (("key_requests", "requests_s"), ("key_tokens", "tokens_s"), ("key_today", "tokens_today")):
+        for labels, v in vectors[name]:
+            who = (labels.get("key", "?"), labels.get("user", ""))
+            if v == v:
+                setattr(keys.setdefault(who, KeyLoad(*who)), attr, v)
+    snap.keys = busiest(keys)
     try:
         alerts = json.loads(sections.get("alerts", "") or "{}").get("data", {}).get("alerts", [])
     except ValueError:
@@ -261,6 +292,7 @@ class HostsSource:
         self.serving = {h: v for h, v in hostvars_by_name.items() if is_serving(v)}
         self.gateways = [h for h, v in hostvars_by_name.items() if is_gateway(v)]
         self.before: dict[str, HostReading] = {}
+        self.usage_before: dict[str, tuple[float, list]] = {}  # gateway -> (when, its usage service's samples)
         self.name = "the hosts themselves (no Prometheus: no alert is evaluated)"
 
     def snapshot(self) -> Snapshot:
@@ -293,7 +325,37 @@ class HostsSource:
                 states.setdefault(server["server"], []).append(server["state"])
         snap.gateway = {h: worst(s) for h, s in states.items()}
         snap.replicas.sort(key=lambda r: (r.host, r.replica))
+        keys: dict = {}
+        for host in self.gateways:
+            samples = exposition.parse(split_markers(outputs.get(host, "")).get("usage", ""))
+            before = self.usage_before.get(host)
+            self.usage_before[host] = (at, samples)
+            keys_from_usage(keys, samples, before, at)
+        snap.keys = busiest(keys)
         return snap
+
+
+USAGE_COUNTS = {"requests_s": ("dgemma_usage_requests_total",),
+                "tokens_s": ("dgemma_usage_prompt_tokens_total", "dgemma_usage_completion_tokens_total")}
+
+
+def keys_from_usage(keys: dict, samples: list, before: tuple | None, at: float):
+    """One gateway's usage service's counts into ``keys`` ((key, user) -> KeyLoad): its tokens of
+    today (the highest a gateway holds), and with an earlier reading, its rates (summed)."""
+    def total(readings, names, who):
+        return sum(v for name, labels, v in readings
+                   if name in names and (labels.get("key"), labels.get("user", "")) == who)
+    for name, labels, v in samples:
+        who = (labels.get("key", "?"), labels.get("user", ""))
+        row = keys.setdefault(who, KeyLoad(*who))
+        if name == "dgemma_key_tokens_today":
+            row.tokens_today = max(row.tokens_today or 0, v)
+    if before is None or at <= before[0]:
+        return
+    for who, row in keys.items():
+        for attr, names in USAGE_COUNTS.items():
+            grew = total(samples, names, who) - total(before[1], names, who)
+            setattr(row, attr, (getattr(row, attr) or 0) + max(grew, 0) / (at - before[0]))
 
 
 def monitoring_host(hostvars_by_name: dict[str, dict]) -> str | None:

@@ -63,6 +63,17 @@ def alert_lines(snap) -> list[str]:
     return out
 
 
+def key_lines(snap) -> list[str]:
+    """The busiest keys through the gateways: requests and tokens a second, tokens of today."""
+    if not snap.keys:
+        return []
+    out = [f"{'KEY (busiest)':<34} {'REQ/S':>7} {'TOK/S':>8} {'TOKENS TODAY':>14}"]
+    for k in snap.keys:
+        who = f"{k.key}/{k.user}" if k.user else k.key
+        out.append(f"{who[:34]:<34} {_num(k.requests_s, 2):>7} {_num(k.tokens_s, 0):>8} {_num(k.tokens_today):>14}")
+    return out
+
+
 def renderable(snap, every: float | None = None):
     # one space after each column, none before: the columns' widths and their gaps make 80
     # (padding on both sides made 91, and rich cropped every column to fit: "RU", "dgemm")
@@ -73,6 +84,8 @@ def renderable(snap, every: float | None = None):
         style = "red" if row.up is False else "yellow" if (row.waiting or 0) > 0 else ""
         table.add_row(*cells(snap, row), style=style)
     parts = [Text(header(snap, every), style="bold"), table]
+    for i, line in enumerate(key_lines(snap)):
+        parts.append(Text(line, style="bold" if i == 0 else ""))
     for line in alert_lines(snap):
         parts.append(Text(line, style="red" if line.startswith("FIRING") else "dim"))
     for problem in snap.problems:
@@ -86,5 +99,5 @@ def lines(snap) -> list[str]:
     for row in snap.replicas:
         out.append(" ".join(f"{c:<{w}}" if j == "left" else f"{c:>{w}}"
                             for c, (_, w, j) in zip(cells(snap, row), COLUMNS)))
-    out += alert_lines(snap) + [f"! {p}"[:WIDTH] for p in snap.problems]
+    out += key_lines(snap) + alert_lines(snap) + [f"! {p}"[:WIDTH] for p in snap.problems]
     return out

@@ -73,6 +73,14 @@ FLEET = [
             "{{proxy}}")], "reqps"),
     panel("GPU utilization, per host",
           [("avg by (host) (DCGM_FI_DEV_GPU_UTIL)", "{{host}}")], "percent"),
+    panel("Tokens per second, per key and model (the gateways' usage)",
+          [(f"sum by (key, model) (rate(dgemma_usage_prompt_tokens_total[{RATE}]) + "
+            f"rate(dgemma_usage_completion_tokens_total[{RATE}]))", "{{key}} {{model}}")],
+          description="What vLLM's answers said each key used, summed over the gateways: invoke usage"),
+    panel("Tokens of today, per key (and a front end's user)",
+          [("max by (key, user) (dgemma_key_tokens_today)", "{{key}} {{user}}")],
+          description="As the gateways charge them against tokens_per_day: DgemmaKeyNearDailyBudget fires at 90% "
+                      "of a key's limit; at 100% its requests get 429 insufficient_quota until 00:00 UTC"),
 ]
 
 HOST = [

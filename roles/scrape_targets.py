@@ -6,6 +6,7 @@ hold), under one path per source:
 - ``/metrics/haproxy``: the front door's (or gateway's) HAProxy exporter;
 - ``/metrics/node``: the node exporter, with the GPU collector's textfiles (nvidia-smi);
 - ``/metrics/gpu``: NVIDIA's DCGM exporter, on the hosts that have DCGM;
+- ``/metrics/usage``: a gateway's usage service (requests and tokens per key and model);
 - ``/metrics/sd``: this list itself, as Prometheus's HTTP service discovery reads it.
 
 A host's targets are target groups in Prometheus's service-discovery form (http_sd and
@@ -20,6 +21,7 @@ SD_PATH = "/metrics/sd"
 HAPROXY_PATH = "/metrics/haproxy"
 NODE_PATH = "/metrics/node"
 GPU_PATH = "/metrics/gpu"
+USAGE_PATH = "/metrics/usage"
 REPLICA_PREFIX = "/metrics/replica/"
 # where the exporters listen on each host: loopback only, reached through the front door
 NODE_EXPORTER_PORT = 9100
@@ -27,6 +29,7 @@ DCGM_EXPORTER_PORT = 9400
 
 # the jobs, as the rules and dashboards name them
 VLLM_JOB, FRONTDOOR_JOB, GATEWAY_JOB, NODE_JOB, GPU_JOB = "vllm", "frontdoor", "gateway", "node", "gpu"
+USAGE_JOB = "usage"
 
 
 def uses_dcgm(v: dict, dcgm_fact: dict | None) -> bool:
@@ -60,6 +63,8 @@ def host_targets(name: str, v: dict, served: list, *, gateway: bool = False, dcg
     out = [group(GATEWAY_JOB if gateway else FRONTDOOR_JOB, HAPROXY_PATH), group(NODE_JOB, NODE_PATH)]
     if dcgm:
         out.append(group(GPU_JOB, GPU_PATH))
+    if gateway:
+        out.append(group(USAGE_JOB, USAGE_PATH))
     for s in sorted(served, key=lambda s: s.index):
         out.append(group(VLLM_JOB, replica_path(s.index), instance=f"{name}/{s.index}", replica=str(s.index),
                          model=s.family, variant=s.model, gpu_uuid=",".join(s.gpus)))

@@ -12,6 +12,7 @@ import pytest
 from converge.errors import StepFailed
 from converge.transport import Result
 from roles.frontdoor.admin import BACK, BACK_PROGRAM
+from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
 from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
 from roles.haproxy.instance import FRONTDOOR
 from roles.host_programs import Program
@@ -23,7 +24,7 @@ from tests.conftest import ROOT
 
 COLLECTOR = Program((ROOT / "roles" / "exporters" / "collector.sh",))
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
-            "collector": COLLECTOR}
+            "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM}
 
 
 def test_every_host_program_file_belongs_to_a_program():
@@ -44,8 +45,8 @@ def test_the_program_passes_shellcheck_as_dash(name, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("program", [ROLL_PROGRAM, START_PROGRAM, ANSWERING_PROGRAM, BACK_PROGRAM],
-                         ids=["roll", "start", "answering", "back"])
+@pytest.mark.parametrize("program", [ROLL_PROGRAM, START_PROGRAM, ANSWERING_PROGRAM, BACK_PROGRAM,
+                                     USAGE_RUNNING_PROGRAM], ids=["roll", "start", "answering", "back", "usage-running"])
 def test_what_a_program_prints_is_what_its_protocol_declares(program):
     assert program.printed_markers() == set(program.protocol.markers)
 
@@ -143,9 +144,12 @@ def _cases():
     from converge.changes import HostContext
     ctx = HostContext("rtx01", {}, {"frontdoor_servers": {"replica1": {"status": "DRAIN", "in_flight": 0}}})
     yield BACK, back_in_service(ctx).interpret, 1, ["@still-drained replica1"]
+    for rc, lines in [(0, ["@ready 1"]), (3, ["@failed failed after 2 s", "  | Traceback"]),
+                      (4, ["@timeout 30 activating"])]:
+        yield USAGE_RUNNING, usage_reader("was inactive", waited=True), rc, lines
 
 
-@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK], ids=lambda p: p.name)
+@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK, USAGE_RUNNING], ids=lambda p: p.name)
 def test_every_marker_changes_what_its_reader_says(protocol):
     """For each declared marker, an output that carries it, read with and without its lines:
     the reader says something else without them (it reads the marker)."""

@@ -84,7 +84,8 @@ def test_the_prometheus_configuration_loads_and_scrapes_every_host_through_its_f
                     ("h100-01", "frontdoor", "/metrics/haproxy"): ["10.213.1.13:8000"],
                     ("h100-01", "node", "/metrics/node"): ["10.213.1.13:8000"],
                     ("gateway01", "gateway", "/metrics/haproxy"): ["10.213.0.110:8000"],
-                    ("gateway01", "node", "/metrics/node"): ["10.213.0.110:8000"]}
+                    ("gateway01", "node", "/metrics/node"): ["10.213.0.110:8000"],
+                    ("gateway01", "usage", "/metrics/usage"): ["10.213.0.110:8000"]}
     local = jobs["monitoring"]["static_configs"]
     assert {g["labels"]["job"] for g in local} == {"prometheus", "alertmanager", "node"}
     assert all(t.startswith("127.0.0.1:") for g in local for t in g["targets"])

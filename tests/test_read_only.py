@@ -35,3 +35,19 @@ def test_a_check_reads_the_credentials_there_and_touches_none(tmp_path):
         done = plans.run(plans.load(plans.HERE / "cases" / f"{name}.json"), credentials_dir=copy)
         assert not [t for t in done.report.tasks if t.task == "fleet credentials"]
     assert _tree(copy) == before  # not even the lock file
+
+
+def test_what_a_check_would_make_a_deploy_makes_there(tmp_path):
+    """The deploy's side of it: the same calls, not in check mode, make the fleet CA, the host's
+    certificate and the fleet's keys in the folder, the CA's key root's alone."""
+    from credentials import directory
+    from credentials.keys import service_key
+    from roles.haproxy import tls
+    fresh = tmp_path / "credentials"
+    v = {"credentials_dir": str(fresh), "ansible_host": "10.213.0.12"}
+    tls.bundle("rtx01", v, (), True)
+    for name in (tls.GATEWAY_KEY, tls.MONITORING_KEY):
+        service_key(directory(v), name, make=True)
+    made = {str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file()}
+    assert {"ca/ca.crt", "ca/ca.key", "hosts/rtx01.crt", "hosts/rtx01.key", "monitoring.key", "gateway.key"} <= made
+    assert oct(fresh.stat().st_mode)[-3:] == "700" and (fresh / "ca" / "ca.key").stat().st_mode & 0o077 == 0

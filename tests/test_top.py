@@ -117,3 +117,27 @@ def test_histogram_quantile_is_prometheuss():
                                                                                             (math.inf, 2.0)]
     samples = exposition.parse('a{x="q\\"uote"} 1.5\n# HELP a b\nb 2e3\nc{le="+Inf"} NaN\n')
     assert samples[0] == ("a", {"x": 'q"uote'}, 1.5) and samples[1] == ("b", {}, 2000.0)
+
+
+def test_the_busiest_keys_from_two_readings_of_each_gateways_usage_service():
+    from day2.exposition import parse
+    from day2.top import Snapshot, busiest, keys_from_usage
+    from day2.top_view import key_lines, lines
+    first = parse('dgemma_usage_requests_total{key="alice",user="",model="diffusiongemma"} 10\n'
+                  'dgemma_usage_prompt_tokens_total{key="alice",user="",model="diffusiongemma"} 100\n'
+                  'dgemma_usage_completion_tokens_total{key="alice",user="",model="diffusiongemma"} 200\n'
+                  'dgemma_usage_requests_total{key="owui",user="ann@lab.org",model="gemma4"} 1\n'
+                  'dgemma_key_tokens_today{key="alice",user=""} 300\n')
+    later = parse('dgemma_usage_requests_total{key="alice",user="",model="diffusiongemma"} 30\n'
+                  'dgemma_usage_prompt_tokens_total{key="alice",user="",model="diffusiongemma"} 300\n'
+                  'dgemma_usage_completion_tokens_total{key="alice",user="",model="diffusiongemma"} 600\n'
+                  'dgemma_usage_requests_total{key="owui",user="ann@lab.org",model="gemma4"} 9\n'
+                  'dgemma_key_tokens_today{key="alice",user=""} 900\n')
+    keys: dict = {}
+    keys_from_usage(keys, later, (100.0, first), 110.0)
+    top = busiest(keys)
+    assert [(k.key, k.user, k.requests_s, k.tokens_s, k.tokens_today) for k in top] == \
+        [("alice", "", 2.0, 60.0, 900), ("owui", "ann@lab.org", 0.8, 0.0, None)]
+    shown = key_lines(Snapshot("test", 110.0, keys=top))
+    assert shown[1].split() == ["alice", "2.00", "60", "900"] and shown[2].startswith("owui/ann@lab.org")
+    assert all(len(line) <= 80 for line in lines(Snapshot("test", 110.0, keys=top)))

@@ -44,7 +44,12 @@ KEY = "dgk-loopback-bench-user-key"  # a throwaway key of this bench's own CA an
 GATEWAY_KEY = "dgk-loopback-bench-gateway-key"
 VLLM_KEY = "loopback-bench-vllm-key"
 MODEL = "diffusiongemma"
-PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443}
+PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443,
+         # the same gateway with each key's limits and its accounting (roles/gateway: Lua, peers, usage service)
+         "limits": 18444, "limits-peers": 18445, "limits-usage": 18446, "limits-stats": 18447}
+USAGE_SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
+# the bench key's limits: every one checked on every request, none reached
+BENCH_LIMITS = {"requests_per_minute": 100_000_000, "requests_at_once": 100_000, "tokens_per_day": 4_000_000_000}
 PACES = {"realistic": None, "at once": 0.0}  # None: the stand-in's own time per step
 
 
@@ -85,12 +90,56 @@ def prepare(folder: Path, replicas: int = 1):
         (files / "haproxy.cfg").write_text(config)
         for path in files.iterdir():
             path.chmod(0o600)
+    _prepare_limits(folder, digests["bench"], fleet_ca)
     # a user's key for the proxies; vLLM's own for the direct call (the front door swaps them)
     for name, key in (("request.lua", KEY), ("request-direct.lua", VLLM_KEY)):
         script = folder / name
         script.write_text(wrk_script(key, MODEL))
         script.chmod(0o600)
     (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS}))
+
+
+def _prepare_limits(folder: Path, digest: str, fleet_ca):
+    """The gateway again, with each key's limits and counting (requests a minute, at once, tokens a
+    day; the usage.lua filter, the peers' tables, the record of every request to the usage service)."""
+    from roles.fleet import Fleet, FrontDoor
+    from roles.gateway import limits
+    from roles.gateway.accounting import Accounting, Peer, lua
+    from roles.gateway.role import BACKEND, servers as gateway_servers
+    from roles.haproxy.config import render_config
+    from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
+    files = folder / "gateway-limits"
+    files.mkdir(exist_ok=True)
+    issued = fleet_ca.host_certificate(folder / "credentials", "gateway01", ["gateway01", "127.0.0.1"])
+    (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
+    (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials"))
+    (files / "keys.map").write_text(limits.keys_map({"bench": digest}))
+    (files / "limits.map").write_text(limits.limits_map({"bench": limits.effective({}, BENCH_LIMITS)}))
+    (files / "usage.lua").write_text(lua())
+    (files / "monitoring.sha256").write_text("")
+    (files / "targets.json").write_text("[]\n")
+    peers = f"127.0.0.1:{PORTS['limits-peers']}"
+    account = Accounting(str(files / "usage.sock"), "/metrics/usage", PORTS["limits-usage"], peers,
+                         (Peer("gateway01", peers),))
+    config = render_config("gateway01", {"api_host": "127.0.0.1", "api_port": PORTS["limits"]},
+                           gateway_servers(Fleet((FrontDoor("rtx01", "127.0.0.1", PORTS["frontdoor"]),), ())),
+                           "loopback", proxy=GATEWAY, files=str(files), socket=str(files / "admin.sock"),
+                           admin=str(files / "admin-http.sock"), backend=BACKEND, accounting=account)
+    config = config.replace("    user haproxy\n    group haproxy\n", "")
+    config = config.replace(f"{CONTAINER_DIR}/", f"{files}/").replace(
+        f"127.0.0.1:{GATEWAY.metrics_port}", f"127.0.0.1:{PORTS['limits-stats']}")
+    (files / "haproxy.cfg").write_text(config)
+    for path in files.iterdir():
+        path.chmod(0o600)
+
+
+def usage_counted(folder: Path) -> int:
+    """The requests the usage service counted for the bench key (every gateway record)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-usage']}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith('dgemma_usage_requests_total{key="bench"')))
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
@@ -142,9 +191,9 @@ class Processes:
     def __init__(self, folder: Path, pace: float | None, replicas: int, pins: dict | None = None):
         self.folder, self.pace, self.replicas, self.procs, self.pins = folder, pace, replicas, [], pins or {}
 
-    def _start(self, name: str, args: list[str], env: dict, port: int):
+    def _start(self, name: str, args: list[str], env: dict, port: int, pin_as: str | None = None):
         log = open(self.folder / f"{name}.log", "w")
-        cpus = self.pins.get(name)
+        cpus = self.pins.get(pin_as or name)
         proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -164,6 +213,14 @@ class Processes:
                     {"VLLM_API_KEY": VLLM_KEY}, PORTS["frontdoor"])
         self._start("gateway", ["haproxy", "-W", "-db", "-f", str(self.folder / "gateway" / "haproxy.cfg")],
                     {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["gateway"])
+        limits = self.folder / "gateway-limits"
+        shutil.rmtree(limits / "usage", ignore_errors=True)
+        self._start("usage", [sys.executable, str(USAGE_SERVICE), "--socket", str(limits / "usage.sock"),
+                              "--runtime-api", str(limits / "admin.sock"), "--state", str(limits / "usage"),
+                              "--limits", str(limits / "limits.map"), "--listen", f"127.0.0.1:{PORTS['limits-usage']}"],
+                    {}, PORTS["limits-usage"], pin_as="gateway")
+        self._start("gateway-limits", ["haproxy", "-W", "-db", "-f", str(limits / "haproxy.cfg")],
+                    {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["limits"], pin_as="gateway")
         time.sleep(3)  # the gateway's and the front door's first health checks have passed
         return self
 
@@ -215,7 +272,8 @@ def proxy_timers(log: Path, offset: int) -> dict:
 
 
 # the proxies on each path, by the name of their log in the bench folder
-PROXIES = {"direct": (), "front door": ("frontdoor",), "front door + gateway": ("frontdoor", "gateway")}
+PROXIES = {"direct": (), "front door": ("frontdoor",), "front door + gateway": ("frontdoor", "gateway"),
+           "front door + gateway, limits": ("frontdoor", "gateway-limits")}
 
 
 def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int = 1,
@@ -228,21 +286,26 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
     plan = json.loads((folder / "plan.json").read_text())
     rows = []
     paths = [("direct", f"http://127.0.0.1:{PORTS['direct']}"), ("front door", f"https://127.0.0.1:{PORTS['frontdoor']}"),
-             ("front door + gateway", f"https://127.0.0.1:{PORTS['gateway']}")]
+             ("front door + gateway", f"https://127.0.0.1:{PORTS['gateway']}"),
+             ("front door + gateway, limits", f"https://127.0.0.1:{PORTS['limits']}")]
     pins = placement(plan["replicas"], os.cpu_count() or 1) if pin else None
     if pin and pins is None:
         raise SystemExit(f"--pin needs at least {plan['replicas'] + 6} cores")
+    counts = []
     for pace_name, pace in (paces or PACES).items():
         with Processes(folder, pace, plan["replicas"], pins):
+            answered = 0  # by the gateway with limits, warm-ups included: what its usage service must count
             for concurrency in levels:
                 for number in range(1, rounds + 1):
                     for path, base in paths:
                         url = f"{base}/v1/chat/completions"
                         script = "request-direct.lua" if path == "direct" else "request.lua"
                         cpus = (pins or {}).get("wrk")
-                        wrk(folder, url, min(concurrency, 4), 1, threads, script, cpus)  # connections and caches warm
-                        offsets = {name: (folder / f"{name}.log").stat().st_size for name in ("frontdoor", "gateway")}
+                        warm = wrk(folder, url, min(concurrency, 4), 1, threads, script, cpus)  # connections and caches warm
+                        offsets = {name: (folder / f"{name}.log").stat().st_size for name in PROXIES[path]}
                         result = wrk(folder, url, concurrency, seconds, threads, script, cpus)
+                        if path.endswith("limits"):
+                            answered += warm["requests"] + result["requests"]
                         timers = {name: proxy_timers(folder / f"{name}.log", offsets[name]) for name in PROXIES[path]}
                         rows.append({"pace": pace_name, "path": path, "concurrency": concurrency, "round": number,
                                      **result, "haproxy": timers})
@@ -250,7 +313,11 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
                               f"{result['requests'] / (result['duration_us'] / 1e6):8.0f} req/s p50 "
                               f"{result['p50_us'] / 1000:7.2f} ms p99 {result['p99_us'] / 1000:7.2f} ms "
                               f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
-    return {"machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
+            time.sleep(2)  # the last records reach the usage service
+            counts.append({"pace": pace_name, "answered": answered, "counted": usage_counted(folder)})
+            print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), its usage service "
+                  f"counted {counts[-1]['counted']}", flush=True)
+    return {"counts": counts, "machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
             "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows,
             "pinned": {k: sorted(v) for k, v in pins.items()} if pins else None}
 
@@ -301,6 +368,34 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def limits_table(result: dict) -> str:
+    """What each key's limits and counting add to the gateway: the path with them minus the
+    same path without, round by round (medians), and whether the usage service counted every
+    request the gateway answered."""
+    rows = result["rows"]
+    plain = {(r["pace"], r["concurrency"], r.get("round", 1)): r for r in rows if r["path"] == "front door + gateway"}
+    groups: dict = {}
+    for r in rows:
+        if r["path"] == "front door + gateway, limits":
+            groups.setdefault((r["pace"], r["concurrency"]), []).append((r, plain.get((r["pace"], r["concurrency"],
+                                                                                     r.get("round", 1)))))
+    if not groups:
+        return ""
+    lines = ["| pace | c | req/s without | req/s with | added p50 ms | added p99 ms |", "|---|---:|---:|---:|---:|---:|"]
+    for (pace, concurrency), pairs in groups.items():
+        pairs = [(r, b) for r, b in pairs if b]
+        rate = lambda r: r["requests"] / (r["duration_us"] / 1e6)  # noqa: E731
+        lines.append(f"| {pace} | {concurrency} | {_median([rate(b) for _, b in pairs]):.0f} | "
+                     f"{_median([rate(r) for r, _ in pairs]):.0f} | "
+                     f"{_median([(r['p50_us'] - b['p50_us']) / 1000 for r, b in pairs]):+.3f} | "
+                     f"{_median([(r['p99_us'] - b['p99_us']) / 1000 for r, b in pairs]):+.3f} |")
+    for count in result.get("counts", []):
+        lines.append(f"\n{count['pace']}: the gateway with limits answered {count['answered']} requests (wrk's count, "
+                     f"warm-ups included); its usage service counted {count['counted']} (every one, and those in flight, cut "
+                     f"when wrk stopped each row: at most the sum of the rows' concurrency).")
+    return "\n".join(lines)
+
+
 def profile_table(result: dict) -> str:
     """Where each path's p99 goes, from the proxies' own logs (medians over the rounds):
     waiting for the next hop (Tr) against each proxy's own time (Ta - Tr); HAProxy logs
@@ -346,11 +441,14 @@ def write(results: list[dict]):
         placed = ("; each part on CPUs of its own (" + ", ".join(f"{k} {v[0]}-{v[-1]}" if len(v) > 1 else f"{k} {v[0]}"
                                                                for k, v in pinned.items()) + ")") if pinned else ""
         profile = profile_table(result)
+        limited = limits_table(result)
         parts.append(f"\n### {result['cores']} cores: {result['cpu']} ({result['machine']}){', pinned' if pinned else ''}\n\n"
                      f"{result['haproxy']}; {result['seconds']} s per row, {result.get('rounds', 1)} round(s) "
                      f"interleaved (medians); {result['replicas']} stand-in replica(s) behind the front "
                      f"door{placed}.\n\n{table(result)}\n" +
-                     (f"\nWhere the p99 goes, from the proxies' access logs:\n\n{profile}\n" if profile else ""))
+                     (f"\nWhere the p99 goes, from the proxies' access logs:\n\n{profile}\n" if profile else "") +
+                     (f"\nWhat each key's limits and counting add to the gateway (the same path with them, minus "
+                      f"without; the bench key has every limit, none reached):\n\n{limited}\n" if limited else ""))
     write_section(MARK_BEGIN, MARK_END, "".join(parts) + f"\n{MARK_END}")
 
 
@@ -384,6 +482,7 @@ def main():
     result = run(folder, args.seconds, [int(c) for c in args.concurrency.split(",")], args.threads, args.rounds,
                  paces, args.pin)
     print(table(result))
+    print(limits_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if args.write:

@@ -4,11 +4,14 @@ but /health (the host holds only the keys' sha256), vLLM's replicas on loopback.
 The steps are proxy.py's, shared with the gateway."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from converge.changes import Command, Decision, File, Role
 from converge.errors import StepFailed
 from converge.facts.nvidia import Dcgm
+from credentials import CredentialError, directory
+from credentials.keys import KeyStore
 
 from roles import scrape_targets
 from roles.fleet import is_serving
@@ -16,8 +19,10 @@ from roles.handoffs import FRONTDOOR_GENERATION, UNITS
 from roles.replicas import installed, replica, server_index
 from roles.serving_host import UNITS_FACT, env_path, units_fact
 
-from roles.preflight.declared import DEFAULT_FAMILY, served_name
+from roles.preflight.declared import DEFAULT_FAMILY, is_diffusion, served_name
+from roles.service.serve import diffusion_wanted
 
+from roles.gateway import limits
 from roles.haproxy import steps as proxy, tls
 from roles.haproxy.config import Server
 from roles.haproxy.instance import FRONTDOOR
@@ -64,6 +69,21 @@ def pools(ctx, replicas: list[Server]) -> list:
     return [replace(pool, queue=queue_rule(v, pool.name)) for pool in frontdoor_pools(families, aliases, replicas)]
 
 
+DIFFUSION_HEADER = re.compile(r'set-header X-Dgemma-Diffusion "([^"]*)" if \{ srv_name -m str (\S+) \}')
+
+
+def diffusion(ctx) -> dict[str, str]:
+    """Each DiffusionGemma replica's diffusion settings, as its answers name them (server name ->
+    ``name=value ...``): as this deploy declares the replicas, or (a run that declares none) as
+    the running configuration names them."""
+    declared = ctx.results.get(UNITS)
+    if declared is None:
+        running = (ctx.facts.get("frontdoor_config") or {}).get("content") or ""
+        return {server: settings for settings, server in DIFFUSION_HEADER.findall(running)}
+    return {plan.replica.server: " ".join(f"{k}={x}" for k, x in diffusion_wanted(plan.served.variables(ctx.vars)).items())
+            for plan in declared.replicas if is_diffusion(plan.replica.family)}
+
+
 def targets(ctx) -> str:
     """What the monitoring hosts scrape here, with each replica's labels: as this deploy places
     the replicas; a run that places nothing (keys add, revoke) keeps what the host serves."""
@@ -78,11 +98,19 @@ def wanted(ctx) -> proxy.Wanted:
     fleet = ctx.services.get("fleet")
     # the gateway reaches the front doors with a key of its own
     accepted = tls.accepted_keys(ctx.name, ctx.vars, gateway=bool(fleet and fleet.has_gateway), make=not ctx.check)
+    if fleet and fleet.has_gateway:
+        # a key with limits comes through the gateways, which enforce them: the front doors refuse it
+        try:
+            own = KeyStore(directory(ctx.vars)).limits()
+        except CredentialError as exc:
+            raise StepFailed(f"{ctx.name}: {exc}") from exc
+        accepted = limits.unlimited_only(accepted, own, ctx.vars.get("key_limits"))
     replicas = servers(ctx)
     sd = targets(ctx)
     # the DCGM exporter's route as the targets name it (a keys run: as the host serves them)
     dcgm = any(g.get("labels", {}).get("job") == scrape_targets.GPU_JOB for g in scrape_targets.parse(sd))
-    return proxy.wanted(ctx, FRONTDOOR, replicas, accepted, pools=pools(ctx, replicas), targets=sd, dcgm=dcgm)
+    return proxy.wanted(ctx, FRONTDOOR, replicas, accepted, pools=pools(ctx, replicas), targets=sd, dcgm=dcgm,
+                        diffusion=diffusion(ctx))
 
 
 def plan(ctx):

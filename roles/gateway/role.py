@@ -16,7 +16,7 @@ from converge.errors import SecretError
 from converge.facts.host import FileState
 from converge.secrets import read_secret_file
 from credentials import CredentialError, directory
-from credentials.keys import service_key
+from credentials.keys import KeyStore, service_key
 
 from roles import scrape_targets
 from roles.fleet import is_gateway
@@ -27,6 +27,8 @@ from roles.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVA
 from roles.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                  render_upstream_keys, serving)
 
+from . import accounting, usage_steps
+
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second
 BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
@@ -34,7 +36,8 @@ BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}
 
 def facts(v):
     return {**proxy.facts(v, GATEWAY, "gateway"), "gateway_env": FileState(ENV_FILE, secret=True),
-            "gateway_upstream_keys": FileState(f"{GATEWAY.dir}/{UPSTREAM_KEYS}", secret=True)}
+            "gateway_upstream_keys": FileState(f"{GATEWAY.dir}/{UPSTREAM_KEYS}", secret=True),
+            **usage_steps.facts(v)}
 
 
 def servers(fleet, doors=None) -> list[Server]:
@@ -64,18 +67,30 @@ def upstream_keys(ctx) -> str:
     return render_upstream_keys(keys)
 
 
-def wanted(ctx, keys_map: str) -> proxy.Wanted:
+def wanted(ctx, upstream_map: str, accepted: dict[str, str], maps: tuple) -> proxy.Wanted:
+    """``accepted``: each key's name -> its sha256; ``maps``: the files of the keys' names and limits
+    (usage_steps.map_files), which the generation counts as it counts the upstream keys."""
     fleet = ctx.services.get("fleet")
     # front doors with a certificate of their own: the gateway trusts their CAs too
     own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
-    return proxy.wanted(ctx, GATEWAY, servers(fleet), tls.accepted_keys(ctx.name, ctx.vars, make=not ctx.check),
-                        BACKEND, own_cas,
+    return proxy.wanted(ctx, GATEWAY, servers(fleet), accepted, BACKEND, own_cas,
                         pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")),
-                        secret_files=keys_map,
-                        targets=scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, [], gateway=True)))
+                        secret_files=upstream_map + "".join(f.content for f in maps),
+                        targets=scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, [], gateway=True)),
+                        accounting=accounting.accounting(ctx.name, ctx.vars,
+                                                         {door.host: door.address for door in fleet.gateways}))
 
 
-def keys_map_file(ctx, content: str) -> File:
+def keys_and_limits(ctx) -> tuple[dict[str, str], tuple]:
+    """The accepted keys (name -> sha256) and the files of their names and limits (CredentialError
+    or StepFailed when the key store cannot be read)."""
+    accepted = tls.accepted_keys(ctx.name, ctx.vars, make=not ctx.check)
+    own = KeyStore(directory(ctx.vars)).limits()
+    in_force = usage_steps.limits_in_force(own, accepted, ctx.vars.get("key_limits"))
+    return accepted, usage_steps.map_files(ctx, accepted, in_force)
+
+
+def upstream_keys_file(ctx, content: str) -> File:
     # no previous version kept: a key taken out of the policy leaves the host with it
     return File("gateway upstream keys", path=f"{GATEWAY.dir}/{UPSTREAM_KEYS}", content=content, mode="0600",
                 secret=True, current=ctx.facts.get("gateway_upstream_keys"), keep_previous=False)
@@ -98,17 +113,24 @@ def plan(ctx):
         yield Check("model_fallback", ok=False, message="; ".join(problems))
         return
     try:
-        keys_map = upstream_keys(ctx)
+        upstream_map = upstream_keys(ctx)
     except SecretError as exc:
         yield Check("model_fallback", ok=False, message=str(exc))
         return
-    want = wanted(ctx, keys_map)
+    try:
+        accepted, maps = keys_and_limits(ctx)
+    except CredentialError as exc:
+        yield Check("keys", ok=False, message=str(exc))
+        return
+    want = wanted(ctx, upstream_map, accepted, maps)
     yield Decision("generation", produces=GATEWAY_GENERATION, value=want.generation)
     env = File("gateway environment", path=ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
                current=ctx.facts.get("gateway_env"))
     yield env
+    # the usage service first: HAProxy sends it each request's record from its start
+    yield from usage_steps.service_steps(ctx)
     yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed(),
-                           extra_files=(keys_map_file(ctx, keys_map),))
+                           extra_files=(upstream_keys_file(ctx, upstream_map), *maps))
 
 
 def fallback_problems(fleet, policy: dict) -> list[str]:
@@ -137,12 +159,17 @@ def fallback_problems(fleet, policy: dict) -> list[str]:
 
 def plan_keys(ctx):
     try:
-        keys_map = upstream_keys(ctx)
+        upstream_map = upstream_keys(ctx)
     except SecretError as exc:
         yield Check("model_fallback", ok=False, message=str(exc))
         return
-    yield from proxy.reload_steps(ctx, GATEWAY, "gateway", wanted(ctx, keys_map),
-                                  extra_files=(keys_map_file(ctx, keys_map),))
+    try:
+        accepted, maps = keys_and_limits(ctx)
+    except CredentialError as exc:
+        yield Check("keys", ok=False, message=str(exc))
+        return
+    yield from proxy.reload_steps(ctx, GATEWAY, "gateway", wanted(ctx, upstream_map, accepted, maps),
+                                  extra_files=(upstream_keys_file(ctx, upstream_map), *maps))
 
 
 def summary(ctx) -> dict:

@@ -43,19 +43,22 @@ def bind_address(v: dict) -> str:
 
 def render_config(host: str, v: dict, servers: list[Server], generation: str, *, proxy: Proxy = FRONTDOOR,
                   files: str = CONTAINER_DIR, socket: str | None = None, admin: str | None = None,
-                  backend: dict | None = None, pools: list | None = None, dcgm: bool = False) -> str:
+                  backend: dict | None = None, pools: list | None = None, dcgm: bool = False,
+                  accounting=None, diffusion: dict | None = None) -> str:
     """``files``: where HAProxy reads tls.pem, ca.crt and keys.sha256 (the container's
     view of the proxy's folder); ``socket``, ``admin``: its runtime API and its stats page
     with admin actions (both unix sockets); ``backend``: how servers are checked and retried;
     ``pools``: the pools (pools.Pool) requests are routed to by the model they name;
-    ``dcgm``: the host runs NVIDIA's DCGM exporter (scraped at /metrics/gpu)."""
+    ``dcgm``: the host runs NVIDIA's DCGM exporter (scraped at /metrics/gpu); ``accounting``: a
+    gateway's limits and records (roles/gateway/accounting.py: Accounting); ``diffusion``: a front
+    door's diffusion settings per pool, which its answers name (X-Dgemma-Diffusion)."""
     pools = pools or [Pool(DEFAULT_FAMILY, model_names(DEFAULT_FAMILY, [served_name(DEFAULT_FAMILY, v)]), tuple(servers))]
     socket = socket or runtime_socket(proxy)
     st = scrape_targets
     replicas = [ScrapedReplica(s.name, s.address, st.replica_path(s.replica))
                 for s in servers] if proxy is FRONTDOOR else []
     metrics_paths = [st.SD_PATH, st.HAPROXY_PATH, st.NODE_PATH] + ([st.GPU_PATH] if dcgm else []) + \
-        [r.path for r in replicas]
+        [r.path for r in replicas] + ([accounting.path] if accounting else [])
     return templates().get_template(proxy.template).render(
         host=host, kind=proxy.kind, role=proxy.role, bind=bind_address(v), dir=files, socket=socket,
         state_file=str(Path(socket).parent / STATE_FILE), admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
@@ -64,7 +67,8 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
         generation=generation, upstream_key=proxy.upstream_key, upstream_keys=UPSTREAM_KEYS, backend=backend or {},
         metrics_paths=metrics_paths, metrics_replicas=replicas, dcgm=dcgm, sd_path=st.SD_PATH,
         haproxy_path=st.HAPROXY_PATH, node_path=st.NODE_PATH, gpu_path=st.GPU_PATH,
-        node_port=st.NODE_EXPORTER_PORT, gpu_port=st.DCGM_EXPORTER_PORT)
+        node_port=st.NODE_EXPORTER_PORT, gpu_port=st.DCGM_EXPORTER_PORT, accounting=accounting,
+        diffusion=diffusion or {})
 
 
 def render_keys(hashes: dict[str, str]) -> str:

@@ -64,21 +64,22 @@ def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
 
 def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], backend: dict | None = None,
            extra_ca_files: tuple = (), pools: list | None = None, secret_files: str = "", targets: str = "",
-           dcgm: bool = False) -> Wanted:
+           dcgm: bool = False, accounting=None, diffusion: dict | None = None) -> Wanted:
     """The certificate, the key lists, the configuration, the scrape targets, and the
     generation that names them (any change to one of them is a new generation).
     ``secret_files``: the text of other files it reads (the gateway's upstream keys): only
-    their digest counts."""
+    their digest counts. ``accounting``, ``diffusion``: config.render_config's."""
     make = not ctx.check  # a read-only run makes nothing on the control machine
     bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files, make)
     keys = render_keys(accepted)
     monitoring = render_keys(tls.monitoring_keys(ctx.name, ctx.vars, make))
-    unnamed = render_config(ctx.name, ctx.vars, servers, "", proxy=proxy, backend=backend, pools=pools, dcgm=dcgm)
+    rendered = dict(proxy=proxy, backend=backend, pools=pools, dcgm=dcgm, accounting=accounting, diffusion=diffusion)
+    unnamed = render_config(ctx.name, ctx.vars, servers, "", **rendered)
     secrets = hashlib.sha256(secret_files.encode()).hexdigest() if secret_files else ""
     generation = hashlib.sha256((unnamed + keys + monitoring + targets + bundle.cert_pem + secrets).encode()
                                 ).hexdigest()[:16]
-    return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, proxy=proxy, backend=backend,
-                                              pools=pools, dcgm=dcgm), generation, monitoring, targets)
+    return Wanted(bundle, keys, render_config(ctx.name, ctx.vars, servers, generation, **rendered), generation,
+                  monitoring, targets)
 
 
 ANSWERING = Protocol("an HAProxy instance answering", markers={

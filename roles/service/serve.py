@@ -56,6 +56,9 @@ def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: in
              "--override-generation-config", dumps({"max_new_tokens": None}),
              "--default-chat-template-kwargs", dumps({"enable_thinking": v.get("enable_thinking", True)}),
              "--enable-chunked-prefill"]
+    if v.get("force_include_usage", True):
+        # streamed answers say what they used, as the gateways count tokens (vLLM's should_include_usage)
+        args.append("--enable-force-include-usage")
     if tensor_parallel_size > 1:  # a variant that fits no single GPU here, split over the GPUs it was handed
         args += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if v.get("max_model_len"):

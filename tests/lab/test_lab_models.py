@@ -138,6 +138,10 @@ def test_one_url_lists_both_models_and_each_is_answered_by_its_own_replicas(depl
     assert status == 404 and json.loads(body)["error"]["message"].startswith("The model `gpt-5` does not exist.")
 
 
+def through_gateway_as(key, body):
+    return front_door("gateway01", "/v1/chat/completions", key, body, timeout=90, address=config.GATEWAY_ADDRESS)
+
+
 def where_key(host, key) -> dict:
     """Where ``key`` is on a lab host: process command lines, the last 15 minutes of its journal,
     files under /etc, /run, /srv and /var/lib/dgemma*. Looked for with the key on stdin, so
@@ -179,14 +183,15 @@ def _stop_or_start(action, hosts):
             invoke(action, *which, check=True)
 
 
-def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(deployed, lab_copy, tmp_path):
+def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(deployed, lab_copy, tmp_path, request):
     """4 clients naming DiffusionGemma. hgx01 alone serving it (the other hosts' replicas
     stopped), with the fallback on a queue (after_queued_s: 1) and 8 more clients: its two
     replicas (4 requests each at once) are full, and the requests over are answered by Gemma 4,
     marked as a fallback, while the rest are DiffusionGemma's. Then every DiffusionGemma replica
     of the fleet stopped (each drained first): Gemma 4 answers them all; then, still stopped, the
     gateways' fallback set to an external API on the control machine (its key in a file here):
-    it answers them; started again: they return to DiffusionGemma. No request fails, the
+    it answers them, and a user's key that may not spend on it gets a 403 saying so (one that may:
+    the API's answer); started again: they return to DiffusionGemma. No request fails, the
     policy's switches included (a reload of each gateway)."""
     key = secrets.token_urlsafe(24)
     upstream = openai_upstream.serve(config.GATEWAY, key)  # on the lab's side of this machine
@@ -197,6 +202,16 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
                                           "key_file": str(key_file)}}
     keys_map = f"{GATEWAY.dir}/{UPSTREAM_KEYS}"
     outputs = []
+    # users' keys (limited: the gateways' alone): one that may spend on the external API, one that may not
+    suffix = secrets.token_hex(3)
+    users = {}
+    for name, options in ((f"frugal-{suffix}", ()), (f"spender-{suffix}", ("--upstream", "yes"))):
+        proc = invoke("keys.add", name, "--requests-per-minute", "1000", *options)
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        users[name.split("-")[0]] = proc.stdout.strip().splitlines()[-1]
+        # revoked after the test (a revoke reloads the gateways, whose counters the test reads last)
+        request.addfinalizer(lambda name=name: invoke("keys.revoke", name))
+    on_upstream = {}
     try:
         with ModelLoad("diffusiongemma") as load:
             _stop_or_start("stop", DG_ONLY)
@@ -222,6 +237,9 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
                 # the map alone holds it (not the unit's environment, nor the container's spec)
                 assert where_key(gateway, key)["files"] == [keys_map], gateway
             time.sleep(5)
+            for who, key in users.items():
+                status, body, headers = through_gateway_as(key, chat("diffusiongemma"))
+                on_upstream[who] = (status, body, headers.get("X-Dgemma-Pool"))
             counted_before_start = {host: answers_5xx(host) for host in DG_ONLY}
             restoring = time.monotonic()
             proc, data = deploy_json("--hosts", f"gateway01,gateway02,{HGX}")  # the lab's own policy again
@@ -231,10 +249,16 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
             _stop_or_start("start", DG_ONLY + (HGX,))
             started = time.monotonic()
             time.sleep(6)
+        frugal_after = through_gateway_as(users["frugal"], chat("diffusiongemma"))
     finally:
         upstream.shutdown()
         upstream.server_close()
     assert len(load.outcomes) > 40 and not load.failed, (len(load.outcomes), load.failed[:10])
+    # the external API costs money: a key that may not spend on it got a 403 naming why, never the upstream
+    status, body, _ = on_upstream["frugal"]
+    assert status == 403 and json.loads(body)["error"]["code"] == "upstream_not_allowed", on_upstream["frugal"]
+    assert on_upstream["spender"][0] == 200 and on_upstream["spender"][2] == "upstream", on_upstream["spender"]
+    assert frugal_after[0] == 200 and frugal_after[2].get("X-Dgemma-Pool") == "diffusiongemma", frugal_after
     # hgx01 full: requests over its replicas' limit fell back, the others were its own
     assert not burst.failed, burst.failed[:10]
     began, ended = min(o[0] for o in burst.outcomes), max(o[0] for o in burst.outcomes)

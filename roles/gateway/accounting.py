@@ -1,0 +1,99 @@
+"""Where a gateway's accounting lives: the usage service (files/usage_service.py: each
+request's record, usage per key and model, the tokens each key spent today), the socket
+HAProxy sends it records on, the gateways' shared counts (HAProxy's peers) and the files
+HAProxy reads the keys' names and limits from. Pure."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from roles import scrape_targets
+from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
+
+FILES = Path(__file__).parent / "files"
+SOCKET = f"{GATEWAY.socket_dir}/usage.sock"  # in the folder the gateway's container sees
+STATE_DIR = "/var/lib/dgemma/usage"
+PROGRAM = "/usr/local/lib/dgemma/usage_service.py"
+UNIT = "dgemma-usage.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+USAGE_PORT = 9466  # the usage service's /metrics, on loopback
+KEYS_MAP = "keys.map"
+LIMITS_MAP = "limits.map"
+LUA = "usage.lua"
+# the records go to the journal through the service's standard output: `invoke logs --requests` reads them there
+RECORDS_IDENTIFIER = "dgemma-requests"
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    address: str  # host:port
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What the gateway's configuration needs of its accounting (roles/haproxy/templates/gateway.cfg.j2)."""
+    socket: str
+    path: str  # /metrics/usage: the usage service's counts, for the monitoring key
+    port: int
+    bind: str  # where this gateway takes its peers' connections
+    peers: tuple  # Peer, every gateway's (this one's included)
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def accounting(host: str, v: dict, gateways: dict[str, str]) -> Accounting:
+    """``gateways``: each gateway's inventory name -> its ansible_host (the fleet's)."""
+    port = int(v.get("gateway_peers_port", 10000))
+    peers = tuple(Peer(name, _hostport(address, port)) for name, address in gateways.items())
+    return Accounting(SOCKET, scrape_targets.USAGE_PATH, USAGE_PORT,
+                      _hostport(gateways.get(host) or v.get("ansible_host") or host, port), peers)
+
+
+def render_unit(v: dict, runtime_api: str, limits: str = f"{GATEWAY.dir}/{LIMITS_MAP}") -> str:
+    """The usage service's unit: before the gateway's HAProxy (which sends it records), as root
+    (HAProxy's runtime API is root's), in systemd's sandbox."""
+    haproxy_unit = GATEWAY.unit_name(v)
+    return f"""\
+# Managed by dgemma-fleet (roles/gateway): edits here are replaced on the next deploy.
+[Unit]
+Description=The gateway's usage service: each request's record, usage per key and model, the day's tokens
+Before={haproxy_unit}
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 {PROGRAM} --socket {SOCKET} --runtime-api {runtime_api} --state {STATE_DIR} \\
+  --limits {limits} --listen 127.0.0.1:{USAGE_PORT} --retention-days {int(v.get("usage_retention_days", 400))}
+SyslogIdentifier={RECORDS_IDENTIFIER}
+# every request's record is a line of the journal: none may be dropped for coming fast
+LogRateLimitIntervalSec=0
+Restart=always
+RestartSec=1
+ProtectSystem=strict
+# the socket's folder is the gateway container's too; made here when this starts first
+ExecStartPre=+/bin/mkdir -p {GATEWAY.socket_dir}
+ReadWritePaths={GATEWAY.socket_dir}
+ProtectHome=yes
+PrivateTmp=yes
+NoNewPrivileges=yes
+StateDirectory=dgemma/usage
+StateDirectoryMode=0750
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def lua() -> str:
+    return (FILES / LUA).read_text()
+
+
+def program() -> str:
+    return (FILES / "usage_service.py").read_text()
+
+
+def container_path(name: str) -> str:
+    """A file of the gateway's folder as its container sees it."""
+    return f"{CONTAINER_DIR}/{name}"

@@ -1,0 +1,438 @@
+#!/usr/bin/python3
+# Managed by dgemma-fleet (roles/gateway): edits here are replaced on the next deploy.
+"""The gateway's usage service: HAProxy sends it every request's record (its log line, over a
+unix datagram socket); it writes the record to the journal, counts usage per day, key (or a
+front end's user) and model family in /var/lib/dgemma/usage/DAY.json, adds each answer's tokens
+to the gateways' shared table `tokens_day` (HAProxy 2.6 cannot add to a stick-table counter
+itself), puts the day's counts back there when HAProxy has lost them (a restart), and shows
+its counts to Prometheus on loopback (/metrics, which the gateway's /metrics/usage passes on).
+
+Python's standard library only: it runs on the gateway host as root (HAProxy's runtime API is
+root's alone), with what systemd's sandbox leaves it (the unit)."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.server
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+RECORD = " @record "  # what comes before a record in HAProxy's log line
+DAY_S = 86400
+# vLLM 0.33 reports per-request steps only for speculative decoding (--per-request-spec-decode-metrics
+# needs --speculative-config); a DiffusionGemma replica's passes are counted for all its requests alone
+PASSES = ("not reported per request by vLLM 0.33; vllm:diffusion_num_denoising_steps counts the replica's "
+          "passes over all its requests")
+COUNTS = ("requests", "prompt_tokens", "completion_tokens", "errors", "refused", "fallbacks",
+          "upstream_requests", "upstream_prompt_tokens", "upstream_completion_tokens")
+REFUSED = (401, 403, 429)
+# the mark usage.lua waits for (with the worker's pid): this process holds the shared counts
+MARK = "@counts:"
+TOKENS, MINUTES = "tokens_day", "requests_minute"  # HAProxy's tables: subject:day, subject:minute  # the gateway's own answers to a key's limits
+
+
+def log(message: str):
+    print(message, file=sys.stderr, flush=True)
+
+
+def record_of(line: str) -> dict | None:
+    """The record a log line carries after its access-log part, its fields typed; None when
+    the line carries none (HAProxy's own messages) or it is not JSON."""
+    at = line.find(RECORD)
+    if at < 0:
+        return None
+    try:
+        raw = json.loads(line[at + len(RECORD):])
+    except ValueError:
+        return None
+    # HAProxy writes "-" for a variable the request never set, <NOSRV> for no server
+    raw = {name: ("" if value in ("-", "<NOSRV>") else value) for name, value in raw.items()}
+    number = lambda name: int(raw.get(name)) if str(raw.get(name, "")).lstrip("-").isdigit() else None  # noqa: E731
+    key, user = raw.get("key") or "", raw.get("user") or ""
+    subject = f"{key}/{user}" if key and user else key  # a front end's user counts apart
+    diffusion = dict(part.split("=", 1) for part in (raw.get("diffusion") or "").split() if "=" in part)
+    if diffusion:
+        diffusion["passes"] = PASSES
+    return {"t": float(raw.get("t") or time.time()), "key": key, "user": user,
+            "subject": subject, "model": raw.get("model") or "", "pool": raw.get("pool") or "",
+            "fallback": raw.get("fallback") or "", "host": raw.get("host") or "", "replica": raw.get("replica") or "",
+            "status": number("status"), "prompt_tokens": number("prompt_tokens") or 0,
+            "completion_tokens": number("completion_tokens") or 0, "ttft_ms": number("ttft_ms"),
+            "ms": number("ms"), "path": raw.get("path") or "", "diffusion": diffusion or None,
+            # the place the request took in its minute's count (requests a minute), and that minute
+            "rpm_n": number("rpm_n"), "minute": number("minute")}
+
+
+def family_of(record: dict) -> str:
+    """The model family a request counts for: the one whose fallback answered it, else the pool
+    that answered, else the model it asked for (a request refused before any pool)."""
+    if record["fallback"]:
+        return record["fallback"]
+    if record["pool"] and record["pool"] != "upstream":
+        return record["pool"]
+    return record["model"] or "-"
+
+
+def day_of(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def unix_day(day: str) -> int:
+    return int(datetime.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=datetime.timezone.utc).timestamp()) // DAY_S
+
+
+class Usage:
+    """The counts, per day: usage[subject][family][count], and spent[subject] (the tokens the
+    gateways' table charges against the subject's daily budget)."""
+
+    def __init__(self, folder: str, retention_days: int):
+        self.folder, self.retention_days = folder, retention_days
+        self.days: dict[str, dict] = {}
+        self.dirty: set[str] = set()
+        self.pending: dict[tuple[str, str], int] = {}  # (day, subject) -> tokens charged since the table was told
+        self.minutes: dict[str, int] = {}  # subject:minute -> requests counted in it (a worker's table, again)
+        self.lock = threading.Lock()
+        self.charged = threading.Event()  # tokens to tell the table: it is told at once, not at the next tick
+        os.makedirs(folder, mode=0o750, exist_ok=True)
+        oldest = day_of(time.time() - retention_days * DAY_S)
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            day = name[:-5]
+            if day < oldest:
+                os.unlink(os.path.join(folder, name))
+                continue
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    data = json.load(f)
+                self.days[day] = {"usage": data.get("usage") or {}, "spent": data.get("spent") or {}}
+            except (OSError, ValueError) as exc:
+                log(f"usage: {name} unreadable ({exc}): kept aside as {name}.bad, its day counts from 0 here")
+                os.replace(os.path.join(folder, name), os.path.join(folder, name + ".bad"))
+
+    def _day(self, day: str) -> dict:
+        return self.days.setdefault(day, {"usage": {}, "spent": {}})
+
+    def add(self, record: dict):
+        if not record["subject"]:
+            return
+        if record.get("rpm_n") and record.get("minute"):
+            key = f"{record['subject']}:{record['minute']}"
+            with self.lock:
+                self.minutes[key] = max(self.minutes.get(key, 0), record["rpm_n"])
+        day = day_of(record["t"])
+        tokens = record["prompt_tokens"] + record["completion_tokens"]
+        upstream = record["pool"] == "upstream"
+        status = record["status"] or 0
+        with self.lock:
+            data = self._day(day)
+            counts = data["usage"].setdefault(record["subject"], {}).setdefault(family_of(record),
+                                                                                dict.fromkeys(COUNTS, 0))
+            counts["requests"] += 1
+            counts["prompt_tokens"] += record["prompt_tokens"]
+            counts["completion_tokens"] += record["completion_tokens"]
+            counts["refused"] += status in REFUSED
+            counts["errors"] += (status >= 400 or status <= 0) and status not in REFUSED
+            counts["fallbacks"] += bool(record["fallback"])
+            counts["upstream_requests"] += upstream
+            counts["upstream_prompt_tokens"] += record["prompt_tokens"] if upstream else 0
+            counts["upstream_completion_tokens"] += record["completion_tokens"] if upstream else 0
+            if tokens:
+                data["spent"][record["subject"]] = data["spent"].get(record["subject"], 0) + tokens
+                self.pending[(day, record["subject"])] = self.pending.get((day, record["subject"]), 0) + tokens
+                self.charged.set()
+            self.dirty.add(day)
+
+    def has_pending(self) -> bool:
+        with self.lock:
+            return bool(self.pending)
+
+    def charged_counts(self) -> list[tuple[str, int]]:
+        """(the table's key, count) of each subject charged since the table was last told: the
+        count as this gateway knows it (the other gateway's, learned at the last merge, and ours)."""
+        today = day_of(time.time())
+        suffix = f":{unix_day(today)}"
+        with self.lock:
+            spent = self._day(today)["spent"]
+            out = [(subject + suffix, spent[subject]) for (day, subject) in self.pending if day == today]
+            self.pending.clear()
+        return out
+
+    def minutes_to_put(self, table: dict[str, int], reseed: bool) -> list[tuple[str, int]]:
+        """The requests of this minute and the last (``table``: requests_minute's): ours where the
+        table holds fewer, on ``reseed`` (a new worker); the table's into ours at any time."""
+        now = int(time.time()) // 60
+        out = []
+        with self.lock:
+            for key, n in table.items():
+                self.minutes[key] = max(self.minutes.get(key, 0), n)
+            for key in [k for k in self.minutes if int(k.rpartition(":")[2]) < now - 2]:
+                del self.minutes[key]
+            if reseed:
+                out = [(key, n) for key, n in self.minutes.items()
+                       if int(key.rpartition(":")[2]) >= now - 1 and table.get(key, 0) < n]
+        return out
+
+    def reconcile(self, table: dict[str, int], reseed: bool = False) -> list[tuple[str, int]]:
+        """Today's spent tokens against the table's (``table``: its key -> count): each subject's
+        count is the higher of the two (the other gateway served it) plus what was charged here
+        since the last time. The table is told a count only when this gateway charged something
+        (the gateway that serves writes; the other one learns through the peers, and writing what
+        it learned back would race with newer counts), or on ``reseed`` (HAProxy restarted or
+        reloaded here) where the table holds less. Returns (the table's key, count) to tell it."""
+        today = day_of(time.time())
+        suffix = f":{unix_day(today)}"
+        out = []
+        with self.lock:
+            spent = self._day(today)["spent"]
+            pending = {s: n for (d, s), n in self.pending.items() if d == today}
+            self.pending.clear()
+            subjects = set(spent) | {key[:-len(suffix)] for key in table if key.endswith(suffix)}
+            for subject in subjects:
+                told, charged = table.get(subject + suffix, 0), pending.get(subject, 0)
+                new = max(spent.get(subject, 0) - charged, told) + charged
+                if new != spent.get(subject, 0):
+                    spent[subject] = new
+                    self.dirty.add(today)
+                if (charged and new != told) or (reseed and told < new):
+                    out.append((subject + suffix, new))
+        return out
+
+    def save(self):
+        with self.lock:
+            dirty, self.dirty = self.dirty, set()
+            texts = {day: json.dumps({"day": day, **self.days[day]}, sort_keys=True) for day in dirty}
+        for day, text in texts.items():
+            path = os.path.join(self.folder, f"{day}.json")
+            temporary = os.path.join(self.folder, f".{day}.json.new")
+            with open(temporary, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        oldest = day_of(time.time() - self.retention_days * DAY_S)
+        with self.lock:
+            for day in [d for d in self.days if d < oldest]:
+                del self.days[day]
+                try:
+                    os.unlink(os.path.join(self.folder, f"{day}.json"))
+                except FileNotFoundError:
+                    pass
+
+    def metrics(self, limits: dict[str, int]) -> str:
+        totals: dict[tuple[str, str, str], dict] = {}
+        today = day_of(time.time())
+        with self.lock:
+            for data in self.days.values():
+                for subject, families in data["usage"].items():
+                    key, _, user = subject.partition("/")
+                    for family, counts in families.items():
+                        into = totals.setdefault((key, user, family), dict.fromkeys(COUNTS, 0))
+                        for name in COUNTS:
+                            into[name] += counts.get(name, 0)
+            spent = dict(self._day(today)["spent"]) if today in self.days else {}
+        label = lambda **kv: ",".join(f'{k}="{esc(v)}"' for k, v in kv.items())  # noqa: E731
+        lines = []
+        for name in COUNTS:
+            metric = f"dgemma_usage_{name}_total"
+            lines.append(f"# HELP {metric} {HELP[name]} (this gateway's, per key, end user and model family)")
+            lines.append(f"# TYPE {metric} counter")
+            for (key, user, family), counts in sorted(totals.items()):
+                lines.append(f"{metric}{{{label(key=key, user=user, model=family)}}} {counts[name]}")
+        lines += ["# HELP dgemma_key_tokens_today Tokens a key (or a front end's user) has spent today (UTC), "
+                  "as the gateways' shared table counts them", "# TYPE dgemma_key_tokens_today gauge"]
+        for subject, n in sorted(spent.items()):
+            key, _, user = subject.partition("/")
+            lines.append(f"dgemma_key_tokens_today{{{label(key=key, user=user)}}} {n}")
+        lines += ["# HELP dgemma_key_tokens_per_day_limit A key's tokens a day (0: no limit)",
+                  "# TYPE dgemma_key_tokens_per_day_limit gauge"]
+        for key, n in sorted(limits.items()):
+            lines.append(f"dgemma_key_tokens_per_day_limit{{{label(key=key)}}} {n}")
+        return "\n".join(lines) + "\n"
+
+
+HELP = {"requests": "Requests", "prompt_tokens": "Prompt tokens vLLM's answers reported",
+        "completion_tokens": "Completion tokens vLLM's answers reported",
+        "errors": "Requests answered with an error (not a limit's refusal)",
+        "refused": "Requests refused by the key's limits (401 expired, 403 model or upstream, 429)",
+        "fallbacks": "Requests its family's fallback answered",
+        "upstream_requests": "Requests the external upstream answered",
+        "upstream_prompt_tokens": "Prompt tokens of the external upstream's answers",
+        "upstream_completion_tokens": "Completion tokens of the external upstream's answers"}
+
+
+def esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class RuntimeApi:
+    """HAProxy's runtime API (a unix stream socket: one connection per batch of commands)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _ask(self, commands: list[str]) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(self.path)
+            s.sendall(("; ".join(commands) + "\n").encode())
+            chunks = []
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    def set_counts(self, table: str, counts: list[tuple[str, int]]):
+        for i in range(0, len(counts), 50):
+            answer = self._ask([f"set table {table} key {key} data.gpc0 {int(n)}" for key, n in counts[i:i + 50]])
+            if answer.strip():
+                raise OSError(answer.strip()[:200])
+
+    def worker(self) -> int:
+        """The pid of the HAProxy worker that answers the runtime API (a new one after a reload)."""
+        for line in self._ask(["show info"]).splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split(":", 1)[1])
+        raise OSError("show info names no Pid")
+
+    def mark(self, pid: int):
+        """The mark that says this worker holds the day's tokens (usage.lua waits for it)."""
+        answer = self._ask([f"set table {TOKENS} key {MARK}{pid} data.gpc0 0"])
+        if answer.strip():
+            raise OSError(answer.strip()[:200])
+
+    def counts(self, table: str) -> dict[str, int]:
+        out = {}
+        for line in self._ask([f"show table {table}"]).splitlines():
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            if "key" in fields and "gpc0" in fields and not fields["key"].startswith("@"):
+                out[fields["key"]] = int(fields["gpc0"])
+        return out
+
+
+def read_limits(path: str) -> dict[str, int]:
+    """Each key's tokens a day, from the gateway's limits.map (name rpm:at_once:tokens:...)."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and not line.startswith("#"):
+                    out[parts[0]] = int(parts[1].split(":")[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def receive(sock: socket.socket, usage: Usage, records):
+    while True:
+        data = sock.recv(65536)
+        record = record_of(data.decode(errors="replace"))
+        if record is None:
+            continue
+        if record["subject"] or record["path"].startswith("/v1/"):
+            record["time"] = datetime.datetime.fromtimestamp(record["t"], datetime.timezone.utc).isoformat(
+                timespec="milliseconds")
+            print(json.dumps(record, separators=(",", ":")), file=records, flush=True)
+        usage.add(record)
+
+
+def keep_table(usage: Usage, api: RuntimeApi, interval: float, merge_every: float, batch: float = 0.005):
+    """What was charged here goes into the table of tokens as it comes (the answers of ``batch``
+    seconds together); every ``merge_every``, what the tables hold (the other gateway's counts,
+    through HAProxy's peers) into ours, and ours where they hold less. A new HAProxy worker (a
+    reload, a restart; looked for every ``interval``) starts with empty tables: ours go in, then it
+    is marked and counts (usage.lua: until then it asks counted requests to come back)."""
+    last_merge, last_look, failing, marked, pid = 0.0, 0.0, False, None, None
+    while True:
+        if usage.charged.wait(interval):
+            time.sleep(batch)
+            usage.charged.clear()
+        try:
+            now = time.monotonic()
+            if pid is None or now - last_look >= interval:
+                pid, last_look = api.worker(), now
+            fresh = pid != marked
+            if fresh or now - last_merge >= merge_every:
+                api.set_counts(MINUTES, usage.minutes_to_put(api.counts(MINUTES), reseed=fresh))
+                api.set_counts(TOKENS, usage.reconcile(api.counts(TOKENS), reseed=fresh))
+                if fresh:
+                    api.mark(pid)
+                    marked = pid
+                last_merge = now
+                usage.save()
+            elif usage.has_pending():
+                api.set_counts(TOKENS, usage.charged_counts())
+            if failing:
+                log("usage: HAProxy's runtime API answers again")
+            failing = False
+        except OSError as exc:
+            pid = None
+            if not failing:
+                log(f"usage: HAProxy's runtime API ({api.path}): {exc}; the table gets the day's counts once it answers")
+            failing = True
+            try:
+                usage.save()
+            except OSError as save_exc:
+                log(f"usage: cannot save the counts in {usage.folder}: {save_exc}")
+
+
+def serve_metrics(address: str, usage: Usage, limits_path: str):
+    host, _, port = address.rpartition(":")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = usage.metrics(read_limits(limits_path)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    http.server.ThreadingHTTPServer((host, int(port)), Handler).serve_forever()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--socket", required=True, help="the unix datagram socket HAProxy logs to")
+    p.add_argument("--runtime-api", required=True, help="HAProxy's runtime API (unix socket)")
+    p.add_argument("--state", required=True, help="the folder of the daily counts")
+    p.add_argument("--limits", required=True, help="the gateway's limits.map")
+    p.add_argument("--listen", default="127.0.0.1:9466", help="/metrics, for Prometheus")
+    p.add_argument("--retention-days", type=int, default=400)
+    p.add_argument("--interval", type=float, default=0.1, help="seconds between two updates of the table")
+    p.add_argument("--merge-every", type=float, default=0.5, help="seconds between two reads of the table")
+    args = p.parse_args(argv)
+    usage = Usage(args.state, args.retention_days)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    os.makedirs(os.path.dirname(args.socket), exist_ok=True)
+    try:
+        os.unlink(args.socket)
+    except FileNotFoundError:
+        pass
+    sock.bind(args.socket)
+    # HAProxy's workers (its own user, in their container) write here; no one reads it but this service
+    os.chmod(args.socket, 0o622)
+    api = RuntimeApi(args.runtime_api)
+    threading.Thread(target=keep_table, args=(usage, api, args.interval, args.merge_every), daemon=True).start()
+    threading.Thread(target=serve_metrics, args=(args.listen, usage, args.limits), daemon=True).start()
+    log(f"usage: records from {args.socket}, counts in {args.state}, /metrics on {args.listen}")
+    receive(sock, usage, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

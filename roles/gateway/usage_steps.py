@@ -1,0 +1,102 @@
+"""The gateway's accounting on its host: the files HAProxy reads the keys' names and limits
+from and its Lua (a change is a reload of the gateway), and the usage service (its program
+and unit; a change is a restart, before the gateway's HAProxy, which sends it records)."""
+from __future__ import annotations
+
+import shlex
+
+from converge.changes import Check, Command, File
+from converge.errors import StepFailed
+from converge.facts.host import Commands, FileState, UnitState
+
+from roles.haproxy.instance import GATEWAY, runtime_socket
+from roles.host_programs import Program, Protocol
+
+from . import accounting as acc
+from . import limits
+
+USAGE_RUNNING = Protocol("the usage service running", markers={
+    "ready": "S: it has bound its socket again",
+    "failed": "STATE after S s: its unit failed (its last log lines follow)",
+    "timeout": "S STATE: it had not bound its socket in time"},
+    exits={"failed": 3, "timeout": 4})
+USAGE_RUNNING_PROGRAM = Program((acc.FILES / "usage_running.sh",), USAGE_RUNNING)
+READY_TIMEOUT_S = 30
+
+
+def facts(v) -> dict:
+    d = GATEWAY.dir
+    return {"gateway_keys_map": FileState(f"{d}/{acc.KEYS_MAP}", secret=True),
+            "gateway_limits_map": FileState(f"{d}/{acc.LIMITS_MAP}", secret=True),
+            "gateway_lua": FileState(f"{d}/{acc.LUA}"),
+            "usage_program": FileState(acc.PROGRAM),
+            "usage_unit_file": FileState(acc.UNIT_PATH),
+            "usage_unit": UnitState(acc.UNIT),
+            "usage_commands": Commands("python3")}
+
+
+def limits_in_force(store_limits: dict[str, dict], hashes: dict[str, str], defaults: dict | None) -> dict:
+    """Each accepted key's limits (the inventory's own key, api_key_file, never limited)."""
+    return {name: limits.UNLIMITED if name == limits.OPERATOR else limits.effective(defaults, store_limits.get(name))
+            for name in hashes}
+
+
+def map_files(ctx, hashes: dict[str, str], in_force: dict) -> tuple[File, ...]:
+    """What HAProxy reads (extra files of the gateway: a change is a reload). The key names and
+    their limits say who uses the fleet: root's alone on the host, as the key hashes are."""
+    d, f = GATEWAY.dir, ctx.facts
+    return (File("gateway key names (sha256)", path=f"{d}/{acc.KEYS_MAP}", content=limits.keys_map(hashes),
+                 mode="0600", secret=True, current=f.get("gateway_keys_map")),
+            File("gateway key limits", path=f"{d}/{acc.LIMITS_MAP}", content=limits.limits_map(in_force),
+                 mode="0600", secret=True, current=f.get("gateway_limits_map")),
+            File("gateway accounting (Lua)", path=f"{d}/{acc.LUA}", content=acc.lua(), mode="0644",
+                 current=f.get("gateway_lua")))
+
+
+def service_steps(ctx):
+    """The usage service: python3 on the host, its program and unit, running with its socket bound."""
+    f, v = ctx.facts, ctx.vars
+    if not (f.get("usage_commands") or {}).get("python3"):
+        yield Check("python3 for the usage service", ok=False,
+                    message="the gateway's usage service (request records, usage per key, the day's tokens) runs "
+                            "on the host's python3, which is not there: install it (apt-get install python3-minimal, "
+                            "dnf install python3), then deploy again")
+        return
+    program = File("usage service", path=acc.PROGRAM, content=acc.program(), mode="0755",
+                   current=f.get("usage_program"))
+    unit = File("usage service unit", path=acc.UNIT_PATH, content=acc.render_unit(v, runtime_socket(GATEWAY)),
+                mode="0644", current=f.get("usage_unit_file"))
+    yield program
+    yield unit
+    state = f.get("usage_unit") or {}
+    q = shlex.quote(acc.UNIT)
+    if state.get("ActiveState") != "active":
+        action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
+                             "start", f"was {state.get('ActiveState', 'absent')}")
+    elif program.needed() or unit.needed():
+        action, verb, why = f"systemctl daemon-reload\nsystemctl restart {q}", "restart", "its program or unit changed"
+    else:
+        action, verb, why = "", "", ""
+    enabled = state.get("UnitFileState") == "enabled"
+    script = f"systemctl enable {q} 2>/dev/null\n"
+    if action:
+        script += USAGE_RUNNING_PROGRAM.script({"UNIT": acc.UNIT, "SOCKET": acc.SOCKET, "TIMEOUT_S": READY_TIMEOUT_S},
+                                               before=f"act() {{\n{action}\n}}\n")
+    yield Command("usage service running", script=script, when=bool(action) or not enabled,
+                  describe=f"systemctl {verb or 'enable'} {acc.UNIT} ({why or 'not enabled at boot'})",
+                  timeout=READY_TIMEOUT_S + 30, interpret=_interpret(why or "enabled at boot", waited=bool(action)))
+
+
+def _interpret(why: str, waited: bool):
+    def interpret(result):
+        out = result.stdout
+        if result.rc == 0 and (USAGE_RUNNING.first(out, "ready") is not None or not waited):
+            return f"{acc.UNIT} takes the gateway's records on {acc.SOCKET} ({why})"
+        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
+        why_not = (f"its unit is {USAGE_RUNNING.rest(out, 'failed')}"
+                   if USAGE_RUNNING.first(out, "failed") is not None else
+                   f"after {USAGE_RUNNING.rest(out, 'timeout')}" if USAGE_RUNNING.first(out, "timeout") is not None
+                   else f"exit {result.rc}: {(out + result.stderr).strip()[-200:]}")
+        raise StepFailed(f"{acc.UNIT} did not bind {acc.SOCKET} within {READY_TIMEOUT_S} s ({why_not}). "
+                         f"Last log lines:\n{journal}\nSee: journalctl -u {acc.UNIT}")
+    return interpret

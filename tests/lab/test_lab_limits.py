@@ -1,0 +1,265 @@
+"""Each key its share, on the lab, through the gateways' shared address: a burst of 200 at once
+gets exactly its 60 requests a minute, the rest OpenAI's 429, and the official OpenAI client
+finishes all its requests once the window has passed; a day's tokens counted from vLLM's usage,
+streamed or not, to the token, then 429 insufficient_quota; the counts carry over when the
+address moves to the other gateway, through a reload and a restart; `invoke usage`, Prometheus
+and the request records agree with what the clients received, each record with the diffusion
+settings of the replica that answered; a front end's users count apart. (The external
+upstream refused to a key that may not spend: tests/lab/test_lab_models.py.)"""
+import json
+import secrets
+import shlex
+import ssl
+import threading
+import time
+
+import openai
+import pytest
+
+from lab import config, sh
+from tests.lab.conftest import CA_FILE, deploy_json, front_door, invoke, ssh
+
+GATEWAYS = ("gateway01", "gateway02")
+SHARED = config.GATEWAY_ADDRESS
+MONITOR = "monitor01"
+CHAT = {"model": "diffusiongemma", "messages": [{"role": "user", "content": "say hello to the lab"}], "max_tokens": 24}
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    proc, _ = deploy_json()
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return lab
+
+
+@pytest.fixture
+def keys():
+    """keys(name, *options) -> the new key's secret; each revoked at the end."""
+    made = []
+
+    def add(name, *options):
+        name = f"{name}-{secrets.token_hex(3)}"  # a fresh name: its usage starts from nothing
+        proc = invoke("keys.add", name, *options)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        made.append(name)
+        add.names[name.rsplit("-", 1)[0]] = name
+        return proc.stdout.strip().splitlines()[-1]
+    add.names = {}
+    yield add
+    for name in made:
+        invoke("keys.revoke", name)
+
+
+def post(key, body=CHAT, timeout=120):
+    """(status, JSON or text, headers) of a chat completion through the shared address."""
+    status, raw, headers = front_door("gateway01", "/v1/chat/completions", key, body, timeout=timeout, address=SHARED)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = raw.decode(errors="replace")
+    return status, data, {k.lower(): v for k, v in headers.items()}
+
+
+def client(key) -> openai.OpenAI:
+    """The official client as a user sets it up (its default retries), trusting the fleet CA."""
+    return openai.OpenAI(base_url=f"https://{SHARED}:8000/v1", api_key=key,
+                         http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(CA_FILE)), timeout=120))
+
+
+def clear_of_the_minute_turn(seconds: float):
+    """Limits count per minute of the clock: a test that needs ``seconds`` of one minute waits."""
+    left = 60 - time.time() % 60
+    if left < seconds:
+        time.sleep(left + 0.3)
+
+
+def at_once(n, fn):
+    out, lock = [], threading.Lock()
+
+    def one(i):
+        got = fn(i)
+        with lock:
+            out.append(got)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def prometheus(query: str) -> list[dict]:
+    out = ssh(MONITOR, f"curl -sS --max-time 10 -G --data-urlencode {shlex.quote('query=' + query)} "
+                       f"http://127.0.0.1:9090/api/v1/query").stdout
+    return json.loads(out)["data"]["result"]
+
+
+def holder() -> str:
+    from roles.shared_address.keepalived import holds, parse_addresses
+    for _ in range(150):
+        held = [g for g in GATEWAYS if holds(SHARED, parse_addresses(
+            sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout))]
+        if len(held) == 1:
+            return held[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no single holder of {SHARED}")
+
+
+def usage_of(key_name: str) -> dict:
+    proc = invoke("usage", "--key", key_name, "--json", "-")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_a_burst_of_200_gets_exactly_its_60_a_minute_and_the_openai_client_finishes_after_the_window(deployed, keys):
+    burst = keys("burst", "--requests-per-minute", "60")
+    patient = keys("sdk", "--requests-per-minute", "10")
+    clear_of_the_minute_turn(40)
+    answers = at_once(200, lambda i: post(burst))
+    statuses = [a[0] for a in answers]
+    assert statuses.count(200) == 60 and statuses.count(429) == 140, sorted(set(map(str, statuses)))
+    for _, body, headers in (a for a in answers if a[0] == 429):
+        assert body["error"]["code"] == "rate_limit_exceeded" and "60 requests of this minute" in body["error"]["message"]
+        assert 0 < int(headers["retry-after"]) <= 60 and headers["x-ratelimit-remaining-requests"] == "0"
+    assert sorted(int(a[2]["x-ratelimit-remaining-requests"]) for a in answers if a[0] == 200) == list(range(60))
+    # the official client, its default retries: 15 at once against 10 a minute all finish, the 5
+    # refused retried after Retry-After, in the next minute
+    sdk = client(patient)
+    left = 60 - time.time() % 60  # until the minute turns: what Retry-After says
+    done = at_once(15, lambda i: (time.monotonic(), sdk.chat.completions.create(**CHAT), time.monotonic()))
+    took = sorted(end - start for start, _, end in done)
+    assert len(done) == 15 and all(r.choices[0].message.content for _, r, _ in done)
+    first, retried = took[:10], took[10:]
+    assert max(first) < 15 and min(retried) >= left - 1 and max(retried) < left + 20, (left, took)
+    print(f"200 at once, 60 a minute: 60 answered, 140 refused (429, Retry-After); the OpenAI client's 15 "
+          f"against 10 a minute: all answered, the last 5 after {min(retried):.1f}-{max(retried):.1f} s "
+          f"(retried once the minute turned, {left:.1f} s on)")
+
+
+def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_records_agree(deployed, keys):
+    budget = keys("budget", "--tokens-per-day", "400")
+    name = keys.names["budget"]
+    sdk = client(budget)
+    received, answers = 0, 0
+    with pytest.raises(openai.RateLimitError) as refused:
+        for i in range(40):
+            if i % 2:
+                stream = sdk.chat.completions.create(**CHAT, stream=True)
+                usage = [chunk.usage for chunk in stream if chunk.usage][-1]
+            else:
+                usage = sdk.chat.completions.create(**CHAT).usage
+            received += usage.prompt_tokens + usage.completion_tokens
+            answers += 1
+    assert refused.value.code == "insufficient_quota" and refused.value.response.headers["x-should-retry"] == "false"
+    assert answers >= 4 and received >= 400
+    # the gateways' count, `invoke usage`, the request records and Prometheus: what the clients received
+    day = int(time.time()) // 86400
+    holding = holder()
+    table = ssh(holding, f"echo 'show table tokens_day key {name}:{day}' | curl -sS --unix-socket "
+                         f"/run/dgemma-gateway/admin.sock telnet://localhost").stdout
+    assert f"gpc0={received}" in table, table
+    usage = usage_of(name)
+    rows = [r for r in usage["usage"] if r["key"] == name]
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == received
+    assert sum(r["requests"] for r in rows) == answers + 1 and sum(r["refused"] for r in rows) == 1, rows
+    proc = invoke("logs", "--requests", "--key", name, "--json", "-")
+    records = json.loads(proc.stdout)["records"]
+    assert len(records) == answers + 1, "every request, the refused one once (the client did not retry it)"
+    served = [r for r in records if r["status"] == 200]
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in served) == received
+    for r in served:
+        assert r["pool"] == "diffusiongemma" and r["host"] and r["replica"] != "", r
+        # the settings of the replica that answered: the lab's (roles/service/defaults)
+        assert r["diffusion"]["canvas_length"] == "256" and r["diffusion"]["diffusion_entropy_bound"] == "0.1", r
+        assert r["diffusion"]["max_denoising_steps"] == "48" and "not reported per request" in r["diffusion"]["passes"]
+    assert [r for r in served if r["ttft_ms"] is not None], "the streams' time to first token"
+    deadline = time.monotonic() + 45
+    while True:  # scraped every 15 s
+        got = prometheus(f'sum(dgemma_usage_prompt_tokens_total{{key="{name}"}}) + '
+                         f'sum(dgemma_usage_completion_tokens_total{{key="{name}"}})')
+        if got and float(got[0]["value"][1]) == received:
+            break
+        assert time.monotonic() < deadline, (got, received)
+        time.sleep(3)
+    print(f"a key of 400 tokens a day: {answers} answers (streamed and not) received {received} tokens, then "
+          f"insufficient_quota (not retried); the gateways' table, invoke usage, the records and Prometheus "
+          f"all say {received}")
+
+
+def test_the_counts_carry_over_the_address_moving_a_reload_and_a_restart(deployed, keys):
+    counted = keys("carry", "--requests-per-minute", "30", "--tokens-per-day", "100000")
+    clear_of_the_minute_turn(50)
+    first = holder()
+    other = next(g for g in GATEWAYS if g != first)
+    spent = 0
+    for _ in range(10):
+        status, data, headers = post(counted)
+        assert status == 200 and headers["x-dgemma-gateway"] == first
+        spent += data["usage"]["total_tokens"]
+    time.sleep(1)  # the last answer's tokens reach the other gateway (the usage service, then HAProxy's peers)
+    link = config.host(first).veth  # its side of the lab network: a cable pulled
+    sh.run("ip", "link", "set", link, "down")
+    try:
+        deadline = time.monotonic() + 20
+        while holder() != other:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        status, _, headers = post(counted)
+        assert status == 200 and headers["x-dgemma-gateway"] == other
+        assert headers["x-ratelimit-remaining-requests"] == "19", "the 11th of this minute, counted on the other gateway"
+        assert 100000 - int(headers["x-ratelimit-remaining-tokens"]) == spent, "the first gateway's tokens came along"
+    finally:
+        sh.run("ip", "link", "set", link, "up")
+    # a reload (a key added: every gateway reloads) keeps them
+    keys("other")
+    status, _, headers = post(counted)
+    assert status == 200 and headers["x-ratelimit-remaining-requests"] == "18", headers
+    tokens_before_restart = 100000 - int(headers["x-ratelimit-remaining-tokens"])
+    # a restart of the gateway that serves: the usage service puts the day's counts back
+    serving = holder()
+    ssh(serving, "systemctl restart podman-dgemma-gateway.service")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            status, _, headers = post(counted, timeout=10)
+            if status == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the gateway did not answer after its restart"
+        time.sleep(0.5)
+    assert 100000 - int(headers["x-ratelimit-remaining-tokens"]) > tokens_before_restart
+    assert int(headers["x-ratelimit-remaining-requests"]) <= 17, headers
+    print(f"10 requests through {first}; its link cut: the 11th through {other} counted as the 11th of the "
+          f"minute with the tokens spent before; a reload and a restart of {serving} lost none")
+
+
+def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_another_key(deployed, keys):
+    webui = keys("webui", "--requests-per-minute", "2", "--front-end", "yes")
+    plain = keys("plain", "--requests-per-minute", "2")
+    clear_of_the_minute_turn(20)
+
+    def as_user(key, email):
+        body = dict(CHAT)
+        status, raw, _ = _post_with(key, body, {"X-OpenWebUI-User-Email": email})
+        return status
+
+    assert [as_user(webui, "ann@lab.org") for _ in range(3)] == [200, 200, 429]
+    assert [as_user(webui, "bob@lab.org") for _ in range(2)] == [200, 200]
+    assert [as_user(plain, f"u{i}@lab.org") for i in range(3)] == [200, 200, 429]
+    usage = usage_of(keys.names["webui"])
+    users = {r["user"]: r["requests"] for r in usage["usage"] if r["key"] == keys.names["webui"]}
+    assert users == {"ann@lab.org": 3, "bob@lab.org": 2}, usage
+
+
+def _post_with(key, body, headers):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"https://{SHARED}:8000/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                                          **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=60, context=ssl.create_default_context(cafile=str(CA_FILE))) as r:
+            return r.status, r.read(), r.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers

@@ -1,0 +1,456 @@
+"""Each key's limits and usage at the gateway, in real HAProxy (Debian's, as in the lab's image)
+with the gateway's own configuration, Lua and usage service: two gateways that share their
+counts (peers over TLS), before a stand-in front door that answers as vLLM does (usage in
+each answer, in every chunk of a stream). The lab's tests (tests/lab/test_lab_limits.py) do
+the same through the shared address, the real front doors and the OpenAI SDK."""
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.client import HTTPSConnection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from credentials import ca as fleet_ca
+from credentials.keys import digest
+from roles.gateway import limits
+from roles.gateway.accounting import Accounting, Peer, lua
+from roles.haproxy.config import Server, render_config, render_keys
+from roles.haproxy.instance import GATEWAY
+from roles.haproxy.pools import Pool, upstream
+from tests.conftest import ROOT
+
+SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
+DIFFUSION = "canvas_length=256 max_denoising_steps=48 diffusion_sampler=entropy_bound diffusion_entropy_bound=0.1"
+KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(requests_at_once=3),
+        "budget": limits.Limits(tokens_per_day=120), "old": limits.Limits(expires=1_000_000_000),
+        "g4only": limits.Limits(models=("gemma4",)), "owui": limits.Limits(requests_per_minute=3, front_end=True),
+        "plain": limits.Limits(requests_per_minute=3), "spender": limits.Limits(upstream=True),
+        "api_key_file": limits.UNLIMITED}
+
+
+class Quiet(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a client gone mid-answer (the gateway's checks, a cut stream)
+
+
+class Door(BaseHTTPRequestHandler):
+    """A front door as the gateway sees it: /health, and completions with vLLM's usage (streamed:
+    in every chunk, then a last chunk of its own), naming the replica and its diffusion settings."""
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self._send(200, b'{"status": "ok"}', "application/json")
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+        time.sleep(float(req.get("hold", 0)))
+        prompt = sum(len(str(m.get("content", "")).split()) for m in req.get("messages", [])) + 3
+        completion = int(req.get("max_tokens") or 5)
+        if not req.get("stream"):
+            body = {"choices": [{"message": {"content": "w " * completion}}],
+                    "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                              "completion_tokens": completion, "prompt_tokens_details": None}}
+            return self._send(200, json.dumps(body).encode(), "application/json")
+        self.send_response(200)
+        self._common("text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for i in range(completion):
+            usage = {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1}
+            self._chunk(f"data: {json.dumps({'choices': [{'delta': {'content': 'w '}}], 'usage': usage})}\n\n")
+            time.sleep(float(req.get("pace", 0)))
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        self._chunk(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _common(self, kind):
+        self.send_header("x-dgemma-pool", "diffusiongemma")
+        self.send_header("x-dgemma-replica", "1")
+        self.send_header("x-dgemma-diffusion", DIFFUSION)
+        self.send_header("content-type", kind)
+
+    def _chunk(self, text):
+        data = text.encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _send(self, status, body, kind):
+        self.send_response(status)
+        self._common(kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Gateway:
+    name: str
+    dir: Path
+    port: int
+    usage_port: int
+    proc: subprocess.Popen | None = None
+    service: subprocess.Popen | None = None
+
+    def ask(self, command: str) -> str:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(self.dir / "admin.sock"))
+            s.sendall(command.encode() + b"\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        return out.decode()
+
+    def table(self, name: str) -> dict[str, int]:
+        rows = {}
+        for line in self.ask(f"show table {name}").splitlines():
+            fields = dict(p.split("=", 1) for p in line.split() if "=" in p)
+            if "key" in fields:
+                rows[fields["key"]] = int(fields.get("gpc0", 0))
+        return rows
+
+    def counting(self) -> bool:
+        pid = next(line.split(":")[1].strip() for line in self.ask("show info").splitlines() if line.startswith("Pid:"))
+        return f"@counts:{pid}" in self.table("tokens_day")
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in (self.dir / "records.log").read_text().splitlines() if line.strip()]
+
+    def metrics(self) -> str:
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.usage_port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+
+class Fleet:
+    """Two gateways before one stand-in front door (and a dead one for the upstream's pool)."""
+
+    def __init__(self, tmp: Path):
+        if not shutil.which("haproxy"):
+            pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
+        self.tmp = tmp
+        self.door = Quiet(("127.0.0.1", 0), Door)
+        threading.Thread(target=self.door.serve_forever, daemon=True).start()
+        self.upstream = Quiet(("127.0.0.1", 0), Door)  # the external API, for spenders alone
+        threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
+        self.keys = {name: f"sk-{name}-key" for name in KEYS}
+        names = ("gateway01", "gateway02")
+        peer_ports = {n: _free_port() for n in names}
+        self.gateways = {n: Gateway(n, tmp / n, _free_port(), _free_port()) for n in names}
+        dead = _free_port()
+        for i, (name, gw) in enumerate(self.gateways.items()):
+            gw.dir.mkdir()
+            issued = fleet_ca.host_certificate(tmp, name, [name, "127.0.0.1"])
+            (gw.dir / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
+            (gw.dir / "ca.crt").write_text((tmp / "ca" / "ca.crt").read_text())
+            (gw.dir / "keys.map").write_text(limits.keys_map({n: digest(k) for n, k in self.keys.items()}))
+            (gw.dir / "limits.map").write_text(limits.limits_map(KEYS))
+            (gw.dir / "usage.lua").write_text(lua())
+            (gw.dir / "monitoring.sha256").write_text(render_keys({"monitoring": digest("sk-monitoring")}))
+            (gw.dir / "targets.json").write_text("[]\n")
+            (gw.dir / "upstream-keys.map").write_text("gemma4 sk-upstream\n")
+            account = Accounting(str(gw.dir / "usage.sock"), "/metrics/usage", gw.usage_port,
+                                 f"127.0.0.1:{peer_ports[name]}",
+                                 tuple(Peer(n, f"127.0.0.1:{peer_ports[n]}") for n in names))
+            pools = [Pool("diffusiongemma", ("diffusiongemma",), (Server("rtx01", f"127.0.0.1:{self.door.server_address[1]}"),)),
+                     Pool("gemma4", ("gemma4",), (Server("hgx01", f"127.0.0.1:{dead}"),),
+                          fallback=upstream({"url": f"http://127.0.0.1:{self.upstream.server_address[1]}/v1"}))]
+            config = render_config(name, {"api_host": "127.0.0.1", "api_port": gw.port}, [], "g1", proxy=GATEWAY,
+                                   files=str(gw.dir), socket=str(gw.dir / "admin.sock"),
+                                   admin=str(gw.dir / "admin-http.sock"), backend={"inter": "1s"}, pools=pools,
+                                   accounting=account)
+            config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
+            config = config.replace(f"127.0.0.1:{GATEWAY.metrics_port}", f"127.0.0.1:{_free_port()}")
+            (gw.dir / "haproxy.cfg").write_text(config)
+            self.start_service(gw)
+        self.context = ssl.create_default_context(cafile=str(tmp / "ca" / "ca.crt"))
+        for gw in self.gateways.values():
+            self.start_haproxy(gw)
+
+    def start_service(self, gw: Gateway):
+        gw.service = subprocess.Popen(
+            [sys.executable, str(SERVICE), "--socket", str(gw.dir / "usage.sock"), "--runtime-api",
+             str(gw.dir / "admin.sock"), "--state", str(gw.dir / "usage"), "--limits", str(gw.dir / "limits.map"),
+             "--listen", f"127.0.0.1:{gw.usage_port}", "--interval", "0.05", "--merge-every", "0.2"],
+            stdout=open(gw.dir / "records.log", "a"), stderr=open(gw.dir / "usage.err", "a"))
+        _until(lambda: (gw.dir / "usage.sock").exists(), "the usage service bound its socket")
+
+    def start_haproxy(self, gw: Gateway):
+        gw.proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(gw.dir / "haproxy.cfg")],
+                                   env={**os.environ, "GATEWAY_KEY": "sk-gateway"},
+                                   stdout=open(gw.dir / "haproxy.log", "a"), stderr=subprocess.STDOUT)
+        _until(lambda: self.call(gw.name, "GET", "/health")[0] == 200, f"{gw.name} answers")
+        _until(gw.counting, f"{gw.name}'s usage service marked its worker: it counts")
+
+    def connect(self, gateway: str = "gateway01", timeout: float = 30) -> HTTPSConnection:
+        return HTTPSConnection("127.0.0.1", self.gateways[gateway].port, context=self.context, timeout=timeout)
+
+    def call(self, gateway: str, method: str, path: str, key: str | None = None, body: dict | None = None,
+             headers: dict | None = None, timeout: float = 30, kept: HTTPSConnection | None = None):
+        """(status, the body as JSON or text, the headers with lower-case names); ``kept``: a
+        connection kept alive from one request to the next (as the OpenAI client's), else a new one."""
+        connection = kept or self.connect(gateway, timeout)
+        try:
+            connection.request(method, path, json.dumps(body) if body is not None else None,
+                               {**({"Authorization": f"Bearer {self.keys[key]}"} if key else {}), **(headers or {})})
+            resp = connection.getresponse()
+            raw = resp.read()
+        except OSError as exc:
+            return 0, repr(exc), {}
+        finally:
+            if kept is None:
+                connection.close()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = raw.decode(errors="replace")
+        return resp.status, data, {k.lower(): v for k, v in resp.getheaders()}
+
+    def chat(self, key: str, gateway: str = "gateway01", kept: HTTPSConnection | None = None, **body):
+        body.setdefault("messages", [{"role": "user", "content": "hello there"}])
+        return self.call(gateway, "POST", "/v1/chat/completions", key, body, headers=body.pop("headers", None),
+                         kept=kept)
+
+    def close(self):
+        for gw in self.gateways.values():
+            for proc in (gw.proc, gw.service):
+                if proc and proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(10)
+        self.door.shutdown()
+        self.upstream.shutdown()
+
+
+def _until(check, what: str, timeout: float = 15):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def _usage_of(data) -> int:
+    """What a client counts: the usage of a JSON answer, or the last usage of a stream."""
+    if isinstance(data, dict):
+        return data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"]
+    events = [json.loads(line[6:]) for line in data.splitlines() if line.startswith("data: {")]
+    usage = [e["usage"] for e in events if e.get("usage")][-1]
+    return usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def _clear_of_the_minute_turn(seconds: float = 15):
+    """Counts per minute of the clock: a test that needs one minute waits out the turn of one."""
+    left = 60 - time.time() % 60
+    if left < seconds:
+        time.sleep(left + 0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    made = Fleet(tmp_path_factory.mktemp("gateways"))
+    yield made
+    made.close()
+
+
+def test_a_burst_gets_exactly_its_requests_a_minute_and_the_rest_openais_429(fleet):
+    _clear_of_the_minute_turn()
+    answers = []
+    lock = threading.Lock()
+
+    def one():
+        got = fleet.chat("burst")
+        with lock:
+            answers.append(got)
+
+    threads = [threading.Thread(target=one) for _ in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(a[0] for a in answers)
+    assert statuses.count(200) == 60 and statuses.count(429) == 140, [a[1] for a in answers if a[0] not in (200, 429)]
+    refused = [a for a in answers if a[0] == 429]
+    for _, body, headers in refused:
+        assert body["error"]["code"] == "rate_limit_exceeded" and body["error"]["type"] == "requests"
+        assert "60 requests of this minute" in body["error"]["message"]
+        assert 0 < int(headers["retry-after"]) <= 60
+        assert headers["x-ratelimit-remaining-requests"] == "0" and headers["x-ratelimit-limit-requests"] == "60"
+    remaining = sorted(int(a[2]["x-ratelimit-remaining-requests"]) for a in answers if a[0] == 200)
+    assert remaining == list(range(60)), "each request that passed took the next place"
+    # the other gateway holds the same count: a request there is refused too
+    assert fleet.chat("burst", gateway="gateway02")[0] == 429
+
+
+def test_requests_at_once_never_more_than_the_limit(fleet):
+    held = []
+    threads = []
+    for _ in range(3):  # three long ones, one after the other: each takes a place
+        threads.append(threading.Thread(target=lambda: held.append(fleet.chat("calm", hold=2)[0])))
+        threads[-1].start()
+        time.sleep(0.15)
+    status, body, headers = fleet.chat("calm")
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded", body
+    assert "3 requests in flight" in body["error"]["message"] and headers["retry-after"] == "1"
+    for t in threads:
+        t.join()
+    assert held == [200, 200, 200]
+    assert fleet.chat("calm")[0] == 200, "the places are given back when the answers end"
+    # a burst: never more than three at once get through
+    burst = []
+    threads = [threading.Thread(target=lambda: burst.append(fleet.chat("calm", hold=1)[0])) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 1 <= burst.count(200) <= 3 and burst.count(200) + burst.count(429) == 12, burst
+
+
+def test_a_days_tokens_counted_from_vllms_usage_streamed_or_not_then_insufficient_quota(fleet):
+    spent, answers, last = 0, 0, 0
+    kept = fleet.connect()  # one connection, as the OpenAI client keeps: the next request finds the last counted
+    for i in range(20):
+        status, data, headers = fleet.chat("budget", stream=bool(i % 2), max_tokens=7, kept=kept)
+        if status != 200:
+            break
+        last = _usage_of(data)
+        spent += last
+        answers += 1
+    assert status == 429 and answers >= 2
+    assert data["error"]["code"] == "insufficient_quota" and data["error"]["type"] == "insufficient_quota"
+    assert headers["x-should-retry"] == "false" and headers["x-ratelimit-remaining-tokens"] == "0"
+    assert spent >= 120 and spent - last < 120, "the answer that crossed the limit was given, the next refused"
+    day = int(time.time()) // 86400
+    _until(lambda: fleet.gateways["gateway01"].table("tokens_day").get(f"budget:{day}") == spent,
+           "the table counts what the clients received")
+    _until(lambda: fleet.gateways["gateway02"].table("tokens_day").get(f"budget:{day}") == spent,
+           "the other gateway holds the same count")
+    assert fleet.chat("budget", gateway="gateway02")[0] == 429
+
+
+def test_an_expired_key_is_refused_as_a_wrong_one_and_a_model_it_may_not_use_named(fleet):
+    status, body, _ = fleet.chat("old")
+    assert status == 401 and body["error"]["code"] == "invalid_api_key" and "expired" in body["error"]["message"]
+    status, body, _ = fleet.chat("g4only", model="diffusiongemma")
+    assert status == 403 and body["error"]["code"] == "model_not_allowed", body
+    assert "`diffusiongemma`" in body["error"]["message"] and body["error"]["param"] == "model"
+    assert fleet.chat("g4only")[0] == 403, "no model named: the first pool's, which it may not use"
+    assert fleet.call("gateway01", "GET", "/v1/models", "g4only")[0] == 200
+
+
+def test_only_a_key_that_may_spend_reaches_the_external_upstream(fleet):
+    status, body, _ = fleet.chat("plain", model="gemma4")
+    assert status == 403 and body["error"]["code"] == "upstream_not_allowed", body
+    _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
+           "gemma4's pool is down: its requests go to the external API")
+
+
+def test_a_front_ends_users_count_apart_and_other_keys_user_headers_are_ignored(fleet):
+    _clear_of_the_minute_turn(8)
+    ann = [fleet.chat("owui", headers={"X-OpenWebUI-User-Email": "Ann@Lab.org"})[0] for _ in range(4)]
+    bob = [fleet.chat("owui", headers={"X-OpenWebUI-User-Email": "bob@lab.org"})[0] for _ in range(3)]
+    assert ann == [200, 200, 200, 429] and bob == [200, 200, 200]
+    _, body, _ = fleet.chat("owui", headers={"X-OpenWebUI-User-Email": "Ann@Lab.org"})
+    assert body["error"]["message"].startswith("owui/ann@lab.org has made its 3 requests")
+    # the same headers from a key that is no front end change nothing: the key counts as one
+    plain = [fleet.chat("plain", headers={"X-OpenWebUI-User-Email": f"u{i}@lab.org"})[0] for i in range(4)]
+    assert plain == [200, 200, 200, 429]
+
+
+def test_a_reload_and_a_restart_keep_the_days_tokens(fleet):
+    gw = fleet.gateways["gateway02"]
+    day = int(time.time()) // 86400
+    before = gw.table("tokens_day")
+    assert before.get(f"budget:{day}"), before
+    # this gateway's usage service has learned the count (it reads the table every 0.2 s)
+    _until(lambda: f'dgemma_key_tokens_today{{key="budget",user=""}} {before[f"budget:{day}"]}' in gw.metrics(),
+           "the usage service learned the other gateway's count")
+    os.kill(gw.proc.pid, signal.SIGUSR2)  # a reload (keys.add, a deploy)
+    # the new process answers at once; a request that would be counted is asked to come back (503,
+    # Retry-After: 1) until it holds the counts, never let through
+    started = time.monotonic()
+    refused = []
+    while time.monotonic() - started < 1.5:
+        status, _, headers = fleet.chat("budget", gateway="gateway02")
+        refused.append((status, headers.get("x-ratelimit-remaining-tokens")))
+    assert {s for s, _ in refused} <= {429, 503} and refused[-1][0] == 429, [r for r in refused if r[0] != 429]
+    assert gw.table("tokens_day")[f"budget:{day}"] == before[f"budget:{day}"]
+    # a restart, with the other gateway down too: the usage service puts the day's counts back
+    other = fleet.gateways["gateway01"]
+    for proc in (other.proc, gw.proc):
+        proc.terminate()
+        proc.wait(10)
+    fleet.start_haproxy(gw)
+    _until(lambda: gw.table("tokens_day").get(f"budget:{day}") == before[f"budget:{day}"],
+           "the usage service put the day's tokens back")
+    assert fleet.chat("budget", gateway="gateway02")[0] == 429
+    fleet.start_haproxy(other)
+
+
+def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_settings(fleet):
+    sent = [fleet.chat("spender", max_tokens=4), fleet.chat("spender", stream=True, max_tokens=6),
+            fleet.chat("spender", model="nope")]
+    assert [s[0] for s in sent] == [200, 200, 404]
+    gw = fleet.gateways["gateway01"]
+    _until(lambda: len([r for r in gw.records() if r["key"] == "spender" and r["model"] != "gemma4"]) == 3,
+           "a record for each request")
+    records = [r for r in gw.records() if r["key"] == "spender" and r["model"] != "gemma4"]
+    ok = records[:2]
+    assert [r["status"] for r in records] == [200, 200, 404]
+    assert [r["prompt_tokens"] + r["completion_tokens"] for r in ok] == [_usage_of(s[1]) for s in sent[:2]]
+    for r in ok:
+        assert r["pool"] == "diffusiongemma" and r["host"] == "rtx01" and r["replica"] == "1"
+        assert r["diffusion"]["diffusion_entropy_bound"] == "0.1" and r["diffusion"]["canvas_length"] == "256"
+        assert "not reported per request" in r["diffusion"]["passes"]
+        assert r["ms"] is not None
+    assert ok[0]["ttft_ms"] is None and ok[1]["ttft_ms"] is not None, "a stream's first token; a whole answer has none"
+    assert "sk-spender-key" not in (gw.dir / "records.log").read_text()
+
+    def counted():
+        metrics = gw.metrics()
+        line = next((m for m in metrics.splitlines()
+                     if m.startswith('dgemma_usage_completion_tokens_total{key="spender",user="",model="diffusiongemma"}')),
+                    "")
+        return line.endswith(" 10")
+    _until(counted, "Prometheus's figures count the completions (4 + 6)")
+    day_file = gw.dir / "usage" / f"{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+    _until(lambda: "nope" in json.loads(day_file.read_text())["usage"]["spender"], "the day's counts are saved")
+    saved = json.loads(day_file.read_text())["usage"]["spender"]
+    assert saved["diffusiongemma"]["completion_tokens"] == 10 and saved["nope"]["errors"] == 1
+    assert saved["gemma4"]["upstream_requests"] >= 1, "the external upstream's answers apart"
+
+
+def test_the_usage_service_reads_records_it_can_and_skips_the_rest():
+    sys.path.insert(0, str(SERVICE.parent))
+    try:
+        import usage_service
+    finally:
+        sys.path.remove(str(SERVICE.parent))
+    assert usage_service.record_of("127.0.0.1:1 [x] api~ b/s 0/0/0/0/0 200 no record here") is None
+    assert usage_service.record_of("line @record {not json") is None
+    r = usage_service.record_of('x @record {"t": "1795707444.8", "key": "owui", "user": "a@x.org", "model": "-", '
+                                '"pool": "gemma4", "fallback": "diffusiongemma", "host": "<NOSRV>", "status": "200", '
+                                '"prompt_tokens": "5", "completion_tokens": "-", "diffusion": "-"}')
+    assert r["subject"] == "owui/a@x.org" and r["host"] == "" and r["completion_tokens"] == 0
+    assert usage_service.family_of(r) == "diffusiongemma", "a fallback's request counts for the family asked"

@@ -128,9 +128,8 @@ def _gateways(play, hosts) -> list[str]:
 
 
 def _request_records(play, hosts, lines: int, key, since, json_target):
-    from converge.group import collect
     from converge.report import write_json
-    from day2.usage import UsageError, record_line, records_command, records_of
+    from day2.usage import UsageError, collect, record_line, records_command, records_of
     runs.writable(json_target)
     gateways = _gateways(play, hosts)
     try:
@@ -162,9 +161,8 @@ def usage(c, inventory=None, hosts=None, since=None, key=None, json=None, ask_be
     """Requests and tokens per key and model, summed over the gateways."""
     import datetime
 
-    from converge.group import collect
     from converge.report import write_json
-    from day2.usage import Usage, UsageError, since_day, table_lines, usage_command
+    from day2.usage import Usage, UsageError, collect, since_day, table_lines, usage_command
     runs.writable(json)
     try:
         first = since_day(since, datetime.datetime.now(datetime.timezone.utc).date())

@@ -76,26 +76,3 @@ def stream(connections: Connections, scripts: dict[str, str], on_line, on_error)
     except KeyboardInterrupt:
         pass
     return failed
-
-
-def collect(connections: Connections, scripts: dict[str, str], timeout: float = 60) -> tuple[dict[str, str], dict[str, str]]:
-    """Run each host's script at once; (each host's output, what went wrong on the others)."""
-    outputs: dict[str, str] = {}
-    problems: dict[str, str] = {}
-
-    def one(host):
-        try:
-            result = connections.get(host).run(scripts[host], timeout=timeout)
-            if result.rc != 0:
-                problems[host] = f"exit {result.rc}: {result.stderr.strip()[-400:]}"
-            else:
-                outputs[host] = result.stdout
-        except ConvergeError as exc:
-            problems[host] = str(exc)
-
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in scripts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outputs, problems

@@ -10,8 +10,10 @@ import datetime
 import json
 import re
 import shlex
+import threading
 from dataclasses import dataclass, field
 
+from converge.errors import ConvergeError
 from roles.gateway.accounting import RECORDS_IDENTIFIER, STATE_DIR
 
 DAY = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
@@ -155,3 +157,26 @@ def record_line(gateway: str, r: dict) -> str:
     return (f"{r.get('time', '?')} {gateway} {who} {r.get('model') or '-'} -> {answered} {where} "
             f"{r.get('status')} tokens {r.get('prompt_tokens')}+{r.get('completion_tokens')} ttft {ttft} "
             f"{r.get('ms')} ms{settings}")
+
+
+def collect(connections, scripts: dict[str, str], timeout: float = 60) -> tuple[dict[str, str], dict[str, str]]:
+    """Run each host's script at once; (each host's output, what went wrong on the others)."""
+    outputs: dict[str, str] = {}
+    problems: dict[str, str] = {}
+
+    def one(host):
+        try:
+            result = connections.get(host).run(scripts[host], timeout=timeout)
+            if result.rc != 0:
+                problems[host] = f"exit {result.rc}: {result.stderr.strip()[-400:]}"
+            else:
+                outputs[host] = result.stdout
+        except ConvergeError as exc:
+            problems[host] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in scripts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outputs, problems

@@ -27,7 +27,7 @@ from roles.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVA
 from roles.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                  render_upstream_keys, serving)
 
-from . import accounting, usage_steps
+from . import accounting, limits, usage_steps
 
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second
@@ -85,7 +85,11 @@ def keys_and_limits(ctx) -> tuple[dict[str, str], tuple]:
     """The accepted keys (name -> sha256) and the files of their names and limits (CredentialError
     or StepFailed when the key store cannot be read)."""
     accepted = tls.accepted_keys(ctx.name, ctx.vars, make=not ctx.check)
-    own = KeyStore(directory(ctx.vars)).limits()
+    store = KeyStore(directory(ctx.vars))
+    own = store.limits()
+    wrong = [p for name, mine in own.items() for p in limits.problems(mine, f"{store.path}: {name}.limits")]
+    if wrong:
+        raise CredentialError("; ".join(wrong) + ": set them again with invoke keys.set (or edit the file)")
     in_force = usage_steps.limits_in_force(own, accepted, ctx.vars.get("key_limits"))
     return accepted, usage_steps.map_files(ctx, accepted, in_force)
 

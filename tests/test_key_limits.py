@@ -1,0 +1,97 @@
+"""A key's limits as declared (roles/gateway/limits.py, the key store, `invoke keys.add` and
+`keys.set`): checked like the inventory, each error naming the limit; a key's own limits over
+the inventory's key_limits; what HAProxy reads of them (keys.map, limits.map, no secret); the
+front doors behind gateways take only keys that nothing limits."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from credentials import CredentialError
+from credentials.keys import KeyStore, digest
+from roles.gateway import limits
+from tests.conftest import ROOT
+
+
+def test_a_wrong_limit_is_named_with_what_is_wrong():
+    assert limits.problems({"requests_per_minute": 60, "models": ["diffusiongemma"]}, "x") == []
+    wrong = limits.problems({"requests_per_minute": -1, "models": ["Bad Name"], "tokens_per_day": 5_000_000_000,
+                             "colour": "red"}, "keys.json: bob.limits")
+    text = "\n".join(wrong)
+    assert "keys.json: bob.limits.requests_per_minute: -1 is less than the minimum of 0" in text
+    assert "bob.limits.models.0" in text and "bob.limits.tokens_per_day" in text and "'colour'" in text
+    assert limits.problems({"expires": "2026-13-40"}, "k") == ["k.expires: '2026-13-40' is not a date (month must be in 1..12)"]
+
+
+def test_a_keys_own_limits_over_the_inventorys_and_what_haproxy_reads():
+    defaults = {"requests_per_minute": 30, "tokens_per_day": 1000}
+    mine = limits.effective(defaults, {"requests_per_minute": 60, "models": ["gemma4"], "expires": "2027-01-01"})
+    assert (mine.requests_per_minute, mine.tokens_per_day, mine.models, mine.upstream) == (60, 1000, ("gemma4",), False)
+    assert mine.expires == 1798761600 and mine.limited
+    assert mine.word() == "60:0:1000:1798761600:,gemma4,:0:0"
+    assert limits.effective(None, None) == limits.Limits() and not limits.Limits(upstream=True).limited
+    assert limits.UNLIMITED.word() == "0:0:0:0:*:1:0"
+    assert "60/min" in mine.shown() and "expires 2027-01-01 00:00 UTC" in mine.shown()
+    text = limits.keys_map({"alice": digest("dgk-secret")}) + limits.limits_map({"alice": mine})
+    assert "dgk-secret" not in text and f"{digest('dgk-secret')} alice\n" in text and "alice 60:0:1000:" in text
+
+
+def test_behind_gateways_the_front_doors_take_only_the_keys_nothing_limits():
+    hashes = {"api_key_file": "a", "alice": "b", "bob": "c", "webui": "d"}
+    own = {"alice": {"requests_per_minute": 5}, "webui": {"front_end": True, "upstream": True}}
+    assert limits.unlimited_only(hashes, own, {}) == {"api_key_file": "a", "bob": "c", "webui": "d"}
+    # the inventory limiting every key: only its own key (the operator's) is left to the front doors
+    assert limits.unlimited_only(hashes, own, {"tokens_per_day": 10}) == {"api_key_file": "a"}
+
+
+def test_the_key_store_keeps_a_keys_limits_and_changes_them(tmp_path):
+    store = KeyStore(tmp_path)
+    store.add("alice", {"requests_per_minute": 60})
+    store.add("bob")
+    assert store.limits() == {"alice": {"requests_per_minute": 60}, "bob": {}}
+    assert store.set_limits("alice", {"tokens_per_day": 500}) == {"requests_per_minute": 60, "tokens_per_day": 500}
+    assert store.set_limits("alice", {}, cleared=("requests_per_minute",)) == {"tokens_per_day": 500}
+    assert store.set_limits("alice", {}, cleared=("tokens_per_day",)) == {}
+    assert "limits" not in json.loads((tmp_path / "keys.json").read_text())["alice"]
+    with pytest.raises(CredentialError, match="no key named carol .*alice, bob"):
+        store.set_limits("carol", {"requests_per_minute": 1})
+
+
+def _invoke(*args, inventory):
+    env = {**os.environ, "DGEMMA_INVENTORY": str(inventory)}
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _inventory(tmp_path, gateway: bool):
+    inventory = tmp_path / "inventory"
+    inventory.mkdir(parents=True)
+    hosts = {"all": {"vars": {"credentials_dir": str(tmp_path / "credentials")},
+                     "children": {"rtx": {"hosts": {"rtx01": {"ansible_host": "127.0.0.1"}}}}}}
+    if gateway:
+        hosts["all"]["children"]["gateway"] = {"hosts": {"gateway01": {"ansible_host": "127.0.0.2"}}}
+    (inventory / "hosts.yml").write_text(json.dumps(hosts))
+    return inventory
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--requests-per-minute", "sixty"], "--requests-per-minute sixty: expected a whole number"),
+    (["--models", "diffusiongemma,llama"], "--models diffusiongemma,llama: llama is no model family"),
+    (["--upstream", "maybe"], "--upstream maybe: expected yes or no"),
+    (["--expires", "tomorrow"], "--expires: 'tomorrow' does not match"),
+    (["--tokens-per-day", "9000000000"], "--tokens-per-day: 9000000000 is greater than the maximum of 4000000000"),
+])
+def test_keys_add_refuses_a_wrong_limit_naming_the_option_and_makes_no_key(tmp_path, args, said):
+    inventory = _inventory(tmp_path, gateway=True)
+    proc = _invoke("keys.add", "bob", *args, inventory=inventory)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "credentials" / "keys.json").exists()
+
+
+def test_limits_without_a_gateway_are_refused_and_set_needs_a_change(tmp_path):
+    proc = _invoke("keys.add", "bob", "--requests-per-minute", "5", inventory=_inventory(tmp_path, gateway=False))
+    assert proc.returncode == 2 and "enforced by the gateways, and this inventory has none" in proc.stderr
+    proc = _invoke("keys.set", "bob", inventory=_inventory(tmp_path / "g", gateway=True))
+    assert proc.returncode == 2 and "nothing to change" in proc.stderr

@@ -42,8 +42,10 @@ def test_status_shows_the_fleet_and_drift(deployed, lab_copy, tmp_path):
     (lab_copy / "host_vars" / "rtx01.yml").write_text("max_num_seqs: 3\ndiffusion_entropy_bound: 0.2\n")
     invoke("status", "--hosts", "rtx01", "--json", out, inventory=lab_copy)
     rtx = json.loads(out.read_text())["hosts"]["rtx01"]
-    # the roll, and the replica's settings as the metrics label them (dgemma_replica_info)
-    assert rtx["drift"] == ["service: rolling restart", "exporters: placement textfile"]
+    # the roll, the front door's diffusion header for the replica (X-Dgemma-Diffusion) and the
+    # replica's settings as the metrics label them (dgemma_replica_info)
+    assert rtx["drift"] == ["service: rolling restart", "frontdoor: front door configuration",
+                            "frontdoor: front door answering", "exporters: placement textfile"]
     # what runs, not what the inventory now says: the new bound is in force once it has rolled
     assert rtx["replicas"][0]["diffusion"] == defaults
 

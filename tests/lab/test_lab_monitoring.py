@@ -328,7 +328,7 @@ def test_render_prometheus_gives_the_targets_our_prometheus_found(monitored):
     part = text.split("# ---- /etc/prometheus/dgemma/targets.json\n", 1)[1].split("\n# ---- ", 1)[0]
     rendered = {(g["labels"]["host"], g["labels"]["__metrics_path__"]) for g in json.loads(part)}
     found = {(t["labels"]["host"], t["discoveredLabels"]["__metrics_path__"]) for t in targets()
-             if t["labels"]["job"] in ("vllm", "frontdoor", "gateway", "node") and t["labels"]["host"] != MONITOR}
+             if t["labels"]["job"] in ("vllm", "frontdoor", "gateway", "usage", "node") and t["labels"]["host"] != MONITOR}
     assert rendered == found, (rendered ^ found)
     assert monitoring_key() not in text and "monitoring.key" in text
 

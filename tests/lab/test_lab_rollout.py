@@ -223,8 +223,10 @@ def test_a_streaming_request_in_flight_on_a_draining_replica_completes(fleet):
     reader.join(120)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert got.get("status") == 200 and got["body"].rstrip().endswith("data: [DONE]"), str(got)[-500:]
-    tokens = sum(len(json.loads(line[6:])["choices"][0]["delta"].get("content", "").split())
-                 for line in got["body"].splitlines() if line.startswith("data: {"))
+    chunks = [json.loads(line[6:]) for line in got["body"].splitlines() if line.startswith("data: {")]
+    # the last chunk is vLLM's usage alone (choices: []), as --enable-force-include-usage has it
+    tokens = sum(len(c["choices"][0]["delta"].get("content", "").split()) for c in chunks if c["choices"])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 51200
     assert tokens == 51200
     message = rolled(data)[0]["message"]
     drained = float(re.search(r"drained in ([0-9.]+) s", message).group(1))
@@ -367,22 +369,6 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
 
 # last: it leaves rtx01's front door configured for a fleet without a gateway (the module's
 # fixture deploys the lab's own inventory again after it)
-def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_was_down(fleet, lab_copy):
-    import yaml
-    hosts = yaml.safe_load((lab_copy / "hosts.yml").read_text())
-    del hosts["all"]["children"]["gateway"]  # an inventory with no gateway: each host its own endpoint
-    (lab_copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    (lab_copy / "group_vars" / "gateway.yml").unlink(missing_ok=True)
-    proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=3", inventory=lab_copy)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    message = rolled(data)[0]["message"]
-    assert "gate passed (the front door" in message and "rtx01 served no request while it restarted" in message, message
-    assert running_settings("rtx01") == {8100: "3"}
-    assert not drained_anywhere()
-    proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
-    assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)
-
-
 # a stand-in for the front door's admin page that answers as HAProxy's stats page does when it
 # refuses an action (a redirect to ;st=DENY), for putting REFUSED back in service alone; every
 # other request goes to the real page. It listens where the roll asks, in front of the page.
@@ -457,3 +443,21 @@ def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and
     mend = invoke("recover", "--hosts", "rtx01", "--replica", "0")
     assert mend.returncode == 0, mend.stdout[-3000:]
     assert drained_anywhere() == {}
+
+
+# last of the module: rtx01's front door, deployed from an inventory with no gateway, refuses the
+# gateways' key until the fleet fixture deploys the lab's own inventory again
+def test_without_a_gateway_a_lone_replica_is_still_gated_and_the_report_says_it_was_down(fleet, lab_copy):
+    import yaml
+    hosts = yaml.safe_load((lab_copy / "hosts.yml").read_text())
+    del hosts["all"]["children"]["gateway"]  # an inventory with no gateway: each host its own endpoint
+    (lab_copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (lab_copy / "group_vars" / "gateway.yml").unlink(missing_ok=True)
+    proc, data = deploy_json("--hosts", "rtx01", "--set", "max_num_seqs=3", inventory=lab_copy)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    message = rolled(data)[0]["message"]
+    assert "gate passed (the front door" in message and "rtx01 served no request while it restarted" in message, message
+    assert running_settings("rtx01") == {8100: "3"}
+    assert not drained_anywhere()
+    proc, data = deploy_json("--hosts", "rtx01", "--check", inventory=lab_copy)  # the lab's own setting again
+    assert "1 replica of the fleet" not in json.dumps(data) and "one replica of this host at a time" in json.dumps(data)

@@ -18,7 +18,7 @@ from roles.gateway.accounting import USAGE_PORT
 from roles.haproxy.instance import FRONTDOOR, GATEWAY
 from roles.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
 from roles.replicas import replica, shell_functions, unit_globs
-from roles.service.serve import diffusion_in_force
+from roles.service.serve import diffusion_in_force, generation_in_force
 
 from . import exposition
 
@@ -60,7 +60,8 @@ class ServiceProbe(Fact):
             # the command line it runs ("-": no process), base64 of its NUL-separated words
             argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded != "-" else []
             found[int(index)] = {"container": container, "health": "" if health == "-" else health,
-                                 "load": parse_load(load), "diffusion": diffusion_in_force(argv)}
+                                 "load": parse_load(load), "diffusion": diffusion_in_force(argv),
+                                 "generation": generation_in_force(argv)}
         return found
 
 

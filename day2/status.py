@@ -48,6 +48,8 @@ def status_role() -> Role:
                 "gpus": [g.get("index") for g in used],
                 # the diffusion settings it runs with now (its process's command line)
                 "diffusion": probe.get("diffusion"),
+                # and its defaults for requests that set none (--override-generation-config)
+                "generation": probe.get("generation"),
                 # its load now: requests running and waiting, KV cache (vLLM's /metrics)
                 "load": probe.get("load"),
                 "since": unit.get("ActiveEnterTimestampMonotonic"),

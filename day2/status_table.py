@@ -91,7 +91,9 @@ def print_status(data, console):
             table.add_row(label, f"[{colour}]{state}[/{colour}]", r.get("container") or "",
                           "200" if r.get("health") == "200" else f"[red]{r.get('health')}[/red]",
                           _door(r.get("frontdoor")), load_text(r.get("load")),
-                          (r.get("model") or h.get("model") or "-").split("/")[-1], diffusion_text(r.get("diffusion")),
+                          "\n".join(filter(None, [(r.get("model") or h.get("model") or "-").split("/")[-1],
+                                                   generation_text(r.get("generation"))])),
+                          diffusion_text(r.get("diffusion")),
                           image if n == 0 else "", mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
     if table.row_count:  # a status of the gateways alone has no replica to show
@@ -151,6 +153,15 @@ def print_alerts(data, console):
     console.print(table)
 
 
+def generation_text(settings: dict | None, sep: str = " ") -> str:
+    """A replica's generation defaults in force: ``max_new_tokens none temperature 0.7``; ""
+    when its command line sets none (the checkpoint's own)."""
+    if not settings:
+        return ""
+    words = [f"{k}{sep}{'none' if v is None else v}" for k, v in settings.items()]
+    return (" " if sep == " " else ",").join(words)
+
+
 def diffusion_text(settings: dict | None, sep: str = " ") -> str:
     """The diffusion settings in force: ``canvas 256 steps 48 entropy_bound 0.1`` (the
     sampler's own bound, named by the sampler), or ``-`` when the replica runs none."""
@@ -197,7 +208,8 @@ def print_lines(data, console):
             say(f"{label} unit={r.get('unit_state', '?')} container={r.get('container') or '-'} "
                 f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} "
                 f"load={load_text(r.get('load'), words=False)} model={model} "
-                f"diffusion={diffusion_text(r.get('diffusion'), ':')} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
+                f"diffusion={diffusion_text(r.get('diffusion'), ':')} "
+                f"defaults={generation_text(r.get('generation'), ':') or '-'} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
                 f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
     for host, h in data["hosts"].items():
         if "gateway_servers" not in h:

@@ -62,6 +62,7 @@ def _extras(arch: str, cold_start: float) -> Path:
     share.mkdir(parents=True)
     shutil.copy2(config.HERE / "stubs" / "vllm-serve-options.txt", share / "serve-options.txt")
     shutil.copy2(config.HERE / "stubs" / "vllm-routes.txt", share / "routes.txt")
+    shutil.copy2(config.HERE / "stubs" / "vllm_chat.py", share / "vllm_chat.py")  # the stand-in imports it
     (share / "arch").write_text(arch + "\n")
     (share / "cold-start").write_text(f"{cold_start}\n")
     return extras
@@ -69,7 +70,7 @@ def _extras(arch: str, cold_start: float) -> Path:
 
 def _fingerprint(arch: str, cold_start: float) -> str:
     digest = hashlib.sha256(f"{IMAGE_VERSION} {arch} {cold_start} {rootfs.BASE_VERSION}".encode())
-    for name in ("vllm", "vllm-serve-options.txt", "vllm-routes.txt"):
+    for name in ("vllm", "vllm_chat.py", "vllm-serve-options.txt", "vllm-routes.txt"):
         digest.update((config.HERE / "stubs" / name).read_bytes())
     return digest.hexdigest()[:16]
 

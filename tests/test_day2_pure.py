@@ -145,6 +145,7 @@ def test_the_status_probe_reads_each_replicas_command_line():
     out = ServiceProbe({}).process(f"0 running 200 2,1,0.0125 {base64.b64encode(raw).decode()}\n"
                                    f"1 exited 000 - -\n", 0)
     assert out[0]["health"] == "200" and out[0]["diffusion"]["max_denoising_steps"] == 48
+    assert out[0]["generation"] == {"max_new_tokens": None}  # its --override-generation-config
     # its load from vLLM's /metrics: two running, one waiting, the KV cache 1.25% full
     assert out[0]["load"] == {"running": 2, "waiting": 1, "kv_cache_usage": 0.0125}
-    assert out[1] == {"container": "exited", "health": "000", "load": None, "diffusion": None}
+    assert out[1] == {"container": "exited", "health": "000", "load": None, "diffusion": None, "generation": None}

@@ -585,3 +585,49 @@ def test_a_roll_taking_a_pools_last_replicas_raises_its_flag_first(front_door_of
     assert door("/v1/chat/completions", "Bearer alice-key", body={"model": "gemma4"})[0] == 200
     assert _roll_shell(door, 0, "pool_flag gemma4 maint && raised_pool_flags") == ""
     assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 200
+
+
+@pytest.fixture(params=[False, True], ids=["header", "refuse"])
+def front_door_naming_ignored(tmp_path, request):
+    """hgx01's kind of host, with the catalog's ignored_parameters on each family's pool, as the
+    front door role sets them (ignored_parameters: header, or refuse)."""
+    from dataclasses import replace
+
+    from roles import catalog
+    from roles.haproxy.pools import frontdoor_pools
+
+    def pools(servers):
+        made = frontdoor_pools({"replica0": "diffusiongemma", "replica1": "gemma4"},
+                               {"diffusiongemma": "diffusiongemma", "gemma4": "gemma4"}, servers)
+        families = catalog.models()["families"]
+        return [replace(p, ignored=tuple(families[p.name].get("ignored_parameters") or ()),
+                        refuse_ignored=request.param) for p in made]
+    door = _front_door(tmp_path, 2, pools)
+    call = next(door)
+    call.refuse = request.param
+    yield call
+    next(door, None)
+
+
+def test_a_parameter_the_model_ignores_is_named_on_the_answer_or_refused(front_door_naming_ignored):
+    """DiffusionGemma's penalties (seed 000: "penalty-family parameters are ignored"): the
+    answer says so, or the request is refused naming the parameter; Gemma 4 applies them."""
+    door, key = front_door_naming_ignored, "Bearer alice-key"
+    time.sleep(2.5)
+    body = {"model": "diffusiongemma", "messages": [], "presence_penalty": 0.5, "frequency_penalty": 0.2}
+    status, answer, headers = door("/v1/chat/completions", key, body=body)
+    if door.refuse:
+        assert status == 400 and answer["error"]["type"] == "BadRequestError", answer
+        assert answer["error"]["param"] in ("frequency_penalty", "presence_penalty")
+        assert "diffusiongemma ignores it" in answer["error"]["message"]
+    else:
+        assert status == 200 and sorted(headers.get_all("x-dgemma-ignored-parameters")) == \
+            ["frequency_penalty", "presence_penalty"]
+    # no model named: the first pool's (DiffusionGemma's) too
+    status, _, headers = door("/v1/chat/completions", key, body={"messages": [], "repetition_penalty": 1.1})
+    assert (status, headers.get("x-dgemma-ignored-parameters")) == ((400, None) if door.refuse else (200, "repetition_penalty"))
+    # what it applies is not named; Gemma 4 applies the penalties
+    for body in ({"model": "diffusiongemma", "messages": [], "temperature": 0.3},
+                 {"model": "gemma4", "messages": [], "presence_penalty": 0.5}):
+        status, _, headers = door("/v1/chat/completions", key, body=body)
+        assert status == 200 and headers.get("x-dgemma-ignored-parameters") is None, body

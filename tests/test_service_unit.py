@@ -136,3 +136,34 @@ def test_replica_units_are_told_from_other_units():
                                                                        "ActiveState": "active"}}
     assert installed(v, units)[2][0].unit == "docker-dg-gemma4-2.service"
     assert installed(v, {}) == {}
+
+
+def test_generation_defaults_per_family_go_on_the_serve_line_over_the_catalogs():
+    """The catalog's max_new_tokens null (no 256 cap) unless the inventory sets the family's own."""
+    v = {**hostvars("rtx01"), "generation_defaults": {"diffusiongemma": {"top_p": 0.95, "max_new_tokens": 2048,
+                                                                         "temperature": 0.7}}}
+    dg = serve_args(v, NVFP4, 0.7, 1, 8100)
+    assert dg[dg.index("--override-generation-config") + 1] == \
+        '{"max_new_tokens": 2048, "temperature": 0.7, "top_p": 0.95}'  # one order, whatever the inventory's
+    g4 = serve_args(v, "google/gemma-4-26B-A4B-it", 0.9, 1, 8101, family="gemma4")
+    assert json.loads(g4[g4.index("--override-generation-config") + 1]) == {"max_new_tokens": None}
+    from roles.service.serve import generation_in_force
+    assert generation_in_force(["vllm", "serve", "m", *dg[1:]]) == {"max_new_tokens": 2048, "temperature": 0.7,
+                                                                    "top_p": 0.95}
+    assert generation_in_force(["vllm", "serve", "m"]) is None
+
+
+def test_generation_defaults_are_checked_naming_file_line_and_key(tmp_path):
+    import shutil
+    inv = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventory", inv)
+    (inv / "host_vars" / "rtx01.yml").write_text(
+        "generation_defaults:\n  diffusiongemma:\n    temperature: 3\n    max_tokens: 10\n")
+    found = "\n".join(Play.load(str(inv), roles.schemas(), roles.defaults(), []).problems())
+    assert "host_vars/rtx01.yml:3: generation_defaults.diffusiongemma.temperature: 3 is greater than the maximum 2" in found
+    assert "host_vars/rtx01.yml:2: generation_defaults.diffusiongemma: Additional properties are not allowed " \
+           "('max_tokens' was unexpected)" in found
+    from roles.preflight.declared import declared
+    from roles.preflight.select import Refused
+    with pytest.raises(Refused, match=r"generation_defaults.gemma5: 'gemma5' is not in the model catalog"):
+        declared({"generation_defaults": {"gemma5": {"temperature": 0.5}}})

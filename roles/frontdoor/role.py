@@ -13,7 +13,7 @@ from converge.facts.nvidia import Dcgm
 from credentials import CredentialError, directory
 from credentials.keys import KeyStore
 
-from roles import scrape_targets
+from roles import catalog, scrape_targets
 from roles.fleet import is_serving
 from roles.handoffs import FRONTDOOR_GENERATION, UNITS
 from roles.replicas import installed, replica, server_index
@@ -66,7 +66,11 @@ def pools(ctx, replicas: list[Server]) -> list:
         running = pools_in_config((ctx.facts.get("frontdoor_config") or {}).get("content") or "")
         families = {s.name: running.get(s.name, DEFAULT_FAMILY) for s in replicas}
     aliases = {f: served_name(f, v) for f in set(families.values())}
-    return [replace(pool, queue=queue_rule(v, pool.name)) for pool in frontdoor_pools(families, aliases, replicas)]
+    families_info = catalog.models()["families"]
+    return [replace(pool, queue=queue_rule(v, pool.name),
+                    ignored=tuple(families_info.get(pool.name, {}).get("ignored_parameters") or ()),
+                    refuse_ignored=v.get("ignored_parameters", "header") == "refuse")
+            for pool in frontdoor_pools(families, aliases, replicas)]
 
 
 DIFFUSION_HEADER = re.compile(r'set-header X-Dgemma-Diffusion "([^"]*)" if \{ srv_name -m str (\S+) \}')

@@ -26,6 +26,10 @@ class Pool:
     # a front door's, when the family falls back on a queue (after_queued_s): {"limit": requests
     # each replica takes at once, "after_s": how long the queue may be busy before /health says full}
     queue: dict | None = None
+    # a front door's: the sampling parameters the family takes and does not apply (the catalog's
+    # ignored_parameters), named on the answer (X-Dgemma-Ignored-Parameters) or, refuse, a 400
+    ignored: tuple = ()
+    refuse_ignored: bool = False
 
 
 def default_first(families) -> list[str]:

@@ -39,11 +39,15 @@ def declared(hostvars: dict) -> list[Declared]:
     """The host's entries, in the order they take GPUs: named GPUs first, then counts (in
     inventory order), then the one that takes the rest. Refused with the entry's key when an
     entry names a family the catalog lacks, or two take the rest."""
+    families = catalog.models()["families"]
+    for family in hostvars.get("generation_defaults") or {}:
+        if family not in families:
+            raise Refused(f"generation_defaults.{family}: {family!r} is not in the model catalog "
+                          f"(roles/catalog/models.yml); it has {', '.join(families)}")
     entries = hostvars.get("models")
     if not entries:
         return [Declared(DEFAULT_FAMILY, hostvars.get("gpus", "all"), hostvars.get("model"),
                          hostvars.get("quantization", "auto"))]
-    families = catalog.models()["families"]
     out, seen = [], set()
     for i, entry in enumerate(entries):
         where = f"models[{i}]"

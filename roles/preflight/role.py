@@ -11,7 +11,7 @@ from converge.facts.nvidia import NvidiaSmi
 from roles.fleet import is_serving
 from roles.handoffs import CHOICE
 from roles.service.nixos import module_path
-from roles.service.serve import diffusion_wanted
+from roles.service.serve import diffusion_wanted, generation_wanted
 from roles.replicas import from_container, units_of
 from roles.serving_host import UNITS_FACT, units_fact
 
@@ -172,6 +172,9 @@ def summary(ctx) -> dict:
     out["choice"] = choice.as_dict() if choice else None
     # what a replica of this host is started with (inventory, group_vars, role defaults)
     out["diffusion"] = diffusion_wanted(ctx.vars)
+    # each family's defaults for requests that set none (catalog, then generation_defaults)
+    families = [r["family"] for r in (choice.as_dict().get("replicas") or [])] if choice else []
+    out["generation"] = {f: generation_wanted(ctx.vars, f) for f in dict.fromkeys(families or ["diffusiongemma"])}
     return out
 
 

@@ -49,6 +49,10 @@ def print_tables(report, data: dict, console):
                                            f"{d['diffusion_sampler']} {d['diffusion_entropy_bound']}",
                               "canvas_length, max_denoising_steps, diffusion_sampler, diffusion_entropy_bound "
                               "(set per host or group); invoke status shows each replica's in force")
+            for family, settings in (info.get("generation") or {}).items():
+                text = ", ".join(f"{k} {'none' if v is None else v}" for k, v in settings.items()) or "the checkpoint's"
+                table.add_row(f"{family} defaults", text, "generation_defaults (catalog, then inventory): "
+                                                          "for requests that set none")
             for replica in choice.get("replicas", []):
                 gpus = ", ".join(f"{i} ({u})" for i, u in zip(replica["gpu_indices"], replica["gpus"]))
                 tp = f", tensor parallel {replica['tensor_parallel_size']}" if replica["tensor_parallel_size"] > 1 else ""

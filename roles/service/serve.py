@@ -52,8 +52,9 @@ def serve_args(v: dict, model: str, utilization: float, tensor_parallel_size: in
     args += ["--enable-auto-tool-choice",
              "--tool-call-parser", v.get("tool_call_parser", "gemma4"),
              "--reasoning-parser", v.get("reasoning_parser", "gemma4"),
-             # vLLM's default max_tokens is otherwise 256 (seed 000)
-             "--override-generation-config", dumps({"max_new_tokens": None}),
+             # the family's defaults for requests that set none; max_new_tokens null lifts the
+             # checkpoint's 256 (seed 000: answers cut mid-sentence), as vLLM's get_diff_sampling_param reads it
+             "--override-generation-config", dumps(generation_wanted(v, family)),
              "--default-chat-template-kwargs", dumps({"enable_thinking": v.get("enable_thinking", True)}),
              "--enable-chunked-prefill"]
     if v.get("force_include_usage", True):
@@ -83,6 +84,38 @@ def diffusion_wanted(v: dict) -> dict:
     return {"canvas_length": v.get("canvas_length", 256), "max_denoising_steps": v.get("max_denoising_steps", 48),
             "diffusion_sampler": v.get("diffusion_sampler", "entropy_bound"),
             "diffusion_entropy_bound": v.get("diffusion_entropy_bound", 0.1)}
+
+
+GENERATION_SETTINGS = ("max_new_tokens", "temperature", "top_p")
+
+
+def generation_wanted(v: dict, family: str = DEFAULT_FAMILY) -> dict:
+    """A family's generation defaults (--override-generation-config): the catalog's for the
+    family, the inventory's ``generation_defaults`` for it over them, in a steady order."""
+    own = {**(catalog.models()["families"].get(family, {}).get("generation_defaults") or {}),
+           **((v.get("generation_defaults") or {}).get(family) or {})}
+    return {k: own[k] for k in GENERATION_SETTINGS if k in own}
+
+
+def generation_in_force(argv: list[str]) -> dict | None:
+    """The generation defaults a running replica was started with: its command line's last
+    --override-generation-config (None: it has none, vLLM's checkpoint defaults)."""
+    found = None
+    for i, arg in enumerate(argv):
+        flag, sep, value = arg.partition("=")
+        if flag != "--override-generation-config":
+            continue
+        if not sep:
+            if i + 1 >= len(argv):
+                continue
+            value = argv[i + 1]
+        try:
+            data = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            found = data
+    return found
 
 
 def diffusion_in_force(argv: list[str]) -> dict | None:

@@ -13,13 +13,15 @@ setup() {
   # the tests evaluate the NixOS modules with Debian's Nix (nix-instantiate), run the front door's
   # configuration in Debian's HAProxy (the lab's image has the same one), and check the monitoring
   # configuration and rules with Debian's promtool and amtool (the lab's images run the same versions),
-  # and watch `invoke top` in tmux; the programs the roles run on hosts pass shellcheck
+  # and watch `invoke top` in tmux; the programs the roles run on hosts pass shellcheck; Open WebUI
+  # is driven in Debian's Chromium (Playwright cannot download a browser here)
   if [ "${1:-}" = test ] && { ! command -v nix-instantiate >/dev/null || ! command -v haproxy >/dev/null \
                               || ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
-                              || ! command -v tmux >/dev/null || ! command -v shellcheck >/dev/null; }; then
+                              || ! command -v tmux >/dev/null || ! command -v shellcheck >/dev/null \
+                              || ! command -v chromium >/dev/null; }; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin haproxy prometheus \
-      prometheus-alertmanager tmux shellcheck
+      prometheus-alertmanager tmux shellcheck chromium
   fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv

@@ -100,7 +100,7 @@ def recover(c, inventory=None, hosts=None, json=None, set=None, ask_become_pass=
                                         "time to first token, the replica's diffusion settings)",
                             "key": "with --requests: one key's requests alone",
                             "since": "with --requests: from then on, as journalctl takes it (2026-11-26 10:00, "
-                                     "today, '2 hours ago')",
+                                     "today, '2 hours ago', 30m, 2h)",
                             "json": "with --requests: the records as JSON to FILE ('-' for standard output)",
                             "ask_become_pass": runs.HELP["ask_become_pass"]})
 def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=False, replica=None, requests=False,

@@ -28,7 +28,25 @@ def endpoints(hostvars: dict[str, dict], gateway: dict[str, dict] | None = None)
     gateway_url = next((_url(n, v, v.get("gateway_address")) for n, v in (gateway or {}).items()), None)
     return {"gateway": gateway_url, "ca_file": str(ca_paths(directory(any_vars))[0]),
             "hosts": [{"host": name, "url": _url(name, v)} for name, v in hostvars.items()
-                      if v.get("state", "started") == "started"]}
+                      if v.get("state", "started") == "started"],
+            "task_model": task_model(hostvars)}
+
+
+def task_model(hostvars: dict[str, dict]) -> str | None:
+    """The name of an autoregressive family the fleet serves (Gemma 4), or None: Open WebUI's
+    own short tasks (a chat's title, tags, follow-ups) go to it, since a diffusion model pays a
+    whole 256-token canvas for each few-word answer."""
+    from roles.preflight.declared import declared, is_diffusion, served_name
+    from roles.preflight.select import Refused
+    for v in hostvars.values():
+        try:
+            families = [e.family for e in declared(v)]
+        except (Refused, KeyError):
+            continue
+        for family in families:
+            if not is_diffusion(family):
+                return served_name(family, v)
+    return None
 
 
 def api_key(hostvars: dict[str, dict], show: bool) -> tuple[str, str | None]:
@@ -45,11 +63,18 @@ def api_key(hostvars: dict[str, dict], show: bool) -> tuple[str, str | None]:
 
 
 def open_webui_lines(doc: dict, key: str) -> str:
+    """Open WebUI's environment (0.12, what tests/lab/test_lab_open_webui.py runs it with)."""
     urls = [doc["gateway"]] if doc["gateway"] else [h["url"] for h in doc["hosts"]]
-    return (f"OPENAI_API_BASE_URLS=\"{';'.join(urls)}\"\n"
-            f"OPENAI_API_KEYS=\"{';'.join(key for _ in urls)}\"\n"
-            f"# Open WebUI must trust the fleet CA: SSL_CERT_FILE={doc['ca_file']} "
-            f"(and REQUESTS_CA_BUNDLE, AIOHTTP_CLIENT_SESSION_SSL=true)\n")
+    lines = (f"OPENAI_API_BASE_URLS=\"{';'.join(urls)}\"\n"
+             f"OPENAI_API_KEYS=\"{';'.join(key for _ in urls)}\"\n"
+             f"# its requests to the fleet check the certificate against the fleet CA\n"
+             f"AIOHTTP_CLIENT_SSL_CERT_FILE=\"{doc['ca_file']}\"\n"
+             f"ENABLE_OLLAMA_API=\"false\"\n")
+    if doc.get("task_model"):
+        lines += (f"# its titles, tags and follow-ups: to {doc['task_model']}, which pays per token (a diffusion\n"
+                  f"# model pays a 256-token canvas for each few-word answer)\n"
+                  f"TASK_MODEL_EXTERNAL=\"{doc['task_model']}\"\n")
+    return lines
 
 
 def monitoring(hostvars: dict[str, dict]) -> list[dict]:

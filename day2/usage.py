@@ -124,6 +124,9 @@ def records_command(since: str | None, key: str | None, lines: int) -> str:
     if since is not None and not SINCE.match(since):
         raise UsageError(f"--since {since!r}: write what journalctl takes: a date and time (2026-11-26 10:00), "
                          f"today, or '2 hours ago'")
+    short = re.fullmatch(r"([0-9]{1,6}) ?(s|m|min|h|d)", since or "")
+    if short:  # 30m, 2h, 7d: journalctl's own relative form (-30m), which a bare 30m is not
+        since = f"-{short.group(1)}{short.group(2)}"
     needle = '"key":' + json.dumps(key) + "," if key else ""
     grep = f" | grep -F {shlex.quote(needle)}" if key else ""
     window = f"--since {shlex.quote(since)}" if since else ""

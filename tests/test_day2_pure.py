@@ -1,6 +1,8 @@
 """Day-2 pieces that need no host: endpoints lines, benchmark arithmetic."""
 from pathlib import Path
 
+import pytest
+
 from day2 import benchmark as bench
 from day2.endpoints import HIDDEN, YOUR_KEY, api_key, endpoints, open_webui_lines
 
@@ -19,12 +21,15 @@ def test_endpoints_are_the_front_doors_with_the_ca_to_trust(tmp_path):
     doc = endpoints(hostvars)
     assert doc == {"gateway": None, "ca_file": str(tmp_path / "ca" / "ca.crt"),
                    "hosts": [{"host": "rtx01", "url": "https://10.0.0.2:8000/v1"},
-                             {"host": "spark01", "url": "https://10.0.0.9:8000/v1"}]}
+                             {"host": "spark01", "url": "https://10.0.0.9:8000/v1"}], "task_model": None}
     assert api_key(hostvars, show=False) == (HIDDEN, None) and api_key(hostvars, show=True) == ("s3cret", None)
     lines = open_webui_lines(doc, "s3cret")
     assert lines.startswith('OPENAI_API_BASE_URLS="https://10.0.0.2:8000/v1;https://10.0.0.9:8000/v1"\n'
                             'OPENAI_API_KEYS="s3cret;s3cret"\n')
-    assert f"SSL_CERT_FILE={tmp_path}/ca/ca.crt" in lines
+    assert f'AIOHTTP_CLIENT_SSL_CERT_FILE="{tmp_path}/ca/ca.crt"' in lines and "TASK_MODEL_EXTERNAL" not in lines
+    # a fleet that serves Gemma 4 too: Open WebUI's own short tasks go to it
+    hostvars["spark01"]["models"] = [{"family": "diffusiongemma", "gpus": 1}, {"family": "gemma4"}]
+    assert 'TASK_MODEL_EXTERNAL="gemma4"' in open_webui_lines(endpoints(hostvars), "k")
     with_gateway = endpoints(hostvars, {"gateway01": {"ansible_host": "10.0.0.20", "credentials_dir": str(tmp_path)}})
     assert open_webui_lines(with_gateway, "k").startswith('OPENAI_API_BASE_URLS="https://10.0.0.20:8000/v1"\n'
                                                         'OPENAI_API_KEYS="k"\n')
@@ -149,3 +154,11 @@ def test_the_status_probe_reads_each_replicas_command_line():
     # its load from vLLM's /metrics: two running, one waiting, the KV cache 1.25% full
     assert out[0]["load"] == {"running": 2, "waiting": 1, "kv_cache_usage": 0.0125}
     assert out[1] == {"container": "exited", "health": "000", "load": None, "diffusion": None, "generation": None}
+
+
+def test_request_records_take_journalctls_since_and_a_short_one():
+    from day2.usage import UsageError, records_command
+    assert "--since -30m " in records_command("30m", None, 50)  # journalctl reads a bare 30m as nothing
+    assert "--since '2 hours ago' " in records_command("2 hours ago", None, 50)
+    with pytest.raises(UsageError, match="write what journalctl takes"):
+        records_command("yesterday; rm -rf /", None, 50)

@@ -425,6 +425,8 @@ def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_s
         assert "not reported per request" in r["diffusion"]["passes"]
         assert r["ms"] is not None
     assert ok[0]["ttft_ms"] is None and ok[1]["ttft_ms"] is not None, "a stream's first token; a whole answer has none"
+    # each when it was answered, not when its kept-alive connection was accepted (HAProxy's %Ts)
+    assert all(abs(r["t"] - time.time()) < 30 for r in records) and ok[0]["t"] <= ok[1]["t"]
     assert "sk-spender-key" not in (gw.dir / "records.log").read_text()
 
     def counted():
@@ -449,8 +451,8 @@ def test_the_usage_service_reads_records_it_can_and_skips_the_rest():
         sys.path.remove(str(SERVICE.parent))
     assert usage_service.record_of("127.0.0.1:1 [x] api~ b/s 0/0/0/0/0 200 no record here") is None
     assert usage_service.record_of("line @record {not json") is None
-    r = usage_service.record_of('x @record {"t": "1795707444.8", "key": "owui", "user": "a@x.org", "model": "-", '
+    r = usage_service.record_of('x @record {"t_ms": "1795707444800", "key": "owui", "user": "a@x.org", "model": "-", '
                                 '"pool": "gemma4", "fallback": "diffusiongemma", "host": "<NOSRV>", "status": "200", '
                                 '"prompt_tokens": "5", "completion_tokens": "-", "diffusion": "-"}')
-    assert r["subject"] == "owui/a@x.org" and r["host"] == "" and r["completion_tokens"] == 0
+    assert r["subject"] == "owui/a@x.org" and r["host"] == "" and r["completion_tokens"] == 0 and r["t"] == 1795707444.8
     assert usage_service.family_of(r) == "diffusiongemma", "a fallback's request counts for the family asked"

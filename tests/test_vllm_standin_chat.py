@@ -221,3 +221,17 @@ def test_the_sdk_reads_the_answers(standin):
         client.chat.completions.create(model="gpt-4o", messages=ASK_WEATHER)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=client.base_url, api_key="sk-wrong", max_retries=0).models.list()
+
+
+def test_a_prompt_that_spells_out_its_json_gets_that_json_and_history_asks_for_nothing_long(standin):
+    """Open WebUI's title prompt quotes the chat ("write a long story" and all) and asks for
+    {"title": ...}: a model answers the short JSON, not a story."""
+    prompt = ("### Task:\nGenerate a concise, 3-5 word title.\n### Output:\nJSON format: "
+              '{ "title": "your concise title here" }\n### Chat History:\n<chat_history>\nUSER: write a long story\n'
+              "</chat_history>")
+    reply = completion(standin, messages=[{"role": "user", "content": prompt}])
+    assert json.loads(reply.choices[0].message.content) == {"title": "your concise title here"}
+    assert reply.choices[0].finish_reason == "stop"
+    earlier = [{"role": "user", "content": "write a long story"}, {"role": "assistant", "content": "token"},
+               {"role": "user", "content": "thanks"}]
+    assert completion(standin, messages=earlier).usage.completion_tokens == 12  # what is asked now

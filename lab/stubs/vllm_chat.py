@@ -51,6 +51,29 @@ def tool_error(req: dict) -> tuple[str, str | None] | None:
     return None
 
 
+def json_answer(text: str) -> str | None:
+    """What a model answers to a prompt that spells out the JSON it wants ("JSON format: {...}",
+    as Open WebUI's title, tags and follow-up prompts do): that JSON, or None."""
+    at = text.find("JSON format:")
+    start = text.find("{", at) if at >= 0 else -1
+    if start < 0:
+        return None
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            try:
+                return json.dumps(json.loads(text[start:end + 1]))
+            except ValueError:
+                return None
+    return None
+
+
+def last_user_text(req: dict) -> str:
+    users = [m for m in req.get("messages") or [] if isinstance(m, dict) and m.get("role", "user") == "user"]
+    return text_of(users[-1].get("content")) if users else ""
+
+
 def text_of(content) -> str:
     """A message's text: a string, or OpenAI's list of parts (their text parts)."""
     if isinstance(content, str):

@@ -369,6 +369,34 @@ def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path
 
 # last: it leaves rtx01's front door configured for a fleet without a gateway (the module's
 # fixture deploys the lab's own inventory again after it)
+def test_a_generation_default_set_in_the_inventory_rolls_with_no_failed_request(fleet, lab_copy, tmp_path):
+    """generation_defaults: DiffusionGemma's max_new_tokens 300 on rtx01, rolled under load with
+    no failed request; the replica's command line and `invoke status` say it; a long answer
+    that sets no max_tokens stops at 300 ("length"), where the lab's own default (no cap, not
+    the checkpoint's 256) gave it whole."""
+    long = {"model": "diffusiongemma", "messages": [{"role": "user", "content": "write a long story"}]}
+
+    def answer():
+        status, raw, _ = front_door("rtx01", "/v1/chat/completions", api_key(), long)
+        assert status == 200, raw[:300]
+        data = json.loads(raw)
+        return data["choices"][0]["finish_reason"], data["usage"]["completion_tokens"]
+    assert answer() == ("stop", 600)
+    (lab_copy / "host_vars").mkdir(exist_ok=True)
+    (lab_copy / "host_vars" / "rtx01.yml").write_text("generation_defaults:\n  diffusiongemma:\n"
+                                                      "    max_new_tokens: 300\n    temperature: 0.7\n")
+    with Load() as load:
+        proc, data = deploy_json("--hosts", "rtx01", inventory=lab_copy)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert rolled(data) and not load.failed, load.failed[:5]
+    assert answer() == ("length", 300)
+    command = ssh("rtx01", "ps -eo args | grep '[v]llm serve'").stdout
+    assert '--override-generation-config {"max_new_tokens": 300, "temperature": 0.7}' in command, command
+    invoke("status", "--hosts", "rtx01", "--json", _json(tmp_path, "status"), inventory=lab_copy)
+    replica = json.loads(_json(tmp_path, "status").read_text())["hosts"]["rtx01"]["replicas"][0]
+    assert replica["generation"] == {"max_new_tokens": 300, "temperature": 0.7}
+
+
 # a stand-in for the front door's admin page that answers as HAProxy's stats page does when it
 # refuses an action (a redirect to ;st=DENY), for putting REFUSED back in service alone; every
 # other request goes to the real page. It listens where the roll asks, in front of the page.

@@ -57,7 +57,10 @@ def record_of(line: str) -> dict | None:
     diffusion = dict(part.split("=", 1) for part in (raw.get("diffusion") or "").split() if "=" in part)
     if diffusion:
         diffusion["passes"] = PASSES
-    return {"t": float(raw.get("t") or time.time()), "key": key, "user": user,
+    # when it was answered (the log's own time: HAProxy's accept date, %Ts, is a kept-alive
+    # connection's previous answer, seconds before this request came)
+    when = int(raw["t_ms"]) / 1000 if str(raw.get("t_ms", "")).isdigit() else time.time()
+    return {"t": when, "key": key, "user": user,
             "subject": subject, "model": raw.get("model") or "", "pool": raw.get("pool") or "",
             "fallback": raw.get("fallback") or "", "host": raw.get("host") or "", "replica": raw.get("replica") or "",
             "status": number("status"), "prompt_tokens": number("prompt_tokens") or 0,

@@ -97,13 +97,13 @@ def generation_wanted(v: dict, family: str = DEFAULT_FAMILY) -> dict:
     return {k: own[k] for k in GENERATION_SETTINGS if k in own}
 
 
-def generation_in_force(argv: list[str]) -> dict | None:
-    """The generation defaults a running replica was started with: its command line's last
-    --override-generation-config (None: it has none, vLLM's checkpoint defaults)."""
-    found = None
+def json_flags(argv: list[str], flags: tuple) -> list[tuple[str, dict]]:
+    """Each (flag, JSON object) of ``flags`` on a command line, in order (``--flag value`` and
+    ``--flag=value``); a value that is not a JSON object is passed over, as vLLM would refuse it."""
+    out = []
     for i, arg in enumerate(argv):
         flag, sep, value = arg.partition("=")
-        if flag != "--override-generation-config":
+        if flag not in flags:
             continue
         if not sep:
             if i + 1 >= len(argv):
@@ -114,8 +114,15 @@ def generation_in_force(argv: list[str]) -> dict | None:
         except ValueError:
             continue
         if isinstance(data, dict):
-            found = data
-    return found
+            out.append((flag, data))
+    return out
+
+
+def generation_in_force(argv: list[str]) -> dict | None:
+    """The generation defaults a running replica was started with: its command line's last
+    --override-generation-config (None: it has none, vLLM's checkpoint defaults)."""
+    found = json_flags(argv, ("--override-generation-config",))
+    return found[-1][1] if found else None
 
 
 def diffusion_in_force(argv: list[str]) -> dict | None:
@@ -125,20 +132,7 @@ def diffusion_in_force(argv: list[str]) -> dict | None:
     setting it leaves out is vLLM's own default, not shown. None
     when the command line names none (not a DiffusionGemma replica, or no process)."""
     last: dict = {}  # flag group -> its last value: a later flag replaces the whole JSON, as argparse does
-    for i, arg in enumerate(argv):
-        flag, sep, value = arg.partition("=")
-        if flag not in ("--diffusion-config", "-dc", "--hf-overrides"):
-            continue
-        if not sep:
-            if i + 1 >= len(argv):
-                continue
-            value = argv[i + 1]
-        try:
-            data = json.loads(value)
-        except ValueError:
-            continue
-        if not isinstance(data, dict):
-            continue
+    for flag, data in json_flags(argv, ("--diffusion-config", "-dc", "--hf-overrides")):
         group = "overrides" if flag == "--hf-overrides" else "config"
         keys = DIFFUSION_OVERRIDES if group == "overrides" else DIFFUSION_CONFIG
         last[group] = {k: data[k] for k in keys if k in data}

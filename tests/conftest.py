@@ -26,20 +26,6 @@ def standin_on_path(tmp_path: Path, profile: str, state: str = "{}\n") -> dict:
     return dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", COLUMNS="200")
 
 
-def pytest_configure(config):
-    """A run that includes the Open WebUI browser test starts installing Open WebUI now, in the
-    background (tests/lab/open_webui.py), on the controller only."""
-    if hasattr(config, "workerinput") or config.getoption("collectonly"):
-        return
-    target = ROOT / "tests" / "lab" / "test_lab_open_webui.py"
-    for arg in config.args:
-        path = (Path(config.invocation_params.dir) / arg.split("::")[0]).resolve()
-        if path == target or path in target.parents:
-            from tests.lab.open_webui import start_install
-            start_install()
-            return
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """With pytest-xdist (`run.sh test` passes `-n 2`): the lab tests share one deployed lab,

@@ -49,17 +49,18 @@ def webui(lab, tmp_path_factory):
     env = {**lines, "OPENAI_API_KEYS": key}
     assert {"OPENAI_API_BASE_URLS", "AIOHTTP_CLIENT_SSL_CERT_FILE", "TASK_MODEL_EXTERNAL"} <= set(env), lines
     SHOTS.mkdir(parents=True, exist_ok=True)
-    waited = time.monotonic()
-    open_webui.wait_installed()
-    waited = time.monotonic() - waited
+    installed = open_webui.install()
     data = tmp_path_factory.mktemp("open-webui")
     server = open_webui.Server(env, data / "data", free_port(), SHOTS / "open-webui.log")
-    started = server.start()
-    print(f"Open WebUI {open_webui.VERSION}: waited {waited:.0f} s for its install, up in {started:.1f} s")
-    server.key_name = name
-    yield server
-    server.stop()
-    invoke("keys.revoke", name)
+    try:
+        started = server.start()
+        print(f"Open WebUI {open_webui.VERSION}: installed in {installed:.0f} s, up in {started:.1f} s")
+        server.key_name = name
+        yield server
+    finally:
+        server.stop()
+        open_webui.remove()
+        invoke("keys.revoke", name)
 
 
 @pytest.fixture(scope="module")

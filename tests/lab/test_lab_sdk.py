@@ -112,3 +112,14 @@ def test_the_sdks_retries_carry_a_chat_across_a_gateway_failover(deployed):
     other = next(g for g in GATEWAYS if g != first)
     assert not failed and len(answered) == 8, failed
     assert answered[0][0] == first and answered[-1][0] == other, answered
+
+
+def test_a_parameter_diffusiongemma_ignores_is_named_on_the_answer(deployed):
+    """seed 000: "penalty-family parameters are ignored": the front door says so, through the gateways."""
+    sdk = client()
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="diffusiongemma", presence_penalty=0.5, messages=[{"role": "user", "content": "hi"}])
+    assert raw.headers.get("x-dgemma-ignored-parameters") == "presence_penalty"
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="gemma4", presence_penalty=0.5, messages=[{"role": "user", "content": "hi"}])
+    assert raw.headers.get("x-dgemma-ignored-parameters") is None  # Gemma 4 applies it

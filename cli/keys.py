@@ -38,7 +38,7 @@ LIMITS_HELP = {
 }
 
 
-def _own_limits(name, play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream, expires,
+def _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream, expires,
                 front_end) -> tuple[dict, list]:
     """The limits the options give (and the ones they put back to the inventory's), checked as the
     inventory's key_limits are: a wrong one exits 2 naming the option."""
@@ -90,7 +90,7 @@ def keys_add(c, name, inventory=None, hosts=None, ask_become_pass=False, request
         raise Exit(f"{name}: expected a key's name; usage: invoke keys.add NAME (help: invoke --help keys.add)",
                    code=2)
     play, store, _ = _play_and_store(inventory)
-    own, _ = _own_limits(name, play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
+    own, _ = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
                          expires, front_end)
     try:
         secret = store.add(name, own)
@@ -115,7 +115,7 @@ def keys_set(c, name, inventory=None, hosts=None, ask_become_pass=False, request
     from credentials import CredentialError
     from roles.gateway.limits import FIELDS
     play, store, _ = _play_and_store(inventory)
-    own, cleared = _own_limits(name, play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
+    own, cleared = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
                                expires, front_end)
     for limit in (clear or "").split(","):
         limit = limit.strip().replace("-", "_")

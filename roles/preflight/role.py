@@ -16,6 +16,7 @@ from roles.replicas import from_container, units_of
 from roles.serving_host import UNITS_FACT, units_fact
 
 from roles import catalog
+from .declared import DEFAULT_FAMILY
 from .deployed import deployed_replicas, module_containers
 from .placement import keep_indices
 from .select import Refused, choose
@@ -173,8 +174,8 @@ def summary(ctx) -> dict:
     # what a replica of this host is started with (inventory, group_vars, role defaults)
     out["diffusion"] = diffusion_wanted(ctx.vars)
     # each family's defaults for requests that set none (catalog, then generation_defaults)
-    families = [r["family"] for r in (choice.as_dict().get("replicas") or [])] if choice else []
-    out["generation"] = {f: generation_wanted(ctx.vars, f) for f in dict.fromkeys(families or ["diffusiongemma"])}
+    families = [r["family"] for r in (out["choice"] or {}).get("replicas") or []] or [DEFAULT_FAMILY]
+    out["generation"] = {f: generation_wanted(ctx.vars, f) for f in dict.fromkeys(families)}
     return out
 
 

@@ -33,11 +33,23 @@ case "${1:-}" in
   main)
     setup
     export DGEMMA_INVENTORY=/var/lib/dgemma-lab/inventory
-    .venv/bin/invoke lab.up
-    .venv/bin/invoke deploy
-    .venv/bin/invoke verify
+    # each step's failure ends the run with one line that names it; the exit code says whether the lab serves
+    step() {
+      local what=$1; shift
+      if ! "$@"; then
+        echo "./run.sh main: the lab does not serve: '$what' failed (its output above says where and why);" \
+             "fix that and run ./run.sh main again (it picks up where it stopped)" >&2
+        exit 1
+      fi
+    }
+    step "invoke lab.up" .venv/bin/invoke lab.up
+    step "invoke deploy" .venv/bin/invoke deploy
+    step "invoke verify" .venv/bin/invoke verify
     # where to look: the gateway's address, Open WebUI's lines, Prometheus and Alertmanager, invoke top
-    .venv/bin/invoke endpoints
+    step "invoke endpoints" .venv/bin/invoke endpoints
+    # as a user reaches it: a chat through the gateways' shared address
+    step "invoke lab.serves" .venv/bin/invoke lab.serves
+    echo "./run.sh main: the lab serves: every host deployed, verify passed, a chat answered through the shared address"
     ;;
   test)
     setup test

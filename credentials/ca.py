@@ -104,6 +104,13 @@ def _ensure_ca(folder: Path, name: str) -> tuple[x509.Certificate, object]:
     return cert, key
 
 
+def _usages(cert: x509.Certificate) -> set:
+    try:
+        return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        return set()
+
+
 def _names(cert: x509.Certificate) -> set[str]:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -142,8 +149,44 @@ def host_certificate(folder: Path, host: str, names: list[str], make: bool = Tru
         return issued
 
 
-def _host_paths(folder: Path, host: str) -> tuple[Path, Path]:
-    return folder / "hosts" / f"{host}.crt", folder / "hosts" / f"{host}.key"
+def peer_certificate(folder: Path, host: str, *, make: bool) -> Issued:
+    """A gateway's certificate among its peers (the gateways' shared counts): for its inventory
+    name alone, good for a TLS client as well as a server. A front door's certificate is a
+    server's alone, so a peers listener that asks for a client certificate of the fleet CA
+    takes a gateway's and refuses a front door's. Kept apart from the host's own certificate
+    (which may be the user's), renewed as it is."""
+    ca_cert, ca_key = ensure_ca(folder, make=make)
+    current = _current(folder, host, [host], ca_cert, PEER)
+    if current is not None:
+        return current
+    if not make:
+        return unsaved(folder, ("peer", host), lambda: _issue(ca_cert, ca_key, host, [host], PEER))
+    with locked(folder):
+        ca_cert, ca_key = _ensure_ca(folder, "dgemma-fleet CA")
+        current = _current(folder, host, [host], ca_cert, PEER)
+        if current is not None:
+            return current
+        issued = _issue(ca_cert, ca_key, host, [host], PEER)
+        cert_path, key_path = _host_paths(folder, host, PEER)
+        write_private(key_path, issued.key_pem.encode())
+        write_private(cert_path, issued.cert_pem.encode(), 0o644)
+        return issued
+
+
+def peer_certificate_due(folder: Path, host: str) -> bool:
+    found = _load_ca(folder)
+    return found is None or _current(folder, host, [host], found[0], PEER) is None
+
+
+# what a certificate is for: a host's (a TLS server), a gateway's among its peers (server and client)
+SERVER, PEER = "server", "peer"
+_USAGES = {SERVER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,),
+           PEER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)}
+
+
+def _host_paths(folder: Path, host: str, purpose: str = SERVER) -> tuple[Path, Path]:
+    stem = host if purpose == SERVER else f"{host}.{purpose}"
+    return folder / "hosts" / f"{stem}.crt", folder / "hosts" / f"{stem}.key"
 
 
 def host_certificate_due(folder: Path, host: str, names: list[str]) -> bool:
@@ -153,19 +196,21 @@ def host_certificate_due(folder: Path, host: str, names: list[str]) -> bool:
     return found is None or _current(folder, host, names, found[0]) is None
 
 
-def _current(folder: Path, host: str, names: list[str], ca_cert) -> Issued | None:
+def _current(folder: Path, host: str, names: list[str], ca_cert, purpose: str = SERVER) -> Issued | None:
     """The saved certificate when it still serves: the same names, RENEW_DAYS left, this CA's."""
-    cert_path, key_path = _host_paths(folder, host)
+    cert_path, key_path = _host_paths(folder, host, purpose)
     if not (cert_path.exists() and key_path.exists()):
         return None
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     left = cert.not_valid_after_utc - _now()
     if _names(cert) != set(names) or left <= datetime.timedelta(days=RENEW_DAYS) or cert.issuer != ca_cert.subject:
         return None
+    if _usages(cert) != set(_USAGES[purpose]):
+        return None
     return Issued(cert_path.read_text(), _key_pem(_load_key(key_path)).decode(), cert.not_valid_after_utc)
 
 
-def _issue(ca_cert, ca_key, host: str, names: list[str]) -> Issued:
+def _issue(ca_cert, ca_key, host: str, names: list[str], purpose: str = SERVER) -> Issued:
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (x509.CertificateBuilder()
@@ -176,7 +221,7 @@ def _issue(ca_cert, ca_key, host: str, names: list[str]) -> Issued:
             .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName([_alt_name(n) for n in names]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(_USAGES[purpose])), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     return Issued(cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key).decode(),

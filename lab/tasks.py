@@ -264,4 +264,42 @@ def image(c, fault):
         _say(f"{arch}: {ref}")
 
 
-ns = Collection(up, status, down, gpu, uplink, hub, image)
+@task(help={"timeout": "seconds to wait for the answer (default 60)"})
+def serves(c, timeout=60):
+    """Whether the lab serves as a user reaches it: a chat completion through the fleet's shared
+    address (the gateways' VRRP address), with the lab's key, its certificate checked against
+    the lab's fleet CA. Exit 0 with who answered, or 1 with what went wrong."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    url = f"https://{config.GATEWAY_ADDRESS}:8000/v1/chat/completions"
+    try:
+        key = (config.STATE / "secrets" / "api-key").read_text().strip()
+        context = ssl.create_default_context(cafile=str(config.STATE / "credentials" / "ca" / "ca.crt"))
+    except (OSError, ssl.SSLError) as exc:
+        raise Exit(f"lab.serves: the lab's key or CA cannot be read ({exc}): run invoke lab.up, then invoke deploy",
+                   code=1) from None
+    body = json.dumps({"model": "diffusiongemma", "max_tokens": 16,
+                       "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Authorization": f"Bearer {key}",
+                                                              "Content-Type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=float(timeout), context=context) as answer:
+            reply = json.loads(answer.read())
+            gateway = answer.headers.get("X-Dgemma-Gateway", "?")
+            replica = answer.headers.get("X-Dgemma-Replica", "?")
+    except urllib.error.HTTPError as exc:
+        raise Exit(f"lab.serves: {url} answered {exc.code}: {exc.read()[:300].decode(errors='replace')}\n"
+                   f"  see: invoke status", code=1) from None
+    except (OSError, ValueError) as exc:
+        raise Exit(f"lab.serves: no answer from {url} ({exc}): no gateway holds the address, or none serves; "
+                   f"see: invoke status", code=1) from None
+    text = ((reply.get("choices") or [{}])[0].get("message") or {}).get("content")
+    if not text:
+        raise Exit(f"lab.serves: {url} answered with no text: {json.dumps(reply)[:300]}", code=1)
+    _say(f"the lab serves: a chat through {url} answered in {time.monotonic() - started:.1f} s "
+         f"(gateway {gateway}, replica {replica}): {text[:60]!r}")
+
+
+ns = Collection(up, status, down, gpu, uplink, hub, image, serves)

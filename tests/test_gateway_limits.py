@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -47,12 +48,15 @@ class Door(BaseHTTPRequestHandler):
     """A front door as the gateway sees it: /health, and completions with vLLM's usage (streamed:
     in every chunk, then a last chunk of its own), naming the replica and its diffusion settings."""
     protocol_version = "HTTP/1.1"
+    fleet_headers_seen: list = []  # the X-Dgemma-* headers of each completion that reached it
 
     def do_GET(self):
         self._send(200, b'{"status": "ok"}', "application/json")
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+        Door.fleet_headers_seen.append(sorted((k.lower(), v) for k, v in self.headers.items()
+                                              if k.lower().startswith("x-dgemma-")))
         time.sleep(float(req.get("hold", 0)))
         prompt = sum(len(str(m.get("content", "")).split()) for m in req.get("messages", [])) + 3
         completion = int(req.get("max_tokens") or 5)
@@ -153,7 +157,7 @@ class Fleet:
         threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
         self.keys = {name: f"sk-{name}-key" for name in KEYS}
         names = ("gateway01", "gateway02")
-        peer_ports = {n: _free_port() for n in names}
+        self.peer_ports = peer_ports = {n: _free_port() for n in names}
         self.gateways = {n: Gateway(n, tmp / n, _free_port(), _free_port()) for n in names}
         dead = _free_port()
         for i, (name, gw) in enumerate(self.gateways.items()):
@@ -161,6 +165,9 @@ class Fleet:
             issued = fleet_ca.host_certificate(tmp, name, [name, "127.0.0.1"])
             (gw.dir / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
             (gw.dir / "ca.crt").write_text((tmp / "ca" / "ca.crt").read_text())
+            peer = fleet_ca.peer_certificate(tmp, name, make=True)
+            (gw.dir / "peer.pem").write_text(peer.cert_pem + peer.key_pem)
+            (gw.dir / "peers-ca.crt").write_text((tmp / "ca" / "ca.crt").read_text())
             (gw.dir / "keys.map").write_text(limits.keys_map({n: digest(k) for n, k in self.keys.items()}))
             (gw.dir / "limits.map").write_text(limits.limits_map(KEYS))
             (gw.dir / "usage.lua").write_text(lua())
@@ -359,6 +366,18 @@ def test_an_expired_key_is_refused_as_a_wrong_one_and_a_model_it_may_not_use_nam
     assert fleet.call("gateway01", "GET", "/v1/models", "g4only")[0] == 200
 
 
+def test_a_clients_fleet_headers_never_reach_a_front_door(fleet):
+    """X-Dgemma-Replica at a front door picks a replica, whatever its model: from a client it
+    would reach another model than the key's. Every X-Dgemma-* a client sends is dropped."""
+    sent = {"X-Dgemma-Replica": "2", "X-DGEMMA-Pool": "gemma4", "x-dgemma-anything": "1"}
+    Door.fleet_headers_seen.clear()
+    status, _, headers = fleet.chat("api_key_file", model="diffusiongemma", headers=dict(sent))
+    assert status == 200 and headers["x-dgemma-pool"] == "diffusiongemma"
+    assert Door.fleet_headers_seen == [[("x-dgemma-pool", "diffusiongemma")]], "only the gateway's own pool header"
+    status, body, _ = fleet.chat("g4only", headers=dict(sent))  # no model: checked as the first pool's
+    assert status == 403 and body["error"]["code"] == "model_not_allowed", body
+
+
 def test_only_a_key_that_may_spend_reaches_the_external_upstream(fleet):
     status, body, _ = fleet.chat("plain", model="gemma4")
     assert status == 403 and body["error"]["code"] == "upstream_not_allowed", body
@@ -441,6 +460,62 @@ def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_s
     saved = json.loads(day_file.read_text())["usage"]["spender"]
     assert saved["diffusiongemma"]["completion_tokens"] == 10 and saved["nope"]["errors"] == 1
     assert saved["gemma4"]["upstream_requests"] >= 1, "the external upstream's answers apart"
+
+
+def stranger(tmp: Path, name: str, dials: str, cert: Path | None) -> tuple[subprocess.Popen, Gateway]:
+    """An HAProxy on the gateways' network that declares itself gateway02 and dials gateway01's
+    peers listener (``dials``: address:port), with ``cert`` as its client certificate or none."""
+    # a short path: a unix socket's is at most 97 characters, and pytest's own folders are long
+    folder = Path(tempfile.mkdtemp(prefix=f"{name[:12]}-"))
+    crt = f" crt {cert}" if cert else ""
+    (folder / "haproxy.cfg").write_text(
+        f"global\n    stats socket {folder}/admin.sock mode 600 level admin\n    localpeer gateway02\n"
+        "defaults\n    mode http\n    timeout connect 2s\n    timeout client 5s\n    timeout server 5s\n"
+        f"peers gateways\n    bind 127.0.0.1:{_free_port()}\n"
+        f"    server gateway02\n    server gateway01 {dials} ssl verify none{crt}\n"
+        "backend tokens_day\n    stick-table type string len 200 size 200k expire 2d store gpc0 peers gateways\n")
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(folder / "haproxy.cfg")],
+                            stdout=open(folder / "haproxy.log", "a"), stderr=subprocess.STDOUT)
+    stranger = Gateway(name, folder, 0, 0, proc)
+    _until(lambda: proc.poll() is None and (folder / "admin.sock").exists() and stranger.ask("show info")
+           or proc.poll() is not None, f"{name} runs")
+    assert proc.poll() is None, (folder / "haproxy.log").read_text()
+    return proc, stranger
+
+
+def test_a_stranger_can_neither_read_nor_set_the_gateways_counts(fleet, tmp_path):
+    """Only a gateway's peer certificate joins the peers: an HAProxy with no certificate, or with a
+    front door's (the fleet CA's, a server's alone), gets no count and sets none. A gateway's own
+    peer certificate, shown the same way, does: the test can see what it checks."""
+    first = fleet.gateways["gateway01"]
+    assert fleet.chat("budget", max_tokens=2)[0] in (200, 429)  # gateway01 holds a count of today
+    counts = first.table("tokens_day")
+    assert counts, "nothing to steal: the test would pass for nothing"
+    door = tmp_path / "door.pem"
+    issued = fleet_ca.host_certificate(fleet.tmp, "rtx01", ["rtx01", "127.0.0.1"])
+    door.write_text(issued.cert_pem + issued.key_pem)
+    for name, cert in (("no-certificate", None), ("front-door-certificate", door)):
+        proc, outsider = stranger(tmp_path, name, f"127.0.0.1:{fleet.peer_ports['gateway01']}", cert)
+        try:
+            outsider.ask("set table tokens_day key stranger:1 data.gpc0 4000000000")
+            time.sleep(3)  # peers push within a second of a change, and the whole table on connecting
+            assert outsider.table("tokens_day") == {"stranger:1": 4000000000}, f"{name} read the gateways' counts"
+            for key in counts:
+                outsider.ask(f"set table tokens_day key {key} data.gpc0 4000000000")
+            time.sleep(3)
+            now = first.table("tokens_day")
+            assert "stranger:1" not in now and 4000000000 not in now.values(), f"{name} set a count: {now}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    proc, member = stranger(tmp_path, "gateway02-certificate", f"127.0.0.1:{fleet.peer_ports['gateway01']}",
+                            fleet.gateways["gateway02"].dir / "peer.pem")
+    try:
+        member.ask("set table tokens_day key member:1 data.gpc0 7")
+        _until(lambda: first.table("tokens_day").get("member:1") == 7, "a peer's count reached gateway01", 10)
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_the_usage_service_reads_records_it_can_and_skips_the_rest():

@@ -109,7 +109,7 @@ def test_the_gateway_routes_each_family_to_its_front_doors_and_falls_back_to_ano
     assert "use_backend fallback_diffusiongemma if !names_model !diffusiongemma_up" in config
     fallback = config.split("\nbackend fallback_diffusiongemma", 1)[1].split("\nbackend ", 1)[0]
     assert "http-request set-header X-Dgemma-Pool gemma4" in fallback and "track pool_gemma4/hgx01" in fallback
-    assert "http-request del-header x-dgemma-pool" in config  # a user does not choose the pool
+    assert "http-request del-header ^x-dgemma- -m reg" in config  # a user chooses no pool, no replica
     _haproxy_accepts(tmp_path, config)
 
 

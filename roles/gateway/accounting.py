@@ -17,6 +17,9 @@ PROGRAM = "/usr/local/lib/dgemma/usage_service.py"
 UNIT = "dgemma-usage.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 USAGE_PORT = 9466  # the usage service's /metrics, on loopback
+# the gateway's certificate among its peers (a TLS client's too) and the one CA it takes peers from
+PEER_PEM = "peer.pem"
+PEERS_CA = "peers-ca.crt"
 KEYS_MAP = "keys.map"
 LIMITS_MAP = "limits.map"
 LUA = "usage.lua"
@@ -38,6 +41,8 @@ class Accounting:
     port: int
     bind: str  # where this gateway takes its peers' connections
     peers: tuple  # Peer, every gateway's (this one's included)
+    peer_pem: str = PEER_PEM  # in the gateway's folder: its certificate among its peers, and its key
+    peers_ca: str = PEERS_CA  # the fleet CA alone: a front door's own CA never vouches for a peer
 
 
 def _hostport(address: str, port: int) -> str:
@@ -72,9 +77,13 @@ LogRateLimitIntervalSec=0
 Restart=always
 RestartSec=1
 ProtectSystem=strict
-# the socket's folder is the gateway container's too; made here when this starts first
-ExecStartPre=+/bin/mkdir -p {GATEWAY.socket_dir}
-ReadWritePaths={GATEWAY.socket_dir}
+# the socket's folder (the gateway container's too) is in /run, empty on a new host and after
+# every boot: systemd makes it before it sets up this unit's sandbox (a ReadWritePaths= of a
+# folder that is not there yet fails the start, and no ExecStartPre runs before that), and
+# keeps it when this stops, as HAProxy's container holds it mounted and its sockets are there
+RuntimeDirectory={GATEWAY.socket_dir.removeprefix("/run/")}
+RuntimeDirectoryMode=0755
+RuntimeDirectoryPreserve=yes
 ProtectHome=yes
 PrivateTmp=yes
 NoNewPrivileges=yes

@@ -16,6 +16,7 @@ from converge.errors import SecretError
 from converge.facts.host import FileState
 from converge.secrets import read_secret_file
 from credentials import CredentialError, directory
+from credentials.ca import ca_pem, peer_certificate, peer_certificate_due
 from credentials.keys import KeyStore, service_key
 
 from roles import scrape_targets
@@ -37,6 +38,8 @@ BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}
 def facts(v):
     return {**proxy.facts(v, GATEWAY, "gateway"), "gateway_env": FileState(ENV_FILE, secret=True),
             "gateway_upstream_keys": FileState(f"{GATEWAY.dir}/{UPSTREAM_KEYS}", secret=True),
+            "gateway_peer_pem": FileState(f"{GATEWAY.dir}/{accounting.PEER_PEM}", secret=True),
+            "gateway_peers_ca": FileState(f"{GATEWAY.dir}/{accounting.PEERS_CA}"),
             **usage_steps.facts(v)}
 
 
@@ -94,6 +97,18 @@ def keys_and_limits(ctx) -> tuple[dict[str, str], tuple]:
     return accepted, usage_steps.map_files(ctx, accepted, in_force)
 
 
+def peer_files(ctx) -> tuple[File, File]:
+    """The gateway's certificate among its peers with its key, and the fleet CA it takes peers
+    from (CredentialError when the control machine's credentials cannot be read)."""
+    folder = directory(ctx.vars)
+    issued = peer_certificate(folder, ctx.name, make=not ctx.check)
+    return (File("gateway peer certificate", path=f"{GATEWAY.dir}/{accounting.PEER_PEM}",
+                 content=issued.cert_pem + issued.key_pem, mode="0600", secret=True,
+                 current=ctx.facts.get("gateway_peer_pem"), keep_previous=False),
+            File("gateway peers' CA", path=f"{GATEWAY.dir}/{accounting.PEERS_CA}",
+                 content=ca_pem(folder, make=not ctx.check), mode="0644", current=ctx.facts.get("gateway_peers_ca")))
+
+
 def upstream_keys_file(ctx, content: str) -> File:
     # no previous version kept: a key taken out of the policy leaves the host with it
     return File("gateway upstream keys", path=f"{GATEWAY.dir}/{UPSTREAM_KEYS}", content=content, mode="0600",
@@ -106,7 +121,9 @@ def plan(ctx):
         yield Check("serving hosts", ok=False, message="the inventory has no serving host for the gateway to "
                                                        "front: add hosts outside the group `gateway`")
         return
-    yield from tls.made_step(ctx, (tls.GATEWAY_KEY, tls.MONITORING_KEY))
+    yield from tls.made_step(ctx, (tls.GATEWAY_KEY, tls.MONITORING_KEY),
+                             also=[f"{ctx.name}'s peer certificate"]
+                             if peer_certificate_due(directory(ctx.vars), ctx.name) else [])
     try:
         key = service_key(directory(ctx.vars), tls.GATEWAY_KEY, make=not ctx.check)
     except CredentialError as exc:
@@ -125,6 +142,11 @@ def plan(ctx):
         accepted, maps = keys_and_limits(ctx)
     except CredentialError as exc:
         yield Check("keys", ok=False, message=str(exc))
+        return
+    try:
+        maps += peer_files(ctx)  # read as the maps are: a change is a reload, and a new generation
+    except CredentialError as exc:
+        yield Check("peer certificate", ok=False, message=f"{ctx.name}: {exc}")
         return
     want = wanted(ctx, upstream_map, accepted, maps)
     yield Decision("generation", produces=GATEWAY_GENERATION, value=want.generation)
@@ -183,6 +205,8 @@ def summary(ctx) -> dict:
         out["gateway"]["servers"] = [door.host for door in fleet.serving]
         out["gateway"]["pools"] = {family: [door.host for door in serving(fleet, family)]
                                    for family in fleet_families(fleet)}
+    if out:  # the usage service that counts what the gateway answers (roles/gateway/tests)
+        out["gateway"]["usage"] = {"unit": accounting.UNIT, "socket": accounting.SOCKET}
     return out
 
 

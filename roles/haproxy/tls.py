@@ -201,10 +201,11 @@ def to_make(host: str, v: dict, keys: tuple = (), certificate: bool = True) -> l
     return out
 
 
-def made_step(ctx, keys: tuple = (), certificate: bool = True):
+def made_step(ctx, keys: tuple = (), certificate: bool = True, also: list | None = None):
     """The line that says what a deploy makes on the control machine for this host (in check
-    mode: would make, and nothing is written), or nothing when all is there."""
-    missing = to_make(ctx.name, ctx.vars, keys, certificate)
+    mode: would make, and nothing is written), or nothing when all is there; ``also``: what
+    else the role makes there."""
+    missing = to_make(ctx.name, ctx.vars, keys, certificate) + list(also or ())
     if missing:
         yield Check("fleet credentials", ok=True,
                     message=f"{'would make' if ctx.check else 'made'} {', '.join(missing)} on this machine"

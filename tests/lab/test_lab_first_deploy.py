@@ -1,12 +1,15 @@
 """The first deploy from empty caches: each artifact crosses the uplink once per run
 (the run's relay), the host behind the bastion fetches for itself and says so, and
-progress comes as plain lines without colour codes off a terminal."""
+progress comes as plain lines without colour codes off a terminal. The whole fleet's roles
+onto hosts that never ran anything of ours (as `./run.sh main` on a new machine), and those
+hosts serving again after a reboot with no deploy."""
 import re
+import time
 
 import pytest
 
 from lab import config, crossings, hubdata, machines, services
-from tests.lab.conftest import deploy_json, invoke
+from tests.lab.conftest import deploy_json, invoke, ssh
 
 NVFP4 = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
 BF16 = "google/diffusiongemma-26B-A4B-it"
@@ -80,3 +83,67 @@ def test_four_hosts_of_one_arch_pull_each_layer_and_blob_from_outside_once(four_
     served = data["relay"]
     # everything that crossed the uplink (weights, the vLLM and front door images) went to all four
     assert served["upstream_bytes"] >= 64 * 2 ** 20 and served["served_bytes"] >= 3.9 * served["upstream_bytes"], served
+
+
+# a serving host that starts at boot (h100-01, behind the bastion), both gateways and the monitor
+NEW_HOSTS = ("h100-01", "gateway01", "gateway02", "monitor01")
+# what any role of ours leaves on a host (units, files, sockets, state); none of it on a new host
+OURS = "ls -d /run/dgemma* /etc/dgemma /var/lib/dgemma /usr/local/lib/dgemma /etc/systemd/system/*dgemma* " \
+       "/etc/systemd/system/*vllm* 2>/dev/null; true"
+
+
+@pytest.fixture(scope="module")
+def new_hosts(lab):
+    """Hosts that have never run anything of ours: new disks from the base, booted."""
+    invoke("lab.up", "--fresh-hosts", ",".join(NEW_HOSTS), timeout=1800, check=True)
+    return NEW_HOSTS
+
+
+def test_the_whole_fleet_deploys_onto_hosts_that_never_ran_anything_of_ours(new_hosts):
+    for name in new_hosts:
+        assert ssh(name, OURS).stdout.split() == [], f"{name} is not new"
+    proc, data = deploy_json()  # the lab's inventory, every host, as ./run.sh main deploys it
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    recaps = {host: run["recap"] for host, run in data["hosts"].items()}
+    assert set(new_hosts) <= set(recaps) and all(r["failed"] == 0 for r in recaps.values()), recaps
+    for name in new_hosts:
+        assert recaps[name]["changed"] > 0, (name, recaps[name])
+    verify = invoke("verify")
+    assert verify.returncode == 0, verify.stdout[-5000:]
+    serves = invoke("lab.serves")
+    assert serves.returncode == 0 and "the lab serves" in serves.stdout, serves.stdout + serves.stderr
+
+
+def _boot_again(names):
+    """An orderly reboot: each host powered off (systemd stops every unit), then booted; /run is
+    a new tmpfs at every boot, as on a real machine."""
+    for name in names:
+        machines.stop(config.host(name))
+    invoke("lab.up", timeout=600, check=True)
+
+
+def _serving(name) -> bool:
+    """The host's units of ours that start at boot are active, and what they make in /run is there."""
+    script = ("for u in $(systemctl list-unit-files --state=enabled --no-legend '*dgemma*' '*vllm*' | cut -d' ' -f1);"
+              " do systemctl is-active -q \"$u\" || echo \"$u\"; done")
+    return ssh(name, script, check=False).stdout.strip() == ""
+
+
+def test_a_host_rebooted_after_its_first_deploy_serves_again_with_no_deploy(new_hosts):
+    rebooted = ("gateway01", "h100-01")
+    before = {name: ssh(name, "cat /proc/sys/kernel/random/boot_id").stdout for name in rebooted}
+    _boot_again(rebooted)
+    for name in rebooted:
+        assert ssh(name, "cat /proc/sys/kernel/random/boot_id").stdout != before[name], f"{name} did not reboot"
+    deadline = time.monotonic() + 180
+    while not all(_serving(name) for name in rebooted) and time.monotonic() < deadline:
+        time.sleep(2)
+    waiting = {name: ssh(name, "systemctl --failed --no-legend; ls /run", check=False).stdout
+               for name in rebooted if not _serving(name)}
+    assert not waiting, waiting
+    assert ssh("gateway01", "test -S /run/dgemma-gateway/usage.sock", check=False).returncode == 0
+    # no deploy in between: what serves is what the boot started
+    verify = invoke("verify", "--hosts", ",".join(rebooted))
+    assert verify.returncode == 0, verify.stdout[-5000:]
+    serves = invoke("lab.serves")
+    assert serves.returncode == 0, serves.stdout + serves.stderr

@@ -263,3 +263,73 @@ def _post_with(key, body, headers):
             return r.status, r.read(), r.headers
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(), exc.headers
+
+
+def _table(gateway: str, key: str) -> str:
+    return ssh(gateway, f"echo 'show table tokens_day key {key}' | curl -sS --unix-socket "
+                        f"/run/dgemma-gateway/admin.sock telnet://localhost").stdout
+
+
+def test_a_stranger_on_the_lab_network_neither_reads_nor_sets_a_count(deployed, keys, tmp_path):
+    """An HAProxy on this machine (on the lab's network) that declares itself gateway02 and dials
+    gateway01's peers port, with no certificate, then with rtx01's front door certificate (the
+    fleet CA's): it gets no count, and the one it sets for a key reaches neither gateway."""
+    from tests.test_gateway_limits import stranger
+    spent = keys("stolen", "--tokens-per-day", "1000000")
+    name = keys.names["stolen"]
+    assert post(spent)[0] == 200
+    day = int(time.time()) // 86400
+    door = tmp_path / "door.pem"
+    hosts = config.STATE / "credentials" / "hosts"
+    door.write_text((hosts / "rtx01.crt").read_text() + (hosts / "rtx01.key").read_text())
+    door.chmod(0o600)
+    gateway01 = f"{config.host('gateway01').address}:10000"
+    for label, cert in (("no-certificate", None), ("front-door-certificate", door)):
+        proc, outsider = stranger(tmp_path, label, gateway01, cert)
+        try:
+            outsider.ask(f"set table tokens_day key {name}:{day} data.gpc0 4000000000")
+            time.sleep(3)  # a peer gets the whole table on connecting, and each change within a second
+            assert set(outsider.table("tokens_day")) == {f"{name}:{day}"}, f"{label}: it read the gateways' counts"
+            for gateway in GATEWAYS:
+                assert "gpc0=4000000000" not in _table(gateway, f"{name}:{day}"), f"{label} set {gateway}'s count"
+            assert post(spent)[0] == 200, f"{label}: the key was refused after the stranger's count"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_a_key_limited_to_one_model_gets_no_other_models_answer_whatever_it_sends(deployed, keys):
+    """hgx01's replicas 2 and 3 serve Gemma 4: a client's X-Dgemma-Replica (or X-Dgemma-Pool) never
+    reaches a front door, and a request without a model, with an unknown one or with two, is
+    answered by DiffusionGemma or refused."""
+    only = keys("dg-only", "--models", "diffusiongemma")
+    answered = []
+    bodies = [{"messages": CHAT["messages"], "max_tokens": 8},  # no model
+              {**CHAT, "model": "gemma4"}, {**CHAT, "model": "no-such-model"}]
+    for headers in ({"X-Dgemma-Replica": "2"}, {"X-Dgemma-Replica": "3"}, {"x-dgemma-pool": "gemma4"},
+                    {"X-DGEMMA-REPLICA": "2", "X-Dgemma-Pool": "gemma4"}):
+        for body in bodies:
+            for _ in range(3):
+                status, raw, _ = _post_with(only, body, headers)
+                answered.append((status, json.loads(raw).get("model") if status == 200 else None))
+    # two `model` keys: HAProxy reads the first, vLLM the last; the replica chosen serves the first
+    raw_body = '{"model": "diffusiongemma", "messages": [{"role": "user", "content": "hi"}], "model": "gemma4"}'
+    for headers in ({}, {"X-Dgemma-Replica": "2"}):
+        status, raw, _ = _post_raw(only, raw_body, headers)
+        answered.append((status, json.loads(raw).get("model") if status == 200 else None))
+    assert {a for a in answered if a[0] == 200} <= {(200, "diffusiongemma")}, answered
+    assert (200, "diffusiongemma") in answered and (403, None) in answered, answered
+    assert all(status in (200, 403, 404) for status, _ in answered), answered
+
+
+def _post_raw(key, text, headers):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"https://{SHARED}:8000/v1/chat/completions", data=text.encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                                          **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=60, context=ssl.create_default_context(cafile=str(CA_FILE))) as r:
+            return r.status, r.read(), r.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers

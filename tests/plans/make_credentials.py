@@ -15,6 +15,7 @@ from credentials.keys import digest
 HERE = Path(__file__).parent
 # the names the roles ask for: the cases give no ansible_host, so the inventory name alone
 HOSTS = {"rtx01": ["rtx01"], "spark01": ["spark01"], "h100-01": ["h100-01"], "gateway01": ["gateway01"]}
+GATEWAYS = ["gateway01"]  # and their certificates among their peers
 
 
 def main():
@@ -23,6 +24,8 @@ def main():
     ca.CA_DAYS = ca.CERT_DAYS = 36500
     for host, names in HOSTS.items():
         ca.host_certificate(target, host, names)
+    for host in GATEWAYS:
+        ca.peer_certificate(target, host, make=True)
     (target / "keys.json").write_text(json.dumps({"alice": {"sha256": digest("dgk-plan-test-alice"),
                                                             "added": "2026-11-23T00:00:00+00:00"}}, indent=2) + "\n")
     (target / "gateway.key").write_text("dgk-plan-test-gateway\n")

@@ -35,6 +35,17 @@ def test_gateway_runs_and_starts_at_boot(host, gateway, fix):
     assert unit.is_enabled, f"{gateway['unit']} is not enabled at boot; {fix}"
 
 
+def test_the_usage_service_counts_and_starts_at_boot(host, gateway, fix):
+    """What the gateway answers is counted there (keys' limits, invoke usage): without it every
+    key with limits gets 503 counts_loading. Its socket is in /run, made anew at every boot."""
+    usage = gateway["usage"]
+    unit = host.service(usage["unit"])
+    assert unit.is_running, f"{usage['unit']} is not running; {fix} (or see: journalctl -u {usage['unit']})"
+    assert unit.is_enabled, f"{usage['unit']} is not enabled at boot; {fix}"
+    assert host.file(usage["socket"]).is_socket, \
+        f"{usage['socket']} is not there: the usage service takes no records; see: journalctl -u {usage['unit']}"
+
+
 def test_gateway_answers_with_its_current_configuration(https, gateway, fix):
     status, headers, err = https("/health")
     assert status == 200, f"https /health answered {status or err.strip()}: no serving host is UP; {fix}"

@@ -395,6 +395,13 @@ def test_a_front_ends_users_count_apart_and_other_keys_user_headers_are_ignored(
     # the same headers from a key that is no front end change nothing: the key counts as one
     plain = [fleet.chat("plain", headers={"X-OpenWebUI-User-Email": f"u{i}@lab.org"})[0] for i in range(4)]
     assert plain == [200, 200, 200, 429]
+    # no user named, in every way a client can leave it out: one user, "unknown", with a user's limits
+    nameless = [fleet.chat("owui", headers=h)[0] for h in ({}, {"X-OpenWebUI-User-Email": ""},
+                                                            {"X-OpenWebUI-User-Email": "-"},
+                                                            {"X-OpenWebUI-User-Id": "%%%"})]
+    assert nameless == [200, 200, 200, 429], nameless
+    _, body, _ = fleet.chat("owui")
+    assert body["error"]["message"].startswith("owui/unknown has made its 3 requests"), body
 
 
 def test_a_reload_and_a_restart_keep_the_days_tokens(fleet):

@@ -147,7 +147,7 @@ class Gateway:
 class Fleet:
     """Two gateways before one stand-in front door (and a dead one for the upstream's pool)."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, shared: str = ""):
         if not shutil.which("haproxy"):
             pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
         self.tmp = tmp
@@ -162,7 +162,7 @@ class Fleet:
         dead = _free_port()
         for i, (name, gw) in enumerate(self.gateways.items()):
             gw.dir.mkdir()
-            issued = fleet_ca.host_certificate(tmp, name, [name, "127.0.0.1"])
+            issued = fleet_ca.host_certificate(tmp, name, [name, "127.0.0.1", *([shared] if shared else [])])
             (gw.dir / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
             (gw.dir / "ca.crt").write_text((tmp / "ca" / "ca.crt").read_text())
             peer = fleet_ca.peer_certificate(tmp, name, make=True)
@@ -176,11 +176,14 @@ class Fleet:
             (gw.dir / "upstream-keys.map").write_text("gemma4 sk-upstream\n")
             account = Accounting(str(gw.dir / "usage.sock"), "/metrics/usage", gw.usage_port,
                                  f"127.0.0.1:{peer_ports[name]}",
-                                 tuple(Peer(n, f"127.0.0.1:{peer_ports[n]}") for n in names))
+                                 tuple(Peer(n, f"127.0.0.1:{peer_ports[n]}") for n in names),
+                                 shared_address=shared, shared_port=gw.port)
             pools = [Pool("diffusiongemma", ("diffusiongemma",), (Server("rtx01", f"127.0.0.1:{self.door.server_address[1]}"),)),
                      Pool("gemma4", ("gemma4",), (Server("hgx01", f"127.0.0.1:{dead}"),),
                           fallback=upstream({"url": f"http://127.0.0.1:{self.upstream.server_address[1]}/v1"}))]
-            config = render_config(name, {"api_host": "127.0.0.1", "api_port": gw.port}, [], "g1", proxy=GATEWAY,
+            # with a shared address: on every address (loopback's 127.0.0.0/8 stands in for the two)
+            bind = "0.0.0.0" if shared else "127.0.0.1"
+            config = render_config(name, {"api_host": bind, "api_port": gw.port}, [], "g1", proxy=GATEWAY,
                                    files=str(gw.dir), socket=str(gw.dir / "admin.sock"),
                                    admin=str(gw.dir / "admin-http.sock"), backend={"inter": "1s"}, pools=pools,
                                    accounting=account)
@@ -207,14 +210,15 @@ class Fleet:
         _until(lambda: self.call(gw.name, "GET", "/health")[0] == 200, f"{gw.name} answers")
         _until(gw.counting, f"{gw.name}'s usage service marked its worker: it counts")
 
-    def connect(self, gateway: str = "gateway01", timeout: float = 30) -> HTTPSConnection:
-        return HTTPSConnection("127.0.0.1", self.gateways[gateway].port, context=self.context, timeout=timeout)
+    def connect(self, gateway: str = "gateway01", timeout: float = 30, address: str = "127.0.0.1") -> HTTPSConnection:
+        return HTTPSConnection(address, self.gateways[gateway].port, context=self.context, timeout=timeout)
 
     def call(self, gateway: str, method: str, path: str, key: str | None = None, body: dict | None = None,
-             headers: dict | None = None, timeout: float = 30, kept: HTTPSConnection | None = None):
+             headers: dict | None = None, timeout: float = 30, kept: HTTPSConnection | None = None,
+             address: str = "127.0.0.1"):
         """(status, the body as JSON or text, the headers with lower-case names); ``kept``: a
         connection kept alive from one request to the next (as the OpenAI client's), else a new one."""
-        connection = kept or self.connect(gateway, timeout)
+        connection = kept or self.connect(gateway, timeout, address)
         try:
             connection.request(method, path, json.dumps(body) if body is not None else None,
                                {**({"Authorization": f"Bearer {self.keys[key]}"} if key else {}), **(headers or {})})
@@ -231,10 +235,11 @@ class Fleet:
             data = raw.decode(errors="replace")
         return resp.status, data, {k.lower(): v for k, v in resp.getheaders()}
 
-    def chat(self, key: str, gateway: str = "gateway01", kept: HTTPSConnection | None = None, **body):
+    def chat(self, key: str, gateway: str = "gateway01", kept: HTTPSConnection | None = None,
+             address: str = "127.0.0.1", **body):
         body.setdefault("messages", [{"role": "user", "content": "hello there"}])
         return self.call(gateway, "POST", "/v1/chat/completions", key, body, headers=body.pop("headers", None),
-                         kept=kept)
+                         kept=kept, address=address)
 
     def close(self):
         for gw in self.gateways.values():
@@ -467,6 +472,40 @@ def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_s
     saved = json.loads(day_file.read_text())["usage"]["spender"]
     assert saved["diffusiongemma"]["completion_tokens"] == 10 and saved["nope"]["errors"] == 1
     assert saved["gemma4"]["upstream_requests"] >= 1, "the external upstream's answers apart"
+
+
+def test_a_key_with_limits_is_answered_at_the_shared_address_alone(tmp_path):
+    """Two gateways on every address, sharing one (127.0.0.2 here): a burst for a key with 60 a
+    minute, spread over the shared address and each gateway's own, gets exactly 60 answers, all
+    at the shared address; elsewhere a 421 that names the address. A key without limits (the
+    operator's) is answered on every address; /health too, for the checks."""
+    shared = "127.0.0.2"
+    fleet = Fleet(tmp_path, shared=shared)
+    try:
+        _clear_of_the_minute_turn(20)
+        answers, lock = [], threading.Lock()
+
+        def one(i):
+            gateway, address = (("gateway01", shared), ("gateway01", "127.0.0.1"), ("gateway02", "127.0.0.1"))[i % 3]
+            got = fleet.chat("burst", gateway=gateway, address=address)
+            with lock:
+                answers.append((address, got[0], got[1]))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(1 for _, status, _ in answers if status == 200) == 60, sorted((a, s) for a, s, _ in answers)
+        assert {a for a, status, _ in answers if status == 200} == {shared}
+        misdirected = [body for address, status, body in answers if address != shared]
+        assert all(b["error"]["code"] == "misdirected_request" for b in misdirected), misdirected[:3]
+        assert f"https://{shared}:{fleet.gateways['gateway01'].port}/v1" in misdirected[0]["error"]["message"]
+        for gateway in fleet.gateways:
+            assert fleet.chat("api_key_file", gateway=gateway)[0] == 200
+            assert fleet.call(gateway, "GET", "/health")[0] == 200
+    finally:
+        fleet.close()
 
 
 def stranger(tmp: Path, name: str, dials: str, cert: Path | None) -> tuple[subprocess.Popen, Gateway]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roles import scrape_targets
+from roles.fleet import shared_address
 from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
 
 FILES = Path(__file__).parent / "files"
@@ -43,6 +44,10 @@ class Accounting:
     peers: tuple  # Peer, every gateway's (this one's included)
     peer_pem: str = PEER_PEM  # in the gateway's folder: its certificate among its peers, and its key
     peers_ca: str = PEERS_CA  # the fleet CA alone: a front door's own CA never vouches for a peer
+    # the gateways' shared address (gateway_address) and port: a key with limits is answered there
+    # alone, where one gateway at a time counts it ("": no shared address, every address counts)
+    shared_address: str = ""
+    shared_port: int = 8000
 
 
 def _hostport(address: str, port: int) -> str:
@@ -54,7 +59,8 @@ def accounting(host: str, v: dict, gateways: dict[str, str]) -> Accounting:
     port = int(v.get("gateway_peers_port", 10000))
     peers = tuple(Peer(name, _hostport(address, port)) for name, address in gateways.items())
     return Accounting(SOCKET, scrape_targets.USAGE_PATH, USAGE_PORT,
-                      _hostport(gateways.get(host) or v.get("ansible_host") or host, port), peers)
+                      _hostport(gateways.get(host) or v.get("ansible_host") or host, port), peers,
+                      shared_address=shared_address(v) or "", shared_port=int(v.get("api_port", 8000)))
 
 
 def render_unit(v: dict, runtime_api: str, limits: str = f"{GATEWAY.dir}/{LIMITS_MAP}") -> str:

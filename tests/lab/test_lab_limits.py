@@ -136,6 +136,27 @@ def test_a_burst_of_200_gets_exactly_its_60_a_minute_and_the_openai_client_finis
           f"(retried once the minute turned, {left:.1f} s on)")
 
 
+def test_200_at_once_over_every_address_a_gateway_answers_on_get_exactly_60(deployed, keys):
+    """The shared address and each gateway's own: a key with limits is answered at the shared one
+    alone (421 elsewhere, naming it), so one gateway counts it and the two never add up to more."""
+    burst = keys("spread", "--requests-per-minute", "60")
+    addresses = [SHARED] + [config.host(g).address for g in GATEWAYS]
+    clear_of_the_minute_turn(40)
+    answers = at_once(200, lambda i: (addresses[i % 3], *front_door(
+        "gateway01", "/v1/chat/completions", burst, CHAT, timeout=120, address=addresses[i % 3])))
+    answered = [address for address, status, _, _ in answers if status == 200]
+    assert len(answered) == 60 and set(answered) == {SHARED}, sorted((a, s) for a, s, _, _ in answers)
+    for address, status, body, _ in answers:
+        if address != SHARED:
+            error = json.loads(body)["error"]
+            assert status == 421 and error["code"] == "misdirected_request" and f"https://{SHARED}:8000/v1" in \
+                error["message"], (status, error)
+    # the operator's key (no limits) is answered on each gateway's own address, as the checks are
+    operator = (config.STATE / "secrets" / "api-key").read_text().strip()
+    for gateway in GATEWAYS:
+        assert front_door(gateway, "/v1/models", operator, address=config.host(gateway).address)[0] == 200
+
+
 def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_records_agree(deployed, keys):
     budget = keys("budget", "--tokens-per-day", "400")
     name = keys.names["budget"]

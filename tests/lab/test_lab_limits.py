@@ -274,16 +274,7 @@ def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_anothe
 
 
 def _post_with(key, body, headers):
-    import urllib.error
-    import urllib.request
-    req = urllib.request.Request(f"https://{SHARED}:8000/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
-                                          **headers})
-    try:
-        with urllib.request.urlopen(req, timeout=60, context=ssl.create_default_context(cafile=str(CA_FILE))) as r:
-            return r.status, r.read(), r.headers
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), exc.headers
+    return _post_raw(key, json.dumps(body), headers)
 
 
 def _table(gateway: str, key: str) -> str:
@@ -344,6 +335,7 @@ def test_a_key_limited_to_one_model_gets_no_other_models_answer_whatever_it_send
 
 
 def _post_raw(key, text, headers):
+    """A chat request through the shared address, its body as written (two `model` keys)."""
     import urllib.error
     import urllib.request
     req = urllib.request.Request(f"https://{SHARED}:8000/v1/chat/completions", data=text.encode(),

@@ -18,6 +18,10 @@ from . import CredentialError, locked, unsaved, write_private
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 PREFIX = "dgk-"  # makes a leaked key easy to recognise (and to grep for)
+# the names the fleet's own keys go by beside the users' (roles/haproxy/tls.py: the gateway's key to
+# the front doors, the monitoring hosts' key; roles/gateway/limits.py: the inventory's api_key_file,
+# never limited): a user's key of one of these names would take that key's place
+RESERVED = frozenset({"gateway", "monitoring", "api_key_file"})
 
 
 def digest(secret: str) -> str:
@@ -55,6 +59,9 @@ class KeyStore:
         returned once and kept nowhere."""
         if not NAME.match(name):
             raise CredentialError(f"key name {name!r}: use letters, digits and . _ @ - (at most 64)")
+        if name in RESERVED:
+            raise CredentialError(f"key name {name!r} is the fleet's own ({', '.join(sorted(RESERVED))} are): "
+                                  f"choose another name")
         with locked(self.path.parent):
             return self._add(name, limits or {})
 

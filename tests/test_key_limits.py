@@ -95,3 +95,30 @@ def test_limits_without_a_gateway_are_refused_and_set_needs_a_change(tmp_path):
     assert proc.returncode == 2 and "enforced by the gateways, and this inventory has none" in proc.stderr
     proc = _invoke("keys.set", "bob", inventory=_inventory(tmp_path / "g", gateway=True))
     assert proc.returncode == 2 and "nothing to change" in proc.stderr
+
+
+def test_a_users_key_never_takes_the_place_of_one_of_the_fleets_own(tmp_path):
+    """keys.add gateway (or monitoring, or api_key_file) is refused; a keys.json that holds such a
+    name from before is not taken in its place: the front doors keep taking the gateway's key, and
+    the operator's stays the one unlimited."""
+    from credentials.keys import RESERVED
+    from roles.gateway.limits import OPERATOR
+    from roles.haproxy import tls
+    assert {tls.GATEWAY_KEY, tls.MONITORING_KEY, OPERATOR} <= RESERVED
+    store = KeyStore(tmp_path)
+    for name in sorted(RESERVED):
+        with pytest.raises(CredentialError, match=f"key name '{name}' is the fleet's own"):
+            store.add(name)
+    assert not (tmp_path / "keys.json").exists() or store.hashes() == {}
+    # as if added before the refusal: the store says gateway and api_key_file are users' keys
+    store.add("alice")
+    data = json.loads((tmp_path / "keys.json").read_text())
+    data["gateway"] = data["api_key_file"] = {"sha256": "0" * 64, "added": "2026-11-01T00:00:00+00:00"}
+    (tmp_path / "keys.json").write_text(json.dumps(data))
+    operator = tmp_path / "operator.key"
+    operator.write_text("dgk-operator\n")
+    operator.chmod(0o600)
+    v = {"credentials_dir": str(tmp_path), "api_key_file": str(operator)}
+    accepted = tls.accepted_keys("rtx01", v, gateway=True, make=True)
+    assert accepted["gateway"] == digest((tmp_path / "gateway.key").read_text().strip())
+    assert accepted["api_key_file"] == digest("dgk-operator") and "0" * 64 not in accepted.values()

@@ -10,7 +10,7 @@ from converge.changes import Check
 from converge.errors import StepFailed
 from credentials import CredentialError, directory
 from credentials.ca import ca_paths, ca_pem, host_certificate, host_certificate_due
-from credentials.keys import KeyStore, digest, service_key
+from credentials.keys import RESERVED, KeyStore, digest, service_key
 
 from converge.secrets import read_optional_secret as read_secret
 from roles.fleet import shared_address
@@ -176,7 +176,9 @@ def accepted_keys(host: str, v: dict, gateway: bool = False, make: bool = True) 
     """Key name -> sha256: the users' keys, the inventory's api_key_file as one more,
     and (``gateway``: the fleet has one) the key the gateway reaches front doors with."""
     try:
-        hashes = KeyStore(directory(v)).hashes()
+        # a user's key stored under a name the fleet's own keys use (a keys.json from before
+        # keys.add refused them) never takes their place
+        hashes = {name: d for name, d in KeyStore(directory(v)).hashes().items() if name not in RESERVED}
         if gateway:
             hashes = {GATEWAY_KEY: digest(service_key(directory(v), GATEWAY_KEY, make)), **hashes}
     except CredentialError as exc:

@@ -577,3 +577,11 @@ def test_the_usage_service_reads_records_it_can_and_skips_the_rest():
                                 '"prompt_tokens": "5", "completion_tokens": "-", "diffusion": "-"}')
     assert r["subject"] == "owui/a@x.org" and r["host"] == "" and r["completion_tokens"] == 0 and r["t"] == 1795707444.8
     assert usage_service.family_of(r) == "diffusiongemma", "a fallback's request counts for the family asked"
+    forged = usage_service.record_of('x @record {"key": "k", "status": "200", "prompt_tokens": "-4000000", '
+                                     '"completion_tokens": "-1"}')
+    assert forged["prompt_tokens"] == 0 and forged["completion_tokens"] == 0, "no count given back"
+    sent = []
+    api = usage_service.RuntimeApi("/nonexistent")
+    api._ask = lambda commands: sent.extend(commands) or ""
+    api.set_counts("tokens_day", [("k:1", 2 ** 32 + 5), ("k:2", 7)])
+    assert sent == ["set table tokens_day key k:1 data.gpc0 4294967295", "set table tokens_day key k:2 data.gpc0 7"]

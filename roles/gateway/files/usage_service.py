@@ -27,6 +27,7 @@ DAY_S = 86400
 # needs --speculative-config); a DiffusionGemma replica's passes are counted for all its requests alone
 PASSES = ("not reported per request by vLLM 0.33; vllm:diffusion_num_denoising_steps counts the replica's "
           "passes over all its requests")
+COUNTER_MAX = 2 ** 32 - 1  # a stick-table's gpc0
 COUNTS = ("requests", "prompt_tokens", "completion_tokens", "errors", "refused", "fallbacks",
           "upstream_requests", "upstream_prompt_tokens", "upstream_completion_tokens")
 REFUSED = (401, 403, 429)
@@ -63,8 +64,10 @@ def record_of(line: str) -> dict | None:
     return {"t": when, "key": key, "user": user,
             "subject": subject, "model": raw.get("model") or "", "pool": raw.get("pool") or "",
             "fallback": raw.get("fallback") or "", "host": raw.get("host") or "", "replica": raw.get("replica") or "",
-            "status": number("status"), "prompt_tokens": number("prompt_tokens") or 0,
-            "completion_tokens": number("completion_tokens") or 0, "ttft_ms": number("ttft_ms"),
+            # a count is never below 0: a record of negative tokens (the socket takes any local
+            # process's) would give a key back what it spent
+            "status": number("status"), "prompt_tokens": max(0, number("prompt_tokens") or 0),
+            "completion_tokens": max(0, number("completion_tokens") or 0), "ttft_ms": number("ttft_ms"),
             "ms": number("ms"), "path": raw.get("path") or "", "diffusion": diffusion or None,
             # the place the request took in its minute's count (requests a minute), and that minute
             "rpm_n": number("rpm_n"), "minute": number("minute")}
@@ -293,7 +296,9 @@ class RuntimeApi:
 
     def set_counts(self, table: str, counts: list[tuple[str, int]]):
         for i in range(0, len(counts), 50):
-            answer = self._ask([f"set table {table} key {key} data.gpc0 {int(n)}" for key, n in counts[i:i + 50]])
+            # HAProxy's counters are 32 bits: a count past them is held at the top, never wrapped to little
+            answer = self._ask([f"set table {table} key {key} data.gpc0 {min(int(n), COUNTER_MAX)}"
+                                for key, n in counts[i:i + 50]])
             if answer.strip():
                 raise OSError(answer.strip()[:200])
 

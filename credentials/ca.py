@@ -127,26 +127,17 @@ def _alt_name(name: str):
         return x509.DNSName(name)
 
 
+# what a certificate is for: a host's (a TLS server), a gateway's among its peers (server and client)
+SERVER, PEER = "server", "peer"
+_USAGES = {SERVER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,),
+           PEER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)}
+
+
 def host_certificate(folder: Path, host: str, names: list[str], make: bool = True) -> Issued:
     """The certificate of ``host``'s front door for ``names`` (inventory name,
     addresses), kept in the credentials folder and renewed before it expires (``make``:
     else what a deploy would issue, held in memory, unsaved)."""
-    ca_cert, ca_key = ensure_ca(folder, make=make)
-    current = _current(folder, host, names, ca_cert)
-    if current is not None:
-        return current
-    if not make:
-        return unsaved(folder, ("host", host, tuple(names)), lambda: _issue(ca_cert, ca_key, host, names))
-    with locked(folder):
-        ca_cert, ca_key = _ensure_ca(folder, "dgemma-fleet CA")
-        current = _current(folder, host, names, ca_cert)
-        if current is not None:
-            return current
-        issued = _issue(ca_cert, ca_key, host, names)
-        cert_path, key_path = _host_paths(folder, host)
-        write_private(key_path, issued.key_pem.encode())
-        write_private(cert_path, issued.cert_pem.encode(), 0o644)
-        return issued
+    return _certificate(folder, host, names, SERVER, make)
 
 
 def peer_certificate(folder: Path, host: str, *, make: bool) -> Issued:
@@ -155,36 +146,31 @@ def peer_certificate(folder: Path, host: str, *, make: bool) -> Issued:
     server's alone, so a peers listener that asks for a client certificate of the fleet CA
     takes a gateway's and refuses a front door's. Kept apart from the host's own certificate
     (which may be the user's), renewed as it is."""
+    return _certificate(folder, host, [host], PEER, make)
+
+
+def _certificate(folder: Path, host: str, names: list[str], purpose: str, make: bool) -> Issued:
+    """The saved certificate of ``host`` for ``purpose`` while it still serves, else a new one
+    (saved, under the folder's lock; ``make`` False: held in memory, unsaved)."""
     ca_cert, ca_key = ensure_ca(folder, make=make)
-    current = _current(folder, host, [host], ca_cert, PEER)
+    current = _current(folder, host, names, ca_cert, purpose)
     if current is not None:
         return current
     if not make:
-        return unsaved(folder, ("peer", host), lambda: _issue(ca_cert, ca_key, host, [host], PEER))
+        return unsaved(folder, (purpose, host, tuple(names)), lambda: _issue(ca_cert, ca_key, host, names, purpose))
     with locked(folder):
         ca_cert, ca_key = _ensure_ca(folder, "dgemma-fleet CA")
-        current = _current(folder, host, [host], ca_cert, PEER)
+        current = _current(folder, host, names, ca_cert, purpose)
         if current is not None:
             return current
-        issued = _issue(ca_cert, ca_key, host, [host], PEER)
-        cert_path, key_path = _host_paths(folder, host, PEER)
+        issued = _issue(ca_cert, ca_key, host, names, purpose)
+        cert_path, key_path = _host_paths(folder, host, purpose)
         write_private(key_path, issued.key_pem.encode())
         write_private(cert_path, issued.cert_pem.encode(), 0o644)
         return issued
 
 
-def peer_certificate_due(folder: Path, host: str) -> bool:
-    found = _load_ca(folder)
-    return found is None or _current(folder, host, [host], found[0], PEER) is None
-
-
-# what a certificate is for: a host's (a TLS server), a gateway's among its peers (server and client)
-SERVER, PEER = "server", "peer"
-_USAGES = {SERVER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,),
-           PEER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)}
-
-
-def _host_paths(folder: Path, host: str, purpose: str = SERVER) -> tuple[Path, Path]:
+def _host_paths(folder: Path, host: str, purpose: str) -> tuple[Path, Path]:
     stem = host if purpose == SERVER else f"{host}.{purpose}"
     return folder / "hosts" / f"{stem}.crt", folder / "hosts" / f"{stem}.key"
 
@@ -192,11 +178,20 @@ def _host_paths(folder: Path, host: str, purpose: str = SERVER) -> tuple[Path, P
 def host_certificate_due(folder: Path, host: str, names: list[str]) -> bool:
     """Whether a deploy would issue ``host`` a certificate (none, names changed, under
     RENEW_DAYS left, or another CA's)."""
+    return _due(folder, host, names, SERVER)
+
+
+def peer_certificate_due(folder: Path, host: str) -> bool:
+    """Whether a deploy would issue the gateway ``host`` its peer certificate."""
+    return _due(folder, host, [host], PEER)
+
+
+def _due(folder: Path, host: str, names: list[str], purpose: str) -> bool:
     found = _load_ca(folder)
-    return found is None or _current(folder, host, names, found[0]) is None
+    return found is None or _current(folder, host, names, found[0], purpose) is None
 
 
-def _current(folder: Path, host: str, names: list[str], ca_cert, purpose: str = SERVER) -> Issued | None:
+def _current(folder: Path, host: str, names: list[str], ca_cert, purpose: str) -> Issued | None:
     """The saved certificate when it still serves: the same names, RENEW_DAYS left, this CA's."""
     cert_path, key_path = _host_paths(folder, host, purpose)
     if not (cert_path.exists() and key_path.exists()):
@@ -210,7 +205,7 @@ def _current(folder: Path, host: str, names: list[str], ca_cert, purpose: str = 
     return Issued(cert_path.read_text(), _key_pem(_load_key(key_path)).decode(), cert.not_valid_after_utc)
 
 
-def _issue(ca_cert, ca_key, host: str, names: list[str], purpose: str = SERVER) -> Issued:
+def _issue(ca_cert, ca_key, host: str, names: list[str], purpose: str) -> Issued:
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (x509.CertificateBuilder()

@@ -49,6 +49,11 @@ class Accounting:
     shared_address: str = ""
     shared_port: int = 8000
 
+    @property
+    def shared_url(self) -> str:
+        """The API at the shared address, as a client names it (the 421 that sends a key there says it)."""
+        return f"https://{_hostport(self.shared_address, self.shared_port)}/v1"
+
 
 def _hostport(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"

@@ -8,6 +8,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("DGEMMA_LAB_STATE", "/var/lib/dgemma-lab"))
 CACHE = Path(os.environ.get("DGEMMA_LAB_CACHE", "/var/cache/dgemma-lab"))
+# the lab inventory's api_key_file and credentials_dir (lab/inventory.py), and the fleet CA a
+# deploy makes there: what a user of the lab holds
+API_KEY_FILE = STATE / "secrets" / "api-key"
+CREDENTIALS = STATE / "credentials"
+CA_FILE = CREDENTIALS / "ca" / "ca.crt"
 # seconds the vLLM stand-in takes from its start to its first answer (a real vLLM: ~140 s, seed
 # 000). Every start in the lab waits it: the suite starts replicas ~110 times, most of them on
 # its critical path (rolls one at a time), so it is short; a test that needs a slow start sets

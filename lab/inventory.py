@@ -54,7 +54,7 @@ def directory():
 def write(hosts: list[config.LabHost]) -> str:
     inv = directory()
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
-    key_file = config.STATE / "secrets" / "api-key"
+    key_file = config.API_KEY_FILE
     key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not key_file.exists():
         key_file.write_text(secrets.token_urlsafe(24) + "\n")
@@ -74,7 +74,7 @@ def write(hosts: list[config.LabHost]) -> str:
         "hf_endpoint": config.HUB_URL,
         "api_key_file": str(key_file),
         # the fleet CA and the users' key hashes of the lab (not the user's own)
-        "credentials_dir": str(config.STATE / "credentials"),
+        "credentials_dir": str(config.CREDENTIALS),
         "ready_timeout": 300,
         # the lab rebuilds its images when the stand-ins change: hosts follow the registry
         "image_pull": "always",

@@ -274,8 +274,8 @@ def serves(c, timeout=60):
     import urllib.request
     url = f"https://{config.GATEWAY_ADDRESS}:8000/v1/chat/completions"
     try:
-        key = (config.STATE / "secrets" / "api-key").read_text().strip()
-        context = ssl.create_default_context(cafile=str(config.STATE / "credentials" / "ca" / "ca.crt"))
+        key = config.API_KEY_FILE.read_text().strip()
+        context = ssl.create_default_context(cafile=str(config.CA_FILE))
     except (OSError, ssl.SSLError) as exc:
         raise Exit(f"lab.serves: the lab's key or CA cannot be read ({exc}): run invoke lab.up, then invoke deploy",
                    code=1) from None

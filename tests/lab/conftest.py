@@ -53,7 +53,7 @@ def ssh_args(host, shared=False) -> list[str]:
     return args + [f"{lab_host.login}@{lab_host.address}"]
 
 
-CA_FILE = config.STATE / "credentials" / "ca" / "ca.crt"
+CA_FILE = config.CA_FILE
 
 
 def front_door(host, path, key=None, body=None, timeout=30, address=None):

@@ -72,7 +72,7 @@ def test_logs_are_prefixed_by_host(deployed):
 
 
 def test_endpoints_for_open_webui(deployed):
-    key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    key = config.API_KEY_FILE.read_text().strip()
     proc = invoke("endpoints", check=True)
     # one URL for Open WebUI: the gateways' shared address; each front door listed above it
     assert 'OPENAI_API_BASE_URLS="https://10.213.0.200:8000/v1"' in proc.stdout

@@ -20,7 +20,7 @@ UNIT = "/etc/systemd/system/podman-vllm-diffusiongemma.service"
 
 
 def api_key():
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 def get(host, path, key=None, body=None):

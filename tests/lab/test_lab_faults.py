@@ -302,7 +302,7 @@ def test_the_disk_under_etc_fills_during_the_unit_write(clean_links, lab_copy, t
     assert converges()
     # what runs is what the files say again: vLLM and its front door, started on the small
     # filesystems with the other key, were restarted onto the lab's own
-    lab_key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    lab_key = config.API_KEY_FILE.read_text().strip()
     status, body, _ = front_door("rtx01", "/v1/chat/completions", lab_key,
                                  {"model": "diffusiongemma", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert status == 200, body[:300]

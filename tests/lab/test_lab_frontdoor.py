@@ -42,7 +42,7 @@ def test_the_certificate_is_the_fleet_cas_for_the_hosts_name_and_address(deploye
         urllib.request.urlopen(f"https://{ADDRESS['rtx01']}:8000/health", timeout=10,
                                context=ssl.create_default_context())
     # the CA's key never leaves the control machine
-    assert (config.STATE / "credentials" / "ca" / "ca.key").stat().st_mode & 0o077 == 0
+    assert (config.CREDENTIALS / "ca" / "ca.key").stat().st_mode & 0o077 == 0
     for host in ("spark01", "rtx01"):
         listing = ssh(host, "ls /etc/dgemma/frontdoor; stat -c '%a %n' /etc/dgemma/frontdoor/tls.pem").stdout
         assert "ca.key" not in listing and "600 /etc/dgemma/frontdoor/tls.pem" in listing
@@ -81,14 +81,14 @@ def test_a_key_from_keys_add_works_and_is_refused_once_revoked_without_restartin
 
 
 def test_the_inventorys_api_key_file_keeps_working_as_one_key(deployed):
-    key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    key = config.API_KEY_FILE.read_text().strip()
     assert chat("rtx01", key)[0] == 200
 
 
 def test_a_request_is_logged_once_by_the_front_door_and_once_by_vllm(deployed):
     """podman's passthrough log driver: the container writes to its unit's journal stream
     itself; the journald driver beside the attached `podman run` logged every line twice."""
-    key = (config.STATE / "secrets" / "api-key").read_text().strip()
+    key = config.API_KEY_FILE.read_text().strip()
     marker = f"/v1/models?once={uuid.uuid4().hex}"
     assert front_door("rtx01", marker, key)[0] == 200
     counts = ssh("rtx01", "sleep 1; for u in podman-dgemma-frontdoor " + VLLM_UNIT + "; do "

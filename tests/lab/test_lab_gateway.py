@@ -25,7 +25,7 @@ def deployed(lab):
 
 
 def api_key():
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 def through_gateway(path, key=None, body=None, timeout=90):

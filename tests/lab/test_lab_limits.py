@@ -152,7 +152,7 @@ def test_200_at_once_over_every_address_a_gateway_answers_on_get_exactly_60(depl
             assert status == 421 and error["code"] == "misdirected_request" and f"https://{SHARED}:8000/v1" in \
                 error["message"], (status, error)
     # the operator's key (no limits) is answered on each gateway's own address, as the checks are
-    operator = (config.STATE / "secrets" / "api-key").read_text().strip()
+    operator = config.API_KEY_FILE.read_text().strip()
     for gateway in GATEWAYS:
         assert front_door(gateway, "/v1/models", operator, address=config.host(gateway).address)[0] == 200
 
@@ -292,7 +292,7 @@ def test_a_stranger_on_the_lab_network_neither_reads_nor_sets_a_count(deployed, 
     assert post(spent)[0] == 200
     day = int(time.time()) // 86400
     door = tmp_path / "door.pem"
-    hosts = config.STATE / "credentials" / "hosts"
+    hosts = config.CREDENTIALS / "hosts"
     door.write_text((hosts / "rtx01.crt").read_text() + (hosts / "rtx01.key").read_text())
     door.chmod(0o600)
     gateway01 = f"{config.host('gateway01').address}:10000"

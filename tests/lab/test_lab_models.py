@@ -30,7 +30,7 @@ def chat(model):
 
 
 def api_key():
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 def through_gateway(path, body=None, timeout=90):

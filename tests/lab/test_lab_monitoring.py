@@ -32,11 +32,11 @@ REPLICAS = [("spark01", 0), ("rtx01", 0), ("h100-01", 0)] + [("hgx01", i) for i 
 
 
 def api_key():
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 def monitoring_key():
-    return (config.STATE / "credentials" / "monitoring.key").read_text().strip()
+    return (config.CREDENTIALS / "monitoring.key").read_text().strip()
 
 
 def prometheus(query: str, at: float | None = None) -> list[dict]:

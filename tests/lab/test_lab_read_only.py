@@ -40,7 +40,7 @@ def test_a_check_with_a_fresh_credentials_folder_changes_nothing(deployed, tmp_p
     hosts serve the other tests meanwhile, whose keys and CA a fresh folder would replace.)"""
     fresh = tmp_path / "credentials"
     before = {host: host_tree(host) for host in HOSTS}
-    lab_credentials = folder_tree(config.STATE / "credentials")
+    lab_credentials = folder_tree(config.CREDENTIALS)
     proc, data = deploy_json("--check", "--set", f"credentials_dir={fresh}")
     assert proc.returncode == 0, proc.stdout[-3000:]
     said = {h: [t["message"] for t in v["tasks"] if t["task"] == "fleet credentials"] for h, v in data["hosts"].items()}
@@ -50,7 +50,7 @@ def test_a_check_with_a_fresh_credentials_folder_changes_nothing(deployed, tmp_p
     assert [t for t in data["hosts"]["rtx01"]["tasks"] if t["task"] == "front door certificate"][0]["status"] \
         == "changed"
     assert not fresh.exists(), sorted(folder_tree(fresh)) if fresh.exists() else None
-    assert folder_tree(config.STATE / "credentials") == lab_credentials
+    assert folder_tree(config.CREDENTIALS) == lab_credentials
     assert {host: host_tree(host) for host in HOSTS} == before
     # verify and facts make nothing there either
     for command in (["verify", "--hosts", "rtx01", "--set", f"credentials_dir={fresh}"],

@@ -60,7 +60,7 @@ def test_four_replicas_each_on_its_own_gpu_behind_one_front_door(four, tmp_path)
     assert [line.split()[1:3] for line in servers.splitlines() if line.strip().startswith("server replica")] == \
         [[f"replica{i}", f"127.0.0.1:{8100 + i}"] for i in range(4)]
     assert "    server flag 127.0.0.1:9 disabled" in haproxy.splitlines()  # a roll's flag, never checked
-    code, body, _ = front_door(HOST, "/v1/models", key=(config.STATE / "secrets" / "api-key").read_text().strip())
+    code, body, _ = front_door(HOST, "/v1/models", key=config.API_KEY_FILE.read_text().strip())
     assert code == 200, body[:300]
     # the plan as `invoke facts` shows it
     out = tmp_path / "facts.json"

@@ -30,7 +30,7 @@ CHAT = {"model": "diffusiongemma", "max_tokens": 8, "messages": [{"role": "user"
 
 
 def api_key():
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 @pytest.fixture(scope="module")

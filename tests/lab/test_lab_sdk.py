@@ -22,7 +22,7 @@ WEATHER = {"type": "function", "function": {
 
 
 def lab_key() -> str:
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 def client(key=None, **options) -> openai.OpenAI:

@@ -21,7 +21,7 @@ GATEWAY_UNIT = "podman-dgemma-gateway.service"
 
 
 def api_key():
-    return (config.STATE / "secrets" / "api-key").read_text().strip()
+    return config.API_KEY_FILE.read_text().strip()
 
 
 def holders() -> list[str]:

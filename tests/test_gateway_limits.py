@@ -69,12 +69,16 @@ class Door(BaseHTTPRequestHandler):
         self._common("text/event-stream")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
+        dumps = (lambda o: json.dumps(o, separators=(",", ":"))) if req.get("compact") else json.dumps
+        base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": req.get("model", "diffusiongemma")}
         for i in range(completion):
             usage = {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1}
-            self._chunk(f"data: {json.dumps({'choices': [{'delta': {'content': 'w '}}], 'usage': usage})}\n\n")
+            self._chunk(f"data: {dumps({**base, 'choices': [{'index': 0, 'delta': {'content': 'w '}}], 'usage': usage})}\n\n",
+                        int(req.get("split", 0)))
             time.sleep(float(req.get("pace", 0)))
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        self._chunk(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n")
+        self._chunk(f"data: {dumps({**base, 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n",
+                    int(req.get("split", 0)))
         self.wfile.write(b"0\r\n\r\n")
 
     def _common(self, kind):
@@ -83,10 +87,15 @@ class Door(BaseHTTPRequestHandler):
         self.send_header("x-dgemma-diffusion", DIFFUSION)
         self.send_header("content-type", kind)
 
-    def _chunk(self, text):
+    def _chunk(self, text, split: int = 0):
+        """One HTTP chunk, or (``split``) pieces of that many bytes, each sent on its own, so that an
+        event reaches the gateway in parts."""
         data = text.encode()
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
+        for piece in [data[i:i + split] for i in range(0, len(data), split)] if split else [data]:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+            if split:
+                time.sleep(0.001)
 
     def _send(self, status, body, kind):
         self.send_response(status)
@@ -343,7 +352,8 @@ def test_a_days_tokens_counted_from_vllms_usage_streamed_or_not_then_insufficien
     spent, answers, last = 0, 0, 0
     kept = fleet.connect()  # one connection, as the OpenAI client keeps: the next request finds the last counted
     for i in range(20):
-        status, data, headers = fleet.chat("budget", stream=bool(i % 2), max_tokens=7, kept=kept)
+        stream = {"stream": True, "stream_options": {"include_usage": True}} if i % 2 else {}
+        status, data, headers = fleet.chat("budget", max_tokens=7, kept=kept, **stream)
         if status != 200:
             break
         last = _usage_of(data)
@@ -440,7 +450,8 @@ def test_a_reload_and_a_restart_keep_the_days_tokens(fleet):
 
 
 def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_settings(fleet):
-    sent = [fleet.chat("spender", max_tokens=4), fleet.chat("spender", stream=True, max_tokens=6),
+    sent = [fleet.chat("spender", max_tokens=4), fleet.chat("spender", stream=True, max_tokens=6,
+                                                                 stream_options={"include_usage": True}),
             fleet.chat("spender", model="nope")]
     assert [s[0] for s in sent] == [200, 200, 404]
     gw = fleet.gateways["gateway01"]
@@ -474,6 +485,57 @@ def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_s
     assert saved["gemma4"]["upstream_requests"] >= 1, "the external upstream's answers apart"
 
 
+STREAM_SHAPES = [  # stream_options as sent, then what vLLM sends that client: usage in each chunk, its own last chunk
+    (None, False, False), ({"include_usage": False}, False, False), ({"include_usage": True}, False, True),
+    ({"include_usage": True, "continuous_usage_stats": True}, True, True)]
+
+
+@pytest.mark.parametrize("options, in_every_chunk, last_chunk", STREAM_SHAPES)
+@pytest.mark.parametrize("wire", [{}, {"compact": True, "split": 7}], ids=["spaced", "compact-in-pieces"])
+def test_a_stream_carries_the_usage_its_client_asked_for_and_is_counted_whole(fleet, options, in_every_chunk,
+                                                                                last_chunk, wire):
+    """The replicas put usage in every chunk and a usage chunk at the end of every stream, for the
+    gateway's count (--enable-force-include-usage). The client gets what vLLM sends it for its own
+    stream_options: no usage when it did not ask (so ``chunk.choices[0]`` holds on every chunk), the
+    last chunk alone when it asked include_usage; and the count is the whole answer's either way.
+    ``wire``: vLLM's compact JSON, each event reaching the gateway in 7-byte pieces."""
+    gw = fleet.gateways["gateway01"]
+    before = len(gw.records())
+    body = {"stream": True, "max_tokens": 9, **wire, **({"stream_options": options} if options is not None else {})}
+    status, data, headers = fleet.chat("spender", **body)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert data.endswith("data: [DONE]\n\n") and "\n\n\n" not in data, data[-200:]
+    events = [json.loads(line[6:]) for line in data.split("\n\n") if line.startswith("data: {")]
+    with_choices = [e for e in events if e["choices"]]
+    assert len(with_choices) == 9 and "".join(e["choices"][0]["delta"]["content"] for e in with_choices) == "w " * 9
+    assert all(("usage" in e) == in_every_chunk for e in with_choices), with_choices[0]
+    assert [e for e in events if not e["choices"]] == ([events[-1]] if last_chunk else [])
+    if last_chunk:
+        assert events[-1]["usage"]["completion_tokens"] == 9 and events[-1]["object"] == "chat.completion.chunk"
+    _until(lambda: len(gw.records()) > before, "the stream's record")
+    record = gw.records()[-1]
+    assert record["key"] == "spender" and record["completion_tokens"] == 9 and record["prompt_tokens"] == 5, record
+    assert record["ttft_ms"] is not None
+
+
+def test_the_openai_sdks_plain_loop_reads_every_stream_and_its_usage_is_the_gateways(fleet):
+    """The most common client code there is, ``chunk.choices[0].delta.content`` on every chunk,
+    through the gateway; and with include_usage, the SDK's usage is the gateway's record."""
+    import openai
+    gw = fleet.gateways["gateway01"]
+    sdk = openai.OpenAI(base_url=f"https://127.0.0.1:{gw.port}/v1", api_key=fleet.keys["spender"], max_retries=0,
+                        http_client=openai.DefaultHttpxClient(verify=fleet.context))
+    chat = {"model": "diffusiongemma", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6}
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in sdk.chat.completions.create(**chat, stream=True))
+    assert text == "w " * 6
+    chunks = list(sdk.chat.completions.create(**chat, stream=True, stream_options={"include_usage": True}))
+    assert [c.usage for c in chunks[:-1]] == [None] * 6 and chunks[-1].choices == []
+    before = len(gw.records())
+    _until(lambda: gw.records()[-1]["completion_tokens"] == chunks[-1].usage.completion_tokens and
+           gw.records()[-1]["prompt_tokens"] == chunks[-1].usage.prompt_tokens, "the record is the SDK's usage")
+    assert before >= 2
+
+
 def test_a_key_with_limits_is_answered_at_the_shared_address_alone(tmp_path):
     """Two gateways on every address, sharing one (127.0.0.2 here): a burst for a key with 60 a
     minute, spread over the shared address and each gateway's own, gets exactly 60 answers, all
@@ -500,7 +562,9 @@ def test_a_key_with_limits_is_answered_at_the_shared_address_alone(tmp_path):
         assert {a for a, status, _ in answers if status == 200} == {shared}
         misdirected = [body for address, status, body in answers if address != shared]
         assert all(b["error"]["code"] == "misdirected_request" for b in misdirected), misdirected[:3]
-        assert f"https://{shared}:{fleet.gateways['gateway01'].port}/v1" in misdirected[0]["error"]["message"]
+        # each gateway names the shared address at its own port (the lab's two share one, 8000)
+        urls = {f"https://{shared}:{gw.port}/v1" for gw in fleet.gateways.values()}
+        assert all(b["error"]["message"].rsplit(" ", 1)[-1] in urls for b in misdirected), misdirected[:3]
         for gateway in fleet.gateways:
             assert fleet.chat("api_key_file", gateway=gateway)[0] == 200
             assert fleet.call(gateway, "GET", "/health")[0] == 200

@@ -165,7 +165,7 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
     with pytest.raises(openai.RateLimitError) as refused:
         for i in range(40):
             if i % 2:
-                stream = sdk.chat.completions.create(**CHAT, stream=True)
+                stream = sdk.chat.completions.create(**CHAT, stream=True, stream_options={"include_usage": True})
                 usage = [chunk.usage for chunk in stream if chunk.usage][-1]
             else:
                 usage = sdk.chat.completions.create(**CHAT).usage
@@ -205,6 +205,37 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
     print(f"a key of 400 tokens a day: {answers} answers (streamed and not) received {received} tokens, then "
           f"insufficient_quota (not retried); the gateways' table, invoke usage, the records and Prometheus "
           f"all say {received}")
+
+
+def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_either_way(deployed, keys):
+    """The replicas put usage in every chunk of every stream for the gateways' count; the SDK's
+    plain loop over ``chunk.choices[0]`` reads a stream whose client did not ask for usage to its
+    end, and a client that asked gets vLLM's last chunk, whose usage is the gateway's record."""
+    streamer = keys("streamer", "--tokens-per-day", "100000")
+    name = keys.names["streamer"]
+    sdk = client(streamer)
+    plain = [chunk.choices[0].delta.content or "" for chunk in sdk.chat.completions.create(**CHAT, stream=True)]
+    words = len("".join(plain).split())  # the stand-in's tokens are words
+    assert words > 0
+    asked = list(sdk.chat.completions.create(**CHAT, stream=True, stream_options={"include_usage": True}))
+    assert [c.usage for c in asked[:-1]] == [None] * (len(asked) - 1) and asked[-1].choices == []
+    usage = asked[-1].usage
+    assert usage.completion_tokens == len("".join(c.choices[0].delta.content or "" for c in asked[:-1]).split())
+    deadline = time.monotonic() + 20
+    while True:  # the records reach the journal a moment after the answers
+        records = json.loads(invoke("logs", "--requests", "--key", name, "--json", "-").stdout)["records"]
+        if len(records) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(records) == 2 and all(r["status"] == 200 and r["ttft_ms"] is not None for r in records), records
+    assert [r["completion_tokens"] for r in records] == [words, usage.completion_tokens]
+    assert records[1]["prompt_tokens"] == usage.prompt_tokens
+    day, spent = int(time.time()) // 86400, records[0]["prompt_tokens"] + words + usage.total_tokens
+    table = ""
+    while f"gpc0={spent}" not in table and time.monotonic() < deadline + 10:
+        table = ssh(holder(), f"echo 'show table tokens_day key {name}:{day}' | curl -sS --unix-socket "
+                              f"/run/dgemma-gateway/admin.sock telnet://localhost").stdout
+    assert f"gpc0={spent}" in table, table
 
 
 def test_the_counts_carry_over_the_address_moving_a_reload_and_a_restart(deployed, keys):

@@ -4,7 +4,9 @@
 -- completion_tokens, or the Responses API's input_tokens and output_tokens) as the answer
 -- passes, a streamed one chunk by chunk (vLLM sends usage in its chunks when told to), and
 -- the time to its first byte; it sets them as the request's variables for its record (the
--- log line), so that an answer cut off mid-stream still counts what was received. HAProxy 2.6
+-- log line), so that an answer cut off mid-stream still counts what was received. The replicas put
+-- usage in every chunk of every stream for that count (--enable-force-include-usage); the filter
+-- gives each client the stream it asked for (stream_options), as vLLM would have sent it. HAProxy 2.6
 -- cannot add to a stick-table counter (no sc-add-gpc): the usage service adds each answer's
 -- tokens to the table `tokens_day` from the record; until that lands, the action `budget`
 -- counts them here, so that the request after the one that spent a budget is refused.
@@ -100,7 +102,7 @@ Usage.flags = filter.FLT_CFG_FL_HTX
 Usage.__index = Usage
 
 function Usage:new()
-  return setmetatable({tail = "", started = 0, first = false, charged = false}, Usage)
+  return setmetatable({tail = "", started = 0, first = false, charged = false, shape = nil}, Usage)
 end
 
 function Usage:start_analyze(txn, chn)
@@ -109,10 +111,32 @@ function Usage:start_analyze(txn, chn)
   end
 end
 
+-- what the client asked of a stream's usage (its request's stream_options, read by the gateway's
+-- rules): "every" (usage in each chunk too: the stream is left as it is), "final" (vLLM's last chunk
+-- of its own, `"choices": []`, and no usage in the others), "none" (no usage at all, as vLLM streams
+-- to a client that did not ask: the SDK's loop over chunk.choices[0] must not meet an empty list)
+local function asked(txn)
+  local function yes(name)
+    local value = txn:get_var(name)
+    return value == true or value == 1 or value == "1" or value == "true"
+  end
+  if not yes("txn.usage_asked") then
+    return "none"
+  end
+  return yes("txn.usage_every") and "every" or "final"
+end
+
 function Usage:http_headers(txn, http_msg)
   if http_msg.channel:is_resp() then
     local kind = http_msg:get_headers()["content-type"]
     self.stream = kind ~= nil and kind[0] ~= nil and kind[0]:find("text/event-stream", 1, true) ~= nil
+    -- the Chat Completions and Completions streams alone: the Responses API carries its usage in its
+    -- own last event (response.completed) whatever the client asked
+    local path = txn:get_var("txn.path") or ""
+    if self.stream and path:sub(-12) == "/completions" then
+      local shape = asked(txn)
+      self.shape = shape ~= "every" and shape or nil
+    end
     filter.register_data_filter(self, http_msg.channel)
   end
 end
@@ -130,12 +154,51 @@ local function generated(text)
   return false
 end
 
-function Usage:http_payload(txn, http_msg)
-  local data = http_msg:body()
-  if data == nil or #data == 0 then
-    return
+-- an event with its usage taken out. A JSON string holds no unescaped quote, so `"usage":` is never
+-- found inside generated text, and a usage object holds no string, so %b{} is the whole of it
+local function without_usage(event)
+  local out, n = event:gsub(',%s*"usage"%s*:%s*%b{}', "", 1)
+  if n == 0 then
+    out, n = event:gsub(',%s*"usage"%s*:%s*null', "", 1)
   end
-  local text = self.tail .. data
+  if n == 0 then
+    out = event:gsub('"usage"%s*:%s*%b{}%s*,%s*', "", 1)
+  end
+  return out
+end
+
+local USAGE_ONLY = '"choices"%s*:%s*%[%s*%]'
+
+-- whole events ("data: {...}" and the blank line after it) in the shape the client asked for
+local function reshaped(events, shape)
+  local out = {}
+  for event, gap in events:gmatch("(.-)(\r?\n\r?\n)") do
+    if event:find('"usage"', 1, true) == nil then
+      out[#out + 1] = event .. gap
+    elseif event:find(USAGE_ONLY) then
+      if shape == "final" then
+        out[#out + 1] = event .. gap
+      end -- "none": vLLM sends no such chunk to a client that did not ask
+    else
+      out[#out + 1] = without_usage(event) .. gap
+    end
+  end
+  return table.concat(out)
+end
+
+-- where the last whole event in text ends (the end of its blank line), or nil
+local function last_event_end(text)
+  local last, from = nil, 1
+  while true do
+    local _, stop = text:find("\n\r?\n", from)
+    if stop == nil then
+      return last
+    end
+    last, from = stop, stop + 1
+  end
+end
+
+function Usage:read(txn, text)
   -- time to the first token: a stream's first generated text (a whole answer's is its duration)
   if self.stream and not self.first and generated(text) then
     self.first = true
@@ -149,7 +212,45 @@ function Usage:http_payload(txn, http_msg)
   if completion then
     txn:set_var("txn.completion_tokens", tonumber(completion))
   end
-  self.tail = #text > TAIL and text:sub(-TAIL) or text
+end
+
+function Usage:http_payload(txn, http_msg)
+  local data = http_msg:body()
+  if self.shape == nil then
+    -- nothing to change: read as it passes (nothing returned: HAProxy forwards it all)
+    if data ~= nil and #data > 0 then
+      local text = self.tail .. data
+      self:read(txn, text)
+      self.tail = #text > TAIL and text:sub(-TAIL) or text
+    end
+    return
+  end
+  -- whole events alone are read, reshaped and forwarded; the rest stays in the buffer until its end
+  -- comes (a number returned: what is not forwarded here is kept), unless the buffer is full or the
+  -- answer ends without one. No data (the answer's end): nothing returned, nothing held
+  if data == nil or #data == 0 then
+    return
+  end
+  local stop = last_event_end(data)
+  if stop == nil then
+    if http_msg:is_full() or http_msg:eom() or not http_msg:may_recv() then
+      self:read(txn, data)
+      http_msg:forward(#data)
+    end
+    return 0
+  end
+  local events = data:sub(1, stop)
+  self:read(txn, events)
+  local shaped = reshaped(events, self.shape)
+  -- HAProxy 2.6's set() in place left the old bytes to be handed again: the events are taken out,
+  -- and what the client gets is sent in their place (shorter: there is room)
+  if shaped ~= events then
+    http_msg:remove(0, stop)
+    http_msg:send(shaped)
+  else
+    http_msg:forward(stop)
+  end
+  return 0
 end
 
 -- charged when the answer ends, before its last bytes leave (the client's next request then finds it

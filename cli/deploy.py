@@ -139,14 +139,26 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
                             "format": "systemd (the unit), nixos (a NixOS oci-containers module) or prometheus "
                                       "(scrape configuration, targets, rules and credentials for a Prometheus "
                                       "of your own)",
+                            "target": "kubernetes: the whole fleet as production-stack values, Deployments, Envoy "
+                                      "Gateway policies, a PrometheusRule, ServiceMonitors and dashboards, written "
+                                      "to --out (each checked against its project's schema)",
+                            "out": "the folder --target kubernetes writes to",
                             "ask_become_pass": runs.HELP["ask_become_pass"]}, iterable=["set"])
-def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False):
-    """Print the unit (or NixOS module) deploy would write, or the fleet's scrape configuration."""
+def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False, target=None, out=None):
+    """Print the unit (or NixOS module) deploy would write, or the fleet's scrape configuration;
+    --target kubernetes: write the fleet for Kubernetes."""
     from roles.preflight.role import FACTS_ROLE
     from roles.service.render import FORMATS, RENDER_ROLE
+    if target not in (None, "kubernetes"):
+        raise Exit(f"--target {target}: expected kubernetes (or no --target: --format's unit or module)", code=2)
+    if target and not out:
+        raise Exit("--target kubernetes writes files: give --out FOLDER", code=2)
     if format not in FORMATS + ("prometheus",):
         raise Exit(f"--format {format}: expected one of {', '.join(FORMATS + ('prometheus',))}", code=2)
     play = runs.load_play(inventory, set, ask_become_pass)
+    if target:
+        _render_kubernetes(play, hosts, out)
+        return
     if format == "prometheus":
         _render_prometheus(play, hosts)
         return
@@ -164,6 +176,55 @@ def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become
             print(f"# ---- {host}: {path}")
             print(text, end="")
     runs.finish(report, None, None, ok=not failed)
+
+
+def _render_kubernetes(play, hosts, out):
+    """Every serving host's facts (read-only, one round trip each), the same choices as deploy's,
+    rendered for Kubernetes and checked, then written; nothing is written when anything fails."""
+    from pathlib import Path
+
+    from credentials import CredentialError, directory
+    from credentials.keys import KeyStore
+    from kubernetes_manifests.collect import KUBERNETES_ROLE
+    from kubernetes_manifests.render import RenderError, Settings, render, write
+    from roles.gateway.limits import OPERATOR, UNLIMITED, effective
+    from roles.preflight.role import FACTS_ROLE
+    report = runs.run(play, [FACTS_ROLE, KUBERNETES_ROLE], hosts, check=True)
+    failed = [f"{t.host}: {t.message}" for t in report.tasks if t.status in ("failed", "unreachable")]
+    if failed:
+        raise Exit("render --target kubernetes: these hosts' facts or choices failed, nothing was written:\n  "
+                   + "\n  ".join(failed), code=1)
+    serving = [extra["kubernetes"] for extra in report.extra.values() if extra.get("kubernetes")]
+    if not serving:
+        raise Exit("render --target kubernetes: no serving host among --hosts (models: or the serving groups)", code=2)
+    # one cluster, one set of names: the serving hosts' `kubernetes` must agree
+    first = play.hostvars(serving[0].name)
+    apart = [h.name for h in serving if h.vars.get("kubernetes") != first.get("kubernetes")]
+    if apart:
+        raise Exit(f"render --target kubernetes: the variable kubernetes differs between {serving[0].name} and "
+                   f"{', '.join(apart)}: set it once for every host (the inventory's all: vars or group_vars/all)",
+                   code=2)
+    where = ""
+    host = play.inventory.host(serving[0].name, play.defaults, play.overrides)
+    for source in reversed(host.sources):
+        if "kubernetes" in source.values:
+            where = str(source.origin_of(("kubernetes", "values")))
+            break
+    try:
+        store = KeyStore(directory(first)).load()
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    keys = {name: effective(first.get("key_limits"), entry.get("limits")) for name, entry in store.items()}
+    keys[OPERATOR] = UNLIMITED
+    try:
+        files = render(serving, keys, Settings.of(first, where), first)
+    except RenderError as exc:
+        raise Exit("render --target kubernetes: nothing was written:\n  " + "\n  ".join(exc.problems), code=1)
+    written = write(files, Path(out))
+    print(f"render --target kubernetes: {len(written)} files in {out} for {len(serving)} serving hosts, each "
+          f"checked against its project's schema; {Path(out) / 'README.md'} says how to install them")
+    for path in written:
+        print(f"  {path}")
 
 
 def _render_prometheus(play, hosts):

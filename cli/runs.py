@@ -76,7 +76,9 @@ def load_play(inventory, overrides=None, ask_become_pass=False):
     import roles
     from converge.play import Play
     try:
-        play = Play.load(inventory, roles.schemas(), roles.defaults(), overrides,
+        from kubernetes_manifests.collect import schema as kubernetes_schema
+        # the roles' variables, and the render's for Kubernetes (which the roles never read)
+        play = Play.load(inventory, (*roles.schemas(), kubernetes_schema()), roles.defaults(), overrides,
                          path_variable=roles.INVENTORY_VARIABLE)
         play.check()
         catalogs = roles.problems()

@@ -53,6 +53,9 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "py
             "curl", "ca-certificates", "podman", "crun", "conmon", "fuse-overlayfs", "util-linux", "procps",
             "netavark", "aardvark-dns", "containernetworking-plugins", "golang-github-containers-common",
             "sudo", "docker.io", "iptables",
+            # podman's Recommends on Debian (apt installs it with podman): a pod's pause process
+            # (podman kube play builds its infra image from it)
+            "catatonit",
             # Debian's HAProxy, for the lab's image of the front door (library/haproxy)
             "haproxy",
             # Debian's keepalived: the gateways' shared address (VRRP), as on a real gateway host

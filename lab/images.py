@@ -12,7 +12,7 @@ from pathlib import Path
 from . import config, debs, rootfs, sh
 from .slimroot import SlimRoot
 
-IMAGE_VERSION = "5"  # 5: small roots (lab/slimroot.py), not the whole base
+IMAGE_VERSION = "6"  # 5: small roots (lab/slimroot.py), not the whole base; 6: PATH, as the official image has
 HF_SITE_VERSION = "4"
 # pure-Python wheels: the same files serve both arches (hf_xet is left out: HF_HUB_DISABLE_XET=1)
 HF_REQUIREMENTS = ["huggingface_hub==2.4.0"]
@@ -246,7 +246,11 @@ def ensure_images(cold_start: float = config.COLD_START_S, log=print):
         if not sh.ok("podman", "image", "exists", local):
             log(f"building the {arch} vLLM stand-in image")
             _import(arch, local, ("/usr/bin/python3.11",), PYTHON_PATHS, _extras(arch, cold_start),
-                    ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]', f"ENV VLLM_STANDIN_COLD_START={cold_start}",
+                    ['ENTRYPOINT ["/usr/local/bin/vllm", "serve"]',
+                     # the official image's PATH (its CUDA base's): a pod's `command: [vllm, serve, ...]`
+                     # (production-stack's chart) finds vllm by it
+                     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                     f"ENV VLLM_STANDIN_COLD_START={cold_start}",
                      "ENV HF_HUB_DISABLE_XET=1", "ENV PYTHONUNBUFFERED=1"], log, modules=PYTHON_MODULES)
         for tag in tags:
             log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")

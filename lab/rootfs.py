@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import config, sh
 
-BASE_VERSION = "8"  # bump when what goes into a base rootfs changes
+BASE_VERSION = "9"  # bump when what goes into a base rootfs changes (9: catatonit)
 YESCRYPT_COST = 1  # chpasswd's --sha-rounds for yescrypt: 1 to 11, Debian's default 5
 
 HOST_PACKAGES = ["debootstrap", "systemd-container", "qemu-user-static", "binfmt-support", "podman", "crun",

@@ -52,8 +52,10 @@ def test_a_check_with_a_fresh_credentials_folder_changes_nothing(deployed, tmp_p
     assert not fresh.exists(), sorted(folder_tree(fresh)) if fresh.exists() else None
     assert folder_tree(config.CREDENTIALS) == lab_credentials
     assert {host: host_tree(host) for host in HOSTS} == before
-    # verify and facts make nothing there either
+    # verify, facts and the render for Kubernetes make nothing there either
     for command in (["verify", "--hosts", "rtx01", "--set", f"credentials_dir={fresh}"],
-                    ["facts", "--hosts", "rtx01", "--set", f"credentials_dir={fresh}"]):
+                    ["facts", "--hosts", "rtx01", "--set", f"credentials_dir={fresh}"],
+                    ["render", "--target", "kubernetes", "--out", tmp_path / "k8s", "--hosts", "rtx01", "--set",
+                     f"credentials_dir={fresh}"]):
         invoke(*command)
         assert not fresh.exists(), command

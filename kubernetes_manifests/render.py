@@ -1,0 +1,153 @@
+"""The fleet for Kubernetes: every file ``invoke render --target kubernetes`` writes, each
+checked against the real schemas before anything is written. Pure but for ``write``."""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from roles.gateway.limits import Limits
+
+from . import checks, gateway, hardware, monitoring, pods
+from .serving import ServingHost
+from .values import SECRETS, stack_values
+
+DEFAULTS = {"namespace": "dgemma", "release": "dgemma", "gateway": "dgemma-gateway"}
+
+
+class RenderError(Exception):
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class Settings:
+    namespace: str = DEFAULTS["namespace"]
+    release: str = DEFAULTS["release"]
+    gateway: str = DEFAULTS["gateway"]
+    values: dict = field(default_factory=dict)  # the inventory's kubernetes.values
+    where: str = "kubernetes.values"  # where they were set (file:line), for errors
+
+    @classmethod
+    def of(cls, v: dict, where: str = "") -> "Settings":
+        k = v.get("kubernetes") or {}
+        return cls(k.get("namespace", DEFAULTS["namespace"]), k.get("release", DEFAULTS["release"]),
+                   k.get("gateway", DEFAULTS["gateway"]), copy.deepcopy(k.get("values") or {}),
+                   f"{where}: kubernetes.values" if where else "kubernetes.values")
+
+
+def _yaml(docs: list[dict]) -> str:
+    return "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=120) for d in docs)
+
+
+def render(hosts: list[ServingHost], keys: dict[str, Limits], settings: Settings, v: dict) -> dict[str, str]:
+    """{relative path: text}, or RenderError naming each problem (the host, or the file and key)."""
+    if not hosts:
+        raise RenderError(["no serving host to render: the inventory's hosts serve nothing (models:)"])
+    try:
+        values, named = stack_values(hosts, settings.release)
+    except hardware.HardwareError as exc:
+        raise RenderError([str(exc)]) from None
+    problems = checks.values_problems(settings.values, settings.where) if settings.values else []
+    values = checks.merged(values, settings.values)
+    problems += checks.values_problems(values, "values.yaml")
+    ns, release = settings.namespace, settings.release
+    files: dict[str, list[dict]] = {}
+    in_force = checks.merged(checks.chart_defaults(), values)  # what the chart's templates read
+    for spec in values["servingEngineSpec"]["modelSpec"]:
+        files[f"serving/{spec['name']}.yaml"] = pods.deployment(in_force, spec, release, ns)
+    families = sorted({g.family for _, g in named})
+    files["gateway/policies.yaml"] = gateway.policies(keys, release, ns, settings.gateway, families)
+    files["monitoring/servicemonitor.yaml"] = [monitoring.service_monitor(release, ns)]
+    files["monitoring/prometheusrule.yaml"] = [monitoring.rules(v, release, ns)]
+    files["monitoring/dashboards.yaml"] = monitoring.dashboard_maps(release, ns)
+    for path, docs in files.items():
+        for i, doc in enumerate(docs):
+            problems += checks.document_problems(doc, f"{path} #{i + 1} ({doc.get('kind')} "
+                                                      f"{(doc.get('metadata') or {}).get('name')})")
+    if problems:
+        raise RenderError(problems)
+    out = {"values.yaml": "# production-stack (vllm-stack " + checks.chart_version() + ") values: "
+                          "helm install " + release + " vllm/vllm-stack -f values.yaml\n"
+                          + yaml.safe_dump(values, sort_keys=False, width=120)}
+    out.update({path: _yaml(docs) for path, docs in files.items()})
+    out["README.md"] = readme(named, keys, settings)
+    return out
+
+
+def readme(named: list, keys: dict[str, Limits], s: Settings) -> str:
+    ns, release = s.namespace, s.release
+    rows = "\n".join(f"| {name} | {g.model} | {g.image} | {dict(g.labels)[hardware.PRODUCT]} | {len(g.hosts)} | "
+                     f"{', '.join(sorted({h for h, _ in g.hosts}))} |" for name, g in named)
+    key_names = ", ".join(sorted(k for k in keys if k != "api_key_file")) or "(none yet: invoke keys.add NAME)"
+    return f"""# The fleet for Kubernetes
+
+Rendered by `invoke render --target kubernetes` from the inventory and its hosts' facts: the same
+choices the SSH deploy makes (image tag by arch and driver CUDA, variant and memory fraction by GPU,
+the diffusion settings, replicas per GPU), each checked against the projects' own schemas
+(kubernetes_manifests/schemas/SOURCES.md names them, at pinned commits).
+
+## Install
+
+    kubectl create namespace {ns}
+    kubectl -n {ns} create secret generic {SECRETS['hf_token'][0]} --from-file={SECRETS['hf_token'][1]}=HF_TOKEN_FILE
+    kubectl -n {ns} create secret generic {SECRETS['vllm_api_key'][0]} --from-file={SECRETS['vllm_api_key'][1]}=API_KEY_FILE
+    kubectl -n {ns} create secret generic {gateway.KEYS_SECRET} --from-literal=NAME=KEY ...   # one per key
+    helm repo add vllm https://vllm-project.github.io/production-stack
+    helm install {release} vllm/vllm-stack -n {ns} -f values.yaml
+    kubectl apply -f gateway/ -f monitoring/
+
+`serving/` holds each model spec's Deployment as the chart renders it (for a cluster without Helm,
+and what the lab runs with `podman kube play`): apply it instead of the chart's engines, not with them.
+
+The nodes need NVIDIA's GPU Operator (or its device plugin and GPU Feature Discovery): the specs
+are placed by GFD's labels (`nvidia.com/gpu.product`, `nvidia.com/gpu.memory`,
+`nvidia.com/cuda.runtime-version.major`/`.minor`, `kubernetes.io/arch`), not by host names, but
+where hosts of one hardware are set up apart (their inventory variables differ).
+
+## Model specs
+
+| spec | model | image | GPU | replicas | the SSH fleet's hosts |
+|---|---|---|---|---|---|
+{rows}
+
+## Keys
+
+Envoy Gateway checks the keys (SecurityPolicy `apiKeyAuth`, Secret `{gateway.KEYS_SECRET}`, whose entries are
+the key names: {key_names}). The toolkit keeps only their sha256: give each entry the key its owner
+holds (or make new ones). Requests a minute and tokens a day per key (a front end's people apart)
+are BackendTrafficPolicy rate limits; the tokens are vLLM's usage, counted by the AIGatewayRoute.
+
+## What does not carry over, and what takes its place
+
+| the SSH fleet | in Kubernetes |
+|---|---|
+| the rolling gate (one replica at a time, drained, no failed request) | the Deployment's rolling update with the readiness probe on /health |
+| weights pre-pulled into each host's cache before the unit starts | vLLM fetches them into the spec's volume (pvcStorage) on its first start: HF_TOKEN from the Secret |
+| requests at once per key, the models a key may use, expiry | no Envoy rate limit counts requests in flight; models: an Envoy `authorization` rule on `x-ai-eg-model`; expiry: remove the key's entry from the Secret |
+| a day's tokens reserved before an answer | Envoy counts the tokens when the answer ends (the request that crosses the budget is answered) |
+| the gateways' shared address (keepalived), the TLS front doors | the Gateway's Service (a LoadBalancer) and its TLS listener |
+| `invoke top`, `status`, `logs`, `recover` over SSH | `kubectl get/logs/describe`, Grafana's dashboards (ConfigMaps here) |
+| the host exporters' alerts (GPU memory, weights disk, certificates, units) | DCGM exporter's and kube-prometheus-stack's own alerts; the PrometheusRule here keeps the ones that read vLLM's metrics |
+| `--enable-prefix-caching` left to vLLM's default | the chart always passes it or its opposite: the specs ask for it on, vLLM's default |
+"""
+
+
+def write(files: dict[str, str], out: Path) -> list[Path]:
+    """Each file written whole (a temporary file renamed over it)."""
+    written = []
+    for rel, text in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

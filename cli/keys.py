@@ -35,18 +35,22 @@ LIMITS_HELP = {
     "upstream": "yes or no: whether it may spend on an external upstream (a family's fallback to a hosted API)",
     "expires": "when it stops working: a UTC date (YYYY-MM-DD) or date and time (YYYY-MM-DDTHH:MM); 'never'",
     "front_end": "yes or no: a front end many people use (Open WebUI forwarding its users): limits per end user",
+    "all_users_requests_per_minute": "a front end's requests a minute over all its users together (0: none)",
+    "all_users_tokens_per_day": "a front end's tokens a day over all its users together (0: none)",
 }
 
 
 def _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream, expires,
-                front_end) -> tuple[dict, list]:
+                front_end, all_users_requests_per_minute=None, all_users_tokens_per_day=None) -> tuple[dict, list]:
     """The limits the options give (and the ones they put back to the inventory's), checked as the
     inventory's key_limits are: a wrong one exits 2 naming the option."""
     from roles.gateway.limits import problem_pairs
     from roles.replicas import families
     own, cleared = {}, []
     for option, value in (("requests_per_minute", requests_per_minute), ("requests_at_once", requests_at_once),
-                          ("tokens_per_day", tokens_per_day)):
+                          ("tokens_per_day", tokens_per_day),
+                          ("all_users_requests_per_minute", all_users_requests_per_minute),
+                          ("all_users_tokens_per_day", all_users_tokens_per_day)):
         if value is not None:
             if not str(value).isdigit():
                 raise Exit(f"--{option.replace('_', '-')} {value}: expected a whole number (0: none)", code=2)
@@ -82,7 +86,8 @@ def _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, mod
 
 @task(klass=runs.HostTask, help={**KEYS_HELP, **LIMITS_HELP, "name": "whose key (letters, digits, . _ @ -)"})
 def keys_add(c, name, inventory=None, hosts=None, ask_become_pass=False, requests_per_minute=None,
-             requests_at_once=None, tokens_per_day=None, models=None, upstream=None, expires=None, front_end=None):
+             requests_at_once=None, tokens_per_day=None, models=None, upstream=None, expires=None, front_end=None,
+             all_users_requests_per_minute=None, all_users_tokens_per_day=None):
     """Make a key for NAME (its limits over the inventory's key_limits), reload the front doors and
     gateways, and print the key once (last line of stdout)."""
     from credentials import CredentialError
@@ -91,7 +96,7 @@ def keys_add(c, name, inventory=None, hosts=None, ask_become_pass=False, request
                    code=2)
     play, store, _ = _play_and_store(inventory)
     own, _ = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
-                         expires, front_end)
+                         expires, front_end, all_users_requests_per_minute, all_users_tokens_per_day)
     try:
         secret = store.add(name, own)
     except CredentialError as exc:
@@ -110,13 +115,13 @@ def keys_add(c, name, inventory=None, hosts=None, ask_become_pass=False, request
                                  "clear": "limits to put back to the inventory's key_limits, comma-separated"})
 def keys_set(c, name, inventory=None, hosts=None, ask_become_pass=False, requests_per_minute=None,
              requests_at_once=None, tokens_per_day=None, models=None, upstream=None, expires=None, front_end=None,
-             clear=None):
+             clear=None, all_users_requests_per_minute=None, all_users_tokens_per_day=None):
     """Change NAME's limits and reload the gateways (its counts so far are kept)."""
     from credentials import CredentialError
     from roles.gateway.limits import FIELDS
     play, store, _ = _play_and_store(inventory)
     own, cleared = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
-                               expires, front_end)
+                               expires, front_end, all_users_requests_per_minute, all_users_tokens_per_day)
     for limit in (clear or "").split(","):
         limit = limit.strip().replace("-", "_")
         if limit:

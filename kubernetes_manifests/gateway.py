@@ -31,6 +31,15 @@ def rate_limit_rules(keys: dict[str, Limits]) -> list[dict]:
     for name, limit in sorted(keys.items()):
         if name == OPERATOR:
             continue
+        whole = [{"headers": [{"name": KEY_HEADER, "type": "Exact", "value": name}]}]
+        if limit.front_end and limit.all_users_requests_per_minute:  # a front end's cap as a whole
+            rules.append({"clientSelectors": whole,
+                          "limit": {"requests": limit.all_users_requests_per_minute, "unit": "Minute"}})
+        if limit.front_end and limit.all_users_tokens_per_day:
+            rules.append({"clientSelectors": whole, "limit": {"requests": limit.all_users_tokens_per_day, "unit": "Day"},
+                          "cost": {"request": {"from": "Number", "number": 0},
+                                   "response": {"from": "Metadata",
+                                                "metadata": {"namespace": "io.envoy.ai_gateway", "key": TOKENS}}}})
         if limit.requests_per_minute:
             rules.append({"clientSelectors": _clients(name, limit),
                           "limit": {"requests": limit.requests_per_minute, "unit": "Minute"}})

@@ -36,6 +36,9 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "budget": limits.Limits(tokens_per_day=120), "old": limits.Limits(expires=1_000_000_000),
         "g4only": limits.Limits(models=("gemma4",)), "owui": limits.Limits(requests_per_minute=3, front_end=True),
         "plain": limits.Limits(requests_per_minute=3), "spender": limits.Limits(upstream=True),
+        "fe_many": limits.Limits(requests_per_minute=3, front_end=True, all_users_requests_per_minute=4),
+        "fe_tokens": limits.Limits(tokens_per_day=1000, front_end=True, all_users_tokens_per_day=50),
+        "fe_whole": limits.Limits(front_end=True, all_users_tokens_per_day=10**6),
         "api_key_file": limits.UNLIMITED}
 
 
@@ -419,6 +422,36 @@ def test_a_front_ends_users_count_apart_and_other_keys_user_headers_are_ignored(
     assert body["error"]["message"].startswith("owui/unknown has made its 3 requests"), body
 
 
+def test_a_front_end_has_a_cap_of_its_own_over_all_its_users(fleet):
+    """Each user within its own 3 a minute, five users together past the front end's 4; and a day's
+    tokens over all users (the usage service adds each user's answer to the front end's count)."""
+    _clear_of_the_minute_turn(8)
+    users = [fleet.chat("fe_many", headers={"X-OpenWebUI-User-Email": f"u{i}@lab.org"}) for i in range(5)]
+    assert [u[0] for u in users] == [200, 200, 200, 200, 429]
+    error = users[-1][1]["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["message"].startswith(
+        "The front end fe_many has made its 4 requests of this minute over all its users"), error
+    # a nameless user is one more user, under the same cap
+    assert fleet.chat("fe_many")[0] == 429
+    gw, day = fleet.gateways["gateway01"], int(time.time()) // 86400
+    spent = 0
+    for i in range(10):
+        status, data, _ = fleet.chat("fe_tokens", headers={"X-OpenWebUI-User-Email": f"t{i}@lab.org"}, max_tokens=7)
+        if status != 200:
+            break
+        spent += _usage_of(data)  # 12 each: each user far from its own 1000
+        _until(lambda: gw.table("tokens_day").get(f"fe_tokens/*:{day}") == spent, "the front end's count")
+    assert status == 429 and data["error"]["code"] == "insufficient_quota", data
+    assert data["error"]["message"].startswith("The front end fe_tokens has spent its 50 tokens of today (UTC) over all "
+                                               "its users"), data
+    assert spent >= 50 and spent - 12 < 50, spent
+    assert gw.table("tokens_day")[f"fe_tokens/t0@lab.org:{day}"] == 12
+    metrics = gw.metrics()
+    assert f'dgemma_key_all_users_tokens_today{{key="fe_tokens"}} {spent}' in metrics
+    assert 'dgemma_key_all_users_tokens_per_day_limit{key="fe_tokens"} 50' in metrics
+    assert 'user="*"' not in metrics
+
+
 def test_a_reload_and_a_restart_keep_the_days_tokens(fleet):
     gw = fleet.gateways["gateway02"]
     day = int(time.time()) // 86400
@@ -568,6 +601,9 @@ def test_a_key_with_limits_is_answered_at_the_shared_address_alone(tmp_path):
         for gateway in fleet.gateways:
             assert fleet.chat("api_key_file", gateway=gateway)[0] == 200
             assert fleet.call(gateway, "GET", "/health")[0] == 200
+            # a front end whose only limit is its cap over all its users is a key with limits too
+            assert fleet.chat("fe_whole", gateway=gateway)[0] == 421
+        assert fleet.chat("fe_whole", address=shared)[0] == 200
     finally:
         fleet.close()
 

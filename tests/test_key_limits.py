@@ -30,9 +30,16 @@ def test_a_keys_own_limits_over_the_inventorys_and_what_haproxy_reads():
     mine = limits.effective(defaults, {"requests_per_minute": 60, "models": ["gemma4"], "expires": "2027-01-01"})
     assert (mine.requests_per_minute, mine.tokens_per_day, mine.models, mine.upstream) == (60, 1000, ("gemma4",), False)
     assert mine.expires == 1798761600 and mine.limited
-    assert mine.word() == "60:0:1000:1798761600:,gemma4,:0:0"
+    assert mine.word() == "60:0:1000:1798761600:,gemma4,:0:0:0:0"
     assert limits.effective(None, None) == limits.Limits() and not limits.Limits(upstream=True).limited
-    assert limits.UNLIMITED.word() == "0:0:0:0:*:1:0"
+    assert limits.UNLIMITED.word() == "0:0:0:0:*:1:0:0:0"
+    # a front end's cap over all its users: in the word only for a front end, refused for a key that is none
+    crowd = limits.effective(None, {"front_end": True, "all_users_requests_per_minute": 200,
+                                    "all_users_tokens_per_day": 10**6})
+    assert crowd.word() == "0:0:0:0:*:0:1:200:1000000" and crowd.limited and "200/min over all users" in crowd.shown()
+    assert limits.effective(None, {"all_users_requests_per_minute": 200}).word().endswith(":0:0:0")
+    assert limits.problems({"front_end": False, "all_users_tokens_per_day": 5}, "k") == [
+        "k.all_users_tokens_per_day: a cap over all of a key's users is a front end's: not with front_end false"]
     assert "60/min" in mine.shown() and "expires 2027-01-01 00:00 UTC" in mine.shown()
     text = limits.keys_map({"alice": digest("dgk-secret")}) + limits.limits_map({"alice": mine})
     assert "dgk-secret" not in text and f"{digest('dgk-secret')} alice\n" in text and "alice 60:0:1000:" in text

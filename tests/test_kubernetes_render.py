@@ -47,7 +47,7 @@ PROFILES = {  # host -> (its facts, its variables as an inventory would set them
               {"models": [{"family": "diffusiongemma", "gpus": 2}, {"family": "gemma4", "gpus": 2}]}),
 }
 KEYS = {OPERATOR: UNLIMITED, "alice": Limits(requests_per_minute=10, tokens_per_day=2000),
-        "webui": Limits(requests_per_minute=30, front_end=True)}
+        "webui": Limits(requests_per_minute=30, front_end=True, all_users_requests_per_minute=200)}
 
 
 def serving(profiles=PROFILES) -> list[ServingHost]:
@@ -163,6 +163,7 @@ def test_the_keys_limits_become_envoy_rate_limits_on_the_key_the_secret_names(re
     assert ([{"name": "x-dgemma-key", "type": "Exact", "value": "alice"}], {"requests": 2000, "unit": "Day"}) in shown
     assert ([{"name": "x-dgemma-key", "type": "Exact", "value": "webui"},
              {"name": "x-openwebui-user-email", "type": "Distinct"}], {"requests": 30, "unit": "Minute"}) in shown
+    assert ([{"name": "x-dgemma-key", "type": "Exact", "value": "webui"}], {"requests": 200, "unit": "Minute"}) in shown
     day = next(r for r in rules if r["limit"]["unit"] == "Day")
     assert day["cost"]["response"]["metadata"]["key"] == docs["AIGatewayRoute"]["spec"]["llmRequestCosts"][0]["metadataKey"]
     assert not any("api_key_file" in json.dumps(r) for r in rules), "the operator's key has no limits"

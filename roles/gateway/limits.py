@@ -19,7 +19,9 @@ import yaml
 
 HERE = Path(__file__).parent
 OPERATOR = "api_key_file"  # the inventory's own key: never limited, may use the upstream
-FIELDS = ("requests_per_minute", "requests_at_once", "tokens_per_day", "models", "upstream", "expires", "front_end")
+FIELDS = ("requests_per_minute", "requests_at_once", "tokens_per_day", "models", "upstream", "expires", "front_end",
+          "all_users_requests_per_minute", "all_users_tokens_per_day")
+ALL_USERS = ("all_users_requests_per_minute", "all_users_tokens_per_day")  # a front end's cap as a whole
 
 
 @lru_cache(maxsize=None)
@@ -36,6 +38,9 @@ def problems(own: dict, where: str) -> list[str]:
 def problem_pairs(own: dict) -> list[tuple[str, str]]:
     """(the limit, what is wrong with it) for each problem of a key's own limits."""
     out = [(".".join(str(p) for p in error.absolute_path), error.message) for error in _validator().iter_errors(own)]
+    if not out and own.get("front_end") is False:
+        out += [(field, "a cap over all of a key's users is a front end's: not with front_end false")
+                for field in ALL_USERS if own.get(field)]
     if not out and isinstance(own.get("expires"), str):
         try:
             expires_at(own["expires"])
@@ -61,19 +66,24 @@ class Limits:
     upstream: bool = False
     expires: int = 0  # Unix time; 0: never
     front_end: bool = False
+    all_users_requests_per_minute: int = 0  # a front end's, over all its users together
+    all_users_tokens_per_day: int = 0
 
     @property
     def limited(self) -> bool:
         """Whether anything limits it where it is used (a key the front doors then take only through
         a gateway: they would enforce none of it)."""
         return bool(self.requests_per_minute or self.requests_at_once or self.tokens_per_day or self.models
-                    or self.expires)
+                    or self.expires or (self.front_end and (self.all_users_requests_per_minute or
+                                                            self.all_users_tokens_per_day)))
 
     def word(self) -> str:
-        """The limits as limits.map holds them: rpm:at_once:tokens:expires:models:upstream:front_end."""
+        """The limits as limits.map holds them: rpm:at_once:tokens:expires:models:upstream:front_end:
+        all_users_rpm:all_users_tokens (the last two a front end's alone)."""
         models = "," + ",".join(self.models) + "," if self.models else "*"
+        whole = (self.all_users_requests_per_minute, self.all_users_tokens_per_day) if self.front_end else (0, 0)
         return (f"{self.requests_per_minute}:{self.requests_at_once}:{self.tokens_per_day}:{self.expires}:"
-                f"{models}:{int(self.upstream)}:{int(self.front_end)}")
+                f"{models}:{int(self.upstream)}:{int(self.front_end)}:{whole[0]}:{whole[1]}")
 
     def shown(self) -> str:
         """In words, for keys.list."""
@@ -84,7 +94,11 @@ class Limits:
                  "upstream" if self.upstream else "",
                  "expires " + datetime.datetime.fromtimestamp(self.expires, datetime.timezone.utc)
                  .strftime("%Y-%m-%d %H:%M") + " UTC" if self.expires else "",
-                 "front end (per user)" if self.front_end else ""]
+                 "front end (per user)" if self.front_end else "",
+                 f"{self.all_users_requests_per_minute}/min over all users" if self.front_end and
+                 self.all_users_requests_per_minute else "",
+                 f"{self.all_users_tokens_per_day} tokens/day over all users" if self.front_end and
+                 self.all_users_tokens_per_day else ""]
         return ", ".join(p for p in parts if p) or "no limits"
 
 
@@ -98,7 +112,8 @@ def effective(defaults: dict | None, own: dict | None) -> Limits:
     return Limits(int(merged.get("requests_per_minute") or 0), int(merged.get("requests_at_once") or 0),
                   int(merged.get("tokens_per_day") or 0), tuple(merged.get("models") or ()),
                   bool(merged.get("upstream", False)), expires_at(expires) if expires else 0,
-                  bool(merged.get("front_end", False)))
+                  bool(merged.get("front_end", False)), int(merged.get("all_users_requests_per_minute") or 0),
+                  int(merged.get("all_users_tokens_per_day") or 0))
 
 
 def unlimited_only(hashes: dict[str, str], own: dict[str, dict], defaults: dict | None) -> dict[str, str]:
@@ -117,4 +132,4 @@ def keys_map(hashes: dict[str, str]) -> str:
 def limits_map(limits: dict[str, Limits]) -> str:
     """HAProxy's map of each key's name to its limits (Limits.word)."""
     return ("# Managed by dgemma-fleet: each key's limits, rpm:at_once:tokens_per_day:expires:models:upstream:"
-            "front_end (0: none)\n" + "".join(f"{name} {limit.word()}\n" for name, limit in limits.items()))
+            "front_end:all_users_rpm:all_users_tokens (0: none)\n" + "".join(f"{name} {limit.word()}\n" for name, limit in limits.items()))

@@ -302,6 +302,12 @@ def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_anothe
     usage = usage_of(keys.names["webui"])
     users = {r["user"]: r["requests"] for r in usage["usage"] if r["key"] == keys.names["webui"]}
     assert users == {"ann@lab.org": 3, "bob@lab.org": 2}, usage
+    # and a cap of its own over all its users: each user within its 2, five together past the front end's 4
+    crowd = keys("crowd", "--requests-per-minute", "2", "--front-end", "yes", "--all-users-requests-per-minute", "4")
+    clear_of_the_minute_turn(15)
+    assert [as_user(crowd, f"c{i}@lab.org") for i in range(5)] == [200, 200, 200, 200, 429]
+    status, raw, _ = _post_with(crowd, dict(CHAT), {"X-OpenWebUI-User-Email": "late@lab.org"})
+    assert status == 429 and "over all its users" in json.loads(raw)["error"]["message"], raw
 
 
 def _post_with(key, body, headers):

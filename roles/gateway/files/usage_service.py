@@ -33,6 +33,7 @@ COUNTS = ("requests", "prompt_tokens", "completion_tokens", "errors", "refused",
 REFUSED = (401, 403, 429)
 # the mark usage.lua waits for (with the worker's pid): this process holds the shared counts
 MARK = "@counts:"
+ALL_USERS = "*"  # KEY/*: a front end's count over all its users (gateway.cfg.j2 reads it under that name)
 TOKENS, MINUTES = "tokens_day", "requests_minute"  # HAProxy's tables: subject:day, subject:minute  # the gateway's own answers to a key's limits
 
 
@@ -148,8 +149,12 @@ class Usage:
             counts["upstream_prompt_tokens"] += record["prompt_tokens"] if upstream else 0
             counts["upstream_completion_tokens"] += record["completion_tokens"] if upstream else 0
             if tokens:
-                data["spent"][record["subject"]] = data["spent"].get(record["subject"], 0) + tokens
-                self.pending[(day, record["subject"])] = self.pending.get((day, record["subject"]), 0) + tokens
+                # a front end's user's answer counts for the user, and for the front end as a whole
+                # (KEY/*: the gateway's cap over all its users; no user is named *)
+                key, _, user = record["subject"].partition("/")
+                for subject in (record["subject"], f"{key}/{ALL_USERS}") if user else (record["subject"],):
+                    data["spent"][subject] = data["spent"].get(subject, 0) + tokens
+                    self.pending[(day, subject)] = self.pending.get((day, subject), 0) + tokens
                 self.charged.set()
             self.dirty.add(day)
 
@@ -251,13 +256,24 @@ class Usage:
                 lines.append(f"{metric}{{{label(key=key, user=user, model=family)}}} {counts[name]}")
         lines += ["# HELP dgemma_key_tokens_today Tokens a key (or a front end's user) has spent today (UTC), "
                   "as the gateways' shared table counts them", "# TYPE dgemma_key_tokens_today gauge"]
+        wholes = {s: n for s, n in spent.items() if s.endswith(f"/{ALL_USERS}")}
         for subject, n in sorted(spent.items()):
             key, _, user = subject.partition("/")
-            lines.append(f"dgemma_key_tokens_today{{{label(key=key, user=user)}}} {n}")
+            if subject not in wholes:
+                lines.append(f"dgemma_key_tokens_today{{{label(key=key, user=user)}}} {n}")
         lines += ["# HELP dgemma_key_tokens_per_day_limit A key's tokens a day (0: no limit)",
                   "# TYPE dgemma_key_tokens_per_day_limit gauge"]
-        for key, n in sorted(limits.items()):
+        for key, (n, _) in sorted(limits.items()):
             lines.append(f"dgemma_key_tokens_per_day_limit{{{label(key=key)}}} {n}")
+        lines += ["# HELP dgemma_key_all_users_tokens_today Tokens a front end has spent today (UTC) over all its users",
+                  "# TYPE dgemma_key_all_users_tokens_today gauge"]
+        for subject, n in sorted(wholes.items()):
+            lines.append(f"dgemma_key_all_users_tokens_today{{{label(key=subject.partition('/')[0])}}} {n}")
+        lines += ["# HELP dgemma_key_all_users_tokens_per_day_limit A front end's tokens a day over all its users "
+                  "(0: no limit)", "# TYPE dgemma_key_all_users_tokens_per_day_limit gauge"]
+        for key, (_, whole) in sorted(limits.items()):
+            if whole:
+                lines.append(f"dgemma_key_all_users_tokens_per_day_limit{{{label(key=key)}}} {whole}")
         return "\n".join(lines) + "\n"
 
 
@@ -324,15 +340,17 @@ class RuntimeApi:
         return out
 
 
-def read_limits(path: str) -> dict[str, int]:
-    """Each key's tokens a day, from the gateway's limits.map (name rpm:at_once:tokens:...)."""
+def read_limits(path: str) -> dict[str, tuple[int, int]]:
+    """Each key's tokens a day, and a front end's over all its users, from the gateway's limits.map
+    (name rpm:at_once:tokens:expires:models:upstream:front_end:all_users_rpm:all_users_tokens)."""
     out = {}
     try:
         with open(path) as f:
             for line in f:
                 parts = line.split()
                 if len(parts) == 2 and not line.startswith("#"):
-                    out[parts[0]] = int(parts[1].split(":")[2])
+                    fields = parts[1].split(":")
+                    out[parts[0]] = (int(fields[2]), int(fields[8]) if len(fields) > 8 else 0)
     except (OSError, ValueError, IndexError):
         pass
     return out

@@ -26,30 +26,32 @@ def _clients(name: str, limit: Limits) -> list[dict]:
     return [{"headers": headers}]
 
 
+def _per_minute(clients: list[dict], requests: int) -> dict:
+    return {"clientSelectors": clients, "limit": {"requests": requests, "unit": "Minute"}}
+
+
+def _tokens_per_day(clients: list[dict], tokens: int) -> dict:
+    """Admitted while the day's tokens last; each answer spends what vLLM's usage says it used."""
+    return {"clientSelectors": clients, "limit": {"requests": tokens, "unit": "Day"},
+            "cost": {"request": {"from": "Number", "number": 0},
+                     "response": {"from": "Metadata", "metadata": {"namespace": "io.envoy.ai_gateway", "key": TOKENS}}}}
+
+
 def rate_limit_rules(keys: dict[str, Limits]) -> list[dict]:
     rules = []
     for name, limit in sorted(keys.items()):
         if name == OPERATOR:
             continue
-        whole = [{"headers": [{"name": KEY_HEADER, "type": "Exact", "value": name}]}]
-        if limit.front_end and limit.all_users_requests_per_minute:  # a front end's cap as a whole
-            rules.append({"clientSelectors": whole,
-                          "limit": {"requests": limit.all_users_requests_per_minute, "unit": "Minute"}})
-        if limit.front_end and limit.all_users_tokens_per_day:
-            rules.append({"clientSelectors": whole, "limit": {"requests": limit.all_users_tokens_per_day, "unit": "Day"},
-                          "cost": {"request": {"from": "Number", "number": 0},
-                                   "response": {"from": "Metadata",
-                                                "metadata": {"namespace": "io.envoy.ai_gateway", "key": TOKENS}}}})
+        if limit.front_end:  # a front end's cap as a whole, whatever its users
+            whole = [{"headers": [{"name": KEY_HEADER, "type": "Exact", "value": name}]}]
+            if limit.all_users_requests_per_minute:
+                rules.append(_per_minute(whole, limit.all_users_requests_per_minute))
+            if limit.all_users_tokens_per_day:
+                rules.append(_tokens_per_day(whole, limit.all_users_tokens_per_day))
         if limit.requests_per_minute:
-            rules.append({"clientSelectors": _clients(name, limit),
-                          "limit": {"requests": limit.requests_per_minute, "unit": "Minute"}})
+            rules.append(_per_minute(_clients(name, limit), limit.requests_per_minute))
         if limit.tokens_per_day:
-            # admitted while the day's tokens last; each answer spends what vLLM's usage says it used
-            rules.append({"clientSelectors": _clients(name, limit),
-                          "limit": {"requests": limit.tokens_per_day, "unit": "Day"},
-                          "cost": {"request": {"from": "Number", "number": 0},
-                                   "response": {"from": "Metadata",
-                                                "metadata": {"namespace": "io.envoy.ai_gateway", "key": TOKENS}}}})
+            rules.append(_tokens_per_day(_clients(name, limit), limit.tokens_per_day))
     return rules
 
 

@@ -53,7 +53,7 @@ def ca_paths(folder: Path) -> tuple[Path, Path]:
     return folder / "ca" / "ca.crt", folder / "ca" / "ca.key"
 
 
-def ensure_ca(folder: Path, name: str = "dgemma-fleet CA", make: bool = True) -> tuple[x509.Certificate, object]:
+def ensure_ca(folder: Path, name: str = "dgemma-fleet CA", *, make: bool) -> tuple[x509.Certificate, object]:
     """The fleet CA (certificate, key), made once (``make``: else one held in memory, unsaved)."""
     found = _load_ca(folder)
     if found is not None:
@@ -133,7 +133,7 @@ _USAGES = {SERVER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,),
            PEER: (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)}
 
 
-def host_certificate(folder: Path, host: str, names: list[str], make: bool = True) -> Issued:
+def host_certificate(folder: Path, host: str, names: list[str], *, make: bool) -> Issued:
     """The certificate of ``host``'s front door for ``names`` (inventory name,
     addresses), kept in the credentials folder and renewed before it expires (``make``:
     else what a deploy would issue, held in memory, unsaved)."""
@@ -223,6 +223,6 @@ def _issue(ca_cert, ca_key, host: str, names: list[str], purpose: str) -> Issued
                   cert.not_valid_after_utc)
 
 
-def ca_pem(folder: Path, make: bool = True) -> str:
+def ca_pem(folder: Path, *, make: bool) -> str:
     cert, _ = ensure_ca(folder, make=make)
     return cert.public_bytes(serialization.Encoding.PEM).decode()

@@ -113,7 +113,7 @@ class KeyStore:
         return {name: entry["sha256"] for name, entry in sorted(self.load().items())}
 
 
-def service_key(folder: Path, name: str, make: bool = True) -> str:
+def service_key(folder: Path, name: str, *, make: bool) -> str:
     """A key the fleet's own parts use (the gateway, to reach the front doors): made
     once, kept in a 0600 file here, handed only to the host that uses it (``make``: else
     what a deploy would make, held in memory, unsaved)."""

@@ -28,29 +28,29 @@ from roles.replicas import Served, replica
 
 
 def test_the_ca_is_made_once_and_its_key_stays_0600(tmp_path):
-    cert, _ = fleet_ca.ensure_ca(tmp_path)
-    again, _ = fleet_ca.ensure_ca(tmp_path)
+    cert, _ = fleet_ca.ensure_ca(tmp_path, make=True)
+    again, _ = fleet_ca.ensure_ca(tmp_path, make=True)
     assert cert == again
     assert oct((tmp_path / "ca" / "ca.key").stat().st_mode & 0o777) == "0o600"
     (tmp_path / "ca" / "ca.key").chmod(0o644)
     with pytest.raises(CredentialError, match="chmod 600"):
-        fleet_ca.ensure_ca(tmp_path)
+        fleet_ca.ensure_ca(tmp_path, make=True)
 
 
 def test_a_host_certificate_names_the_host_and_its_address_and_is_renewed(tmp_path, monkeypatch):
-    issued = fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.11"])
+    issued = fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.11"], make=True)
     cert = x509.load_pem_x509_certificate(issued.cert_pem.encode())
-    ca_cert, _ = fleet_ca.ensure_ca(tmp_path)
+    ca_cert, _ = fleet_ca.ensure_ca(tmp_path, make=True)
     cert.verify_directly_issued_by(ca_cert)
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["spark01"]
     assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.213.0.11"]
-    assert fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.11"]) == issued  # kept
-    moved = fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.99"])
+    assert fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.11"], make=True) == issued  # kept
+    moved = fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.99"], make=True)
     assert moved.cert_pem != issued.cert_pem  # a new address: a new certificate
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=fleet_ca.CERT_DAYS - 10)
     monkeypatch.setattr(fleet_ca, "_now", lambda: later)
-    assert fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.99"]).cert_pem != moved.cert_pem
+    assert fleet_ca.host_certificate(tmp_path, "spark01", ["spark01", "10.213.0.99"], make=True).cert_pem != moved.cert_pem
 
 
 def test_keys_are_shown_once_and_kept_as_sha256(tmp_path):
@@ -155,7 +155,7 @@ def _front_door(tmp_path, replicas: int, pools=None):
     backends = [ThreadingHTTPServer(("127.0.0.1", 0), Backend) for _ in range(replicas)]
     for backend in backends:
         threading.Thread(target=backend.serve_forever, daemon=True).start()
-    issued = fleet_ca.host_certificate(tmp_path, "rtx01", ["rtx01", "127.0.0.1"])
+    issued = fleet_ca.host_certificate(tmp_path, "rtx01", ["rtx01", "127.0.0.1"], make=True)
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (tmp_path / "keys.sha256").write_text(render_keys({"alice": digest("alice-key")}))
     (tmp_path / "monitoring.sha256").write_text(render_keys({"monitoring": digest(MONITORING_KEY)}))
@@ -270,10 +270,10 @@ def test_the_catalog_names_the_official_haproxy_and_the_lab_publishes_that_tag()
 def _own(tmp_path, host="rtx01", names=("rtx01", "10.213.0.12")):
     """A certificate from a CA of the user's own (another folder's CA), as files on the control machine."""
     other = tmp_path / "their-ca"
-    issued = fleet_ca.host_certificate(other, host, list(names))
+    issued = fleet_ca.host_certificate(other, host, list(names), make=True)
     files = {}
     for name, text, mode in (("cert.pem", issued.cert_pem, 0o644), ("key.pem", issued.key_pem, 0o600),
-                             ("ca.pem", fleet_ca.ca_pem(other), 0o644)):
+                             ("ca.pem", fleet_ca.ca_pem(other, make=True), 0o644)):
         path = tmp_path / name
         path.write_text(text)
         path.chmod(mode)
@@ -288,27 +288,27 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
     files, issued = _own(tmp_path)
     v = {"credentials_dir": str(tmp_path / "fleet"), "tls_cert_file": files["cert.pem"],
          "tls_key_file": files["key.pem"], "tls_ca_file": files["ca.pem"]}
-    got = tls.bundle("rtx01", v)
-    fleet_pem = fleet_ca.ca_pem(tmp_path / "fleet")
+    got = tls.bundle("rtx01", v, make=True)
+    fleet_pem = fleet_ca.ca_pem(tmp_path / "fleet", make=True)
     assert got.cert_pem == issued.cert_pem and got.key_pem == issued.key_pem
     assert got.ca_pem.startswith(fleet_pem) and open(files["ca.pem"]).read() in got.ca_pem
     # the gateway trusts the CAs of the front doors that bring their own
     door = fleet_of({"rtx01": {**v, "ansible_host": "10.213.0.12"}}).serving[0]
     assert door.ca_file == files["ca.pem"]
-    gateway = tls.bundle("gateway01", {"credentials_dir": str(tmp_path / "fleet")}, (door.ca_file,))
+    gateway = tls.bundle("gateway01", {"credentials_dir": str(tmp_path / "fleet")}, (door.ca_file,), make=True)
     assert open(files["ca.pem"]).read() in gateway.ca_pem and gateway.ca_pem.count("BEGIN CERTIFICATE") == 2
     # what would leave a front door nobody can reach is an error at deploy, naming the host and the file
     with pytest.raises(StepFailed, match="set tls_ca_file to the CA certificate that signed it"):
-        tls.bundle("rtx01", {**v, "tls_ca_file": ""})
+        tls.bundle("rtx01", {**v, "tls_ca_file": ""}, make=True)
     with pytest.raises(StepFailed, match="not rtx01: .*add DNS:rtx01"):
         tls.bundle("rtx01", {**v, **dict(zip(("tls_cert_file", "tls_key_file", "tls_ca_file"),
-                                             _own(tmp_path / "b", "other01", ("other01",))[0].values()))})
+                                             _own(tmp_path / "b", "other01", ("other01",))[0].values()))}, make=True)
     wrong_key = _own(tmp_path / "c")[0]["key.pem"]
     with pytest.raises(StepFailed, match="is not this certificate's key"):
-        tls.bundle("rtx01", {**v, "tls_key_file": wrong_key})
+        tls.bundle("rtx01", {**v, "tls_key_file": wrong_key}, make=True)
     os.chmod(files["key.pem"], 0o644)
     with pytest.raises(StepFailed, match="chmod 600"):
-        tls.bundle("rtx01", v)
+        tls.bundle("rtx01", v, make=True)
 
 
 def _roll_shell(door, index: int, command: str) -> str:

@@ -174,7 +174,7 @@ class Fleet:
         dead = _free_port()
         for i, (name, gw) in enumerate(self.gateways.items()):
             gw.dir.mkdir()
-            issued = fleet_ca.host_certificate(tmp, name, [name, "127.0.0.1", *([shared] if shared else [])])
+            issued = fleet_ca.host_certificate(tmp, name, [name, "127.0.0.1", *([shared] if shared else [])], make=True)
             (gw.dir / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
             (gw.dir / "ca.crt").write_text((tmp / "ca" / "ca.crt").read_text())
             peer = fleet_ca.peer_certificate(tmp, name, make=True)
@@ -646,7 +646,7 @@ def test_a_stranger_can_neither_read_nor_set_the_gateways_counts(fleet, tmp_path
     counts = first.table("tokens_day")
     assert counts, "nothing to steal: the test would pass for nothing"
     door = tmp_path / "door.pem"
-    issued = fleet_ca.host_certificate(fleet.tmp, "rtx01", ["rtx01", "127.0.0.1"])
+    issued = fleet_ca.host_certificate(fleet.tmp, "rtx01", ["rtx01", "127.0.0.1"], make=True)
     door.write_text(issued.cert_pem + issued.key_pem)
     for name, cert in (("no-certificate", None), ("front-door-certificate", door)):
         proc, outsider = stranger(tmp_path, name, f"127.0.0.1:{fleet.peer_ports['gateway01']}", cert)

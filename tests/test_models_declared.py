@@ -204,7 +204,7 @@ def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:
     if not shutil.which("haproxy"):
         pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
     from credentials import ca as fleet_ca
-    issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01", "127.0.0.1"])
+    issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01", "127.0.0.1"], make=True)
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (tmp_path / "keys.sha256").write_text(render_keys(accepted or {}))
     (tmp_path / "monitoring.sha256").write_text(render_keys({}))

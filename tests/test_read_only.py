@@ -45,7 +45,7 @@ def test_what_a_check_would_make_a_deploy_makes_there(tmp_path):
     from roles.haproxy import tls
     fresh = tmp_path / "credentials"
     v = {"credentials_dir": str(fresh), "ansible_host": "10.213.0.12"}
-    tls.bundle("rtx01", v, (), True)
+    tls.bundle("rtx01", v, (), make=True)
     for name in (tls.GATEWAY_KEY, tls.MONITORING_KEY):
         service_key(directory(v), name, make=True)
     made = {str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file()}

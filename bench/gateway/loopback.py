@@ -74,9 +74,9 @@ def prepare(folder: Path, replicas: int = 1):
              gateway_servers(Fleet((FrontDoor("rtx01", "127.0.0.1", PORTS["frontdoor"]),), ())), BACKEND)):
         files = folder / name
         files.mkdir(exist_ok=True)
-        issued = fleet_ca.host_certificate(folder / "credentials", host, [host, "127.0.0.1"])
+        issued = fleet_ca.host_certificate(folder / "credentials", host, [host, "127.0.0.1"], make=True)
         (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
-        (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials"))
+        (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
         (files / "keys.sha256").write_text(render_keys(digests if name == "frontdoor" else {"bench": digests["bench"]}))
         # the metrics routes' key list and scrape targets: HAProxy opens both when it loads
         (files / "monitoring.sha256").write_text("")
@@ -110,12 +110,12 @@ def _prepare_limits(folder: Path, digest: str, fleet_ca):
     from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
     files = folder / "gateway-limits"
     files.mkdir(exist_ok=True)
-    issued = fleet_ca.host_certificate(folder / "credentials", "gateway01", ["gateway01", "127.0.0.1"])
+    issued = fleet_ca.host_certificate(folder / "credentials", "gateway01", ["gateway01", "127.0.0.1"], make=True)
     (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
-    (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials"))
+    (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
     peer = fleet_ca.peer_certificate(folder / "credentials", "gateway01", make=True)
     (files / "peer.pem").write_text(peer.cert_pem + peer.key_pem)
-    (files / "peers-ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials"))
+    (files / "peers-ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
     (files / "keys.map").write_text(limits.keys_map({"bench": digest}))
     (files / "limits.map").write_text(limits.limits_map({"bench": limits.effective({}, BENCH_LIMITS)}))
     (files / "usage.lua").write_text(lua())

@@ -70,9 +70,9 @@ def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], b
     ``secret_files``: the text of other files it reads (the gateway's upstream keys): only
     their digest counts. ``accounting``, ``diffusion``: config.render_config's."""
     make = not ctx.check  # a read-only run makes nothing on the control machine
-    bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files, make)
+    bundle = tls.bundle(ctx.name, ctx.vars, extra_ca_files, make=make)
     keys = render_keys(accepted)
-    monitoring = render_keys(tls.monitoring_keys(ctx.name, ctx.vars, make))
+    monitoring = render_keys(tls.monitoring_keys(ctx.name, ctx.vars, make=make))
     rendered = dict(proxy=proxy, backend=backend, pools=pools, dcgm=dcgm, accounting=accounting, diffusion=diffusion)
     unnamed = render_config(ctx.name, ctx.vars, servers, "", **rendered)
     secrets = hashlib.sha256(secret_files.encode()).hexdigest() if secret_files else ""

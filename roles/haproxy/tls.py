@@ -49,20 +49,20 @@ def names(host: str, v: dict) -> list[str]:
     return out
 
 
-def bundle(host: str, v: dict, extra_ca_files: tuple = (), make: bool = True) -> Bundle:
+def bundle(host: str, v: dict, extra_ca_files: tuple = (), *, make: bool) -> Bundle:
     """The host's certificate and key, and the CAs it trusts (``ca.crt``): the fleet CA, the
     CA of its own certificate when it brings one, and ``extra_ca_files`` (a gateway: those
     of the front doors that bring their own). ``make``: a deploy makes what is missing (a
     read-only run holds it in memory, unsaved)."""
     folder = directory(v)
     try:
-        cas = [ca_pem(folder, make)]
+        cas = [ca_pem(folder, make=make)]
         for path in extra_ca_files:
             cas.append(_read_pem(path, "tls_ca_file", host, False))
         if v.get("tls_cert_file"):
             cert, key, own_ca = own_certificate(host, v, cas[0])
             return Bundle(cert, key, _join(cas + [own_ca]))
-        issued = host_certificate(folder, host, names(host, v), make)
+        issued = host_certificate(folder, host, names(host, v), make=make)
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
     return Bundle(issued.cert_pem, issued.key_pem, _join(cas))
@@ -79,11 +79,11 @@ def expiries(bundle: Bundle, kind: str) -> dict[str, float]:
     return {kind: not_after(bundle.cert_pem), "ca": not_after(bundle.ca_pem)}
 
 
-def trusted_cas(host: str, v: dict, extra_ca_files: tuple = (), make: bool = True) -> str:
+def trusted_cas(host: str, v: dict, extra_ca_files: tuple = (), *, make: bool) -> str:
     """The CAs a client of the fleet's front doors trusts: the fleet CA, and those of the
     front doors that bring a certificate of their own (``extra_ca_files``)."""
     try:
-        cas = [ca_pem(directory(v), make)]
+        cas = [ca_pem(directory(v), make=make)]
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
     return _join(cas + [_read_pem(path, "tls_ca_file", host, False) for path in extra_ca_files])
@@ -164,15 +164,15 @@ GATEWAY_KEY = "gateway"
 MONITORING_KEY = "monitoring"
 
 
-def monitoring_keys(host: str, v: dict, make: bool = True) -> dict[str, str]:
+def monitoring_keys(host: str, v: dict, *, make: bool) -> dict[str, str]:
     """Key name -> sha256 of the keys that open this host's metrics (the monitoring key)."""
     try:
-        return {MONITORING_KEY: digest(service_key(directory(v), MONITORING_KEY, make))}
+        return {MONITORING_KEY: digest(service_key(directory(v), MONITORING_KEY, make=make))}
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
 
 
-def accepted_keys(host: str, v: dict, gateway: bool = False, make: bool = True) -> dict[str, str]:
+def accepted_keys(host: str, v: dict, gateway: bool = False, *, make: bool) -> dict[str, str]:
     """Key name -> sha256: the users' keys, the inventory's api_key_file as one more,
     and (``gateway``: the fleet has one) the key the gateway reaches front doors with."""
     try:
@@ -180,7 +180,7 @@ def accepted_keys(host: str, v: dict, gateway: bool = False, make: bool = True) 
         # keys.add refused them) never takes their place
         hashes = {name: d for name, d in KeyStore(directory(v)).hashes().items() if name not in RESERVED}
         if gateway:
-            hashes = {GATEWAY_KEY: digest(service_key(directory(v), GATEWAY_KEY, make)), **hashes}
+            hashes = {GATEWAY_KEY: digest(service_key(directory(v), GATEWAY_KEY, make=make)), **hashes}
     except CredentialError as exc:
         raise StepFailed(f"{host}: {exc}") from exc
     legacy = read_secret(v.get("api_key_file"), "api_key_file", host)

@@ -138,9 +138,9 @@ def test_a_front_door_with_a_certificate_of_its_own_is_served_and_still_reached_
 
     from credentials import ca as their_ca
     # the user's own CA (made like ours, in another folder) and a certificate from it for rtx01
-    issued = their_ca.host_certificate(tmp_path / "their-ca", "rtx01", ["rtx01", "10.213.0.12"])
+    issued = their_ca.host_certificate(tmp_path / "their-ca", "rtx01", ["rtx01", "10.213.0.12"], make=True)
     files = {"tls_cert_file": (issued.cert_pem, 0o644), "tls_key_file": (issued.key_pem, 0o600),
-             "tls_ca_file": (their_ca.ca_pem(tmp_path / "their-ca"), 0o644)}
+             "tls_ca_file": (their_ca.ca_pem(tmp_path / "their-ca", make=True), 0o644)}
     (lab_copy / "host_vars").mkdir(exist_ok=True)
     lines = []
     for var, (text, mode) in files.items():

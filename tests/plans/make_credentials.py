@@ -23,7 +23,7 @@ def main():
     shutil.rmtree(target, ignore_errors=True)
     ca.CA_DAYS = ca.CERT_DAYS = 36500
     for host, names in HOSTS.items():
-        ca.host_certificate(target, host, names)
+        ca.host_certificate(target, host, names, make=True)
     for host in GATEWAYS:
         ca.peer_certificate(target, host, make=True)
     (target / "keys.json").write_text(json.dumps({"alice": {"sha256": digest("dgk-plan-test-alice"),

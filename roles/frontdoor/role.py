@@ -29,7 +29,7 @@ from roles.haproxy.instance import FRONTDOOR
 from roles.haproxy.pools import frontdoor_pools, pools_in_config, queue_rule
 from roles.haproxy.stats import ServerStates
 
-from .admin import ADMIN_SOCKET, BACK, BACK_PROGRAM, admin_parameters
+from .admin import ADMIN_SOCKET, BACK, BACK_PROGRAM, ROLLING_BACKEND, admin_parameters
 
 
 def facts(v):
@@ -37,6 +37,8 @@ def facts(v):
     return {**proxy.facts(v, FRONTDOOR, "frontdoor"), **units_fact(v),
             # replicas it holds out of service (a rolling deploy's drain that did not end)
             "frontdoor_servers": ServerStates(ADMIN_SOCKET),
+            # the roll's flags (the host's, each pool's): one left up holds the host out at the gateways
+            "frontdoor_flags": ServerStates(ADMIN_SOCKET, backend=ROLLING_BACKEND),
             # NVIDIA's DCGM exporter is scraped where the host engine runs (roles/exporters)
             "dcgm": Dcgm()}
 
@@ -137,6 +139,11 @@ def back_in_service(ctx) -> Command:
     states = ctx.facts.get("frontdoor_servers") or {}
     drained = [name for name, state in states.items()
                if state["status"].startswith("DRAIN") and server_index(name) is not None]
+    # a flag is lowered when its server is in MAINT; any other state is a flag left up (the roll's
+    # "Mend it: invoke deploy" for a flag it could not lower), even with every replica in service
+    raised = sorted(name for name, state in (ctx.facts.get("frontdoor_flags") or {}).items()
+                    if not state["status"].startswith("MAINT"))
+    left = drained + [f"the roll's flag {name}" for name in raised]
 
     def interpret(result):
         refused = BACK.first(result.stdout, "still-drained")
@@ -144,13 +151,14 @@ def back_in_service(ctx) -> Command:
             raise StepFailed(f"the front door refused to put {refused[0]} back in service: see journalctl -u "
                              f"{FRONTDOOR.unit_name(ctx.vars)}")
         if result.rc != 0:
-            raise StepFailed(f"putting {', '.join(drained)} back in service failed (exit {result.rc}): "
+            raise StepFailed(f"putting {', '.join(left)} back in service failed (exit {result.rc}): "
                              f"{(result.stdout + result.stderr).strip()[-300:]}")
-        return f"{', '.join(drained)} back in service"
-    return Command("replicas in service", when=bool(drained), interpret=interpret,
+        return f"{', '.join(drained)} back in service" if not raised else \
+            f"{', '.join(drained) + ' back in service, ' if drained else ''}the roll's flags lowered ({', '.join(raised)})"
+    return Command("replicas in service", when=bool(left), interpret=interpret,
                    script=BACK_PROGRAM.script({**admin_parameters(), "SERVERS": " ".join(drained)}),
-                   describe=f"{', '.join(drained)} left drained in the front door (a rolling deploy cut short): "
-                            f"back in service")
+                   describe=f"{', '.join(left)} left {'drained' if drained else 'up'} in the front door (a rolling "
+                            f"deploy cut short): back in service")
 
 
 def plan_keys(ctx):

@@ -147,3 +147,29 @@ def test_a_front_door_reading_stale_files_is_restarted_by_deploy_and_by_keys_add
     finally:
         invoke("keys.revoke", "stale-user")
         ssh("rtx01", f"umount /etc/dgemma/frontdoor 2>/dev/null; rm -rf {STALE}")
+
+
+def test_a_flag_a_roll_left_up_is_lowered_by_the_deploy_its_message_names(deployed):
+    """The roll says "Mend it: invoke deploy --hosts HOST (it lowers a flag left up)" when the front
+    door refuses to lower its flag (roles/service/rollout.py). That state, with every replica in
+    service: the gateways' check of the family says 404, so they hold the host out of it; the
+    command named clears it (roles/frontdoor/role.py back_in_service)."""
+    host, server = "rtx01", "flag_diffusiongemma"
+    cli = "curl -sS --unix-socket /run/dgemma-frontdoor/admin.sock telnet://localhost"
+    health = ("curl -sk -o /dev/null -w '%{http_code}' -H 'X-Dgemma-Pool: diffusiongemma' "
+              "https://127.0.0.1:8000/health")
+
+    def lowered() -> bool:
+        out = ssh(host, f"echo 'show servers state rolling' | {cli}").stdout
+        # srv_admin_state, the 7th field: a maintenance bit (forced, or the configuration's `disabled`)
+        # set while the flag is lowered, none while it is up
+        [row] = [line.split() for line in out.splitlines() if len(line.split()) > 6 and line.split()[3] == server]
+        return int(row[6]) != 0
+    assert lowered() and ssh(host, health).stdout == "200"
+    ssh(host, f"echo 'set server rolling/{server} state ready' | {cli}")
+    assert not lowered() and ssh(host, health).stdout == "404", "the flag up holds the host out of the family"
+    proc, data = deploy_json("--hosts", host)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    [step] = [t for t in data["hosts"][host]["tasks"] if t["task"] == "replicas in service"]
+    assert step["status"] == "changed" and "the roll's flags lowered (flag_diffusiongemma)" in step["message"], step
+    assert lowered() and ssh(host, health).stdout == "200"

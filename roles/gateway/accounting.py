@@ -81,7 +81,8 @@ Before={haproxy_unit}
 [Service]
 Type=simple
 ExecStart=/usr/bin/python3 {PROGRAM} --socket {SOCKET} --runtime-api {runtime_api} --state {STATE_DIR} \\
-  --limits {limits} --listen 127.0.0.1:{USAGE_PORT} --retention-days {int(v.get("usage_retention_days", 400))}
+  --limits {limits} --listen 127.0.0.1:{USAGE_PORT} --retention-days {int(v.get("usage_retention_days", 400))} \\
+  --records-queue {int(v.get("usage_records_queue", 4096))}
 SyslogIdentifier={RECORDS_IDENTIFIER}
 # every request's record is a line of the journal: none may be dropped for coming fast
 LogRateLimitIntervalSec=0

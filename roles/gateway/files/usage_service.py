@@ -103,6 +103,9 @@ class Usage:
         self.pending: dict[tuple[str, str], int] = {}  # (day, subject) -> tokens charged since the table was told
         self.minutes: dict[str, int] = {}  # subject:minute -> requests counted in it (a worker's table, again)
         self.lock = threading.Lock()
+        # records HAProxy could not deliver (its DroppedLogs: a full socket queue drops a datagram, and
+        # its tokens go uncharged): the workers that ended, and the one that runs (pid, count)
+        self.lost_before, self.lost_now = 0, (None, 0)
         self.charged = threading.Event()  # tokens to tell the table: it is told at once, not at the next tick
         os.makedirs(folder, mode=0o750, exist_ok=True)
         oldest = day_of(time.time() - retention_days * DAY_S)
@@ -157,6 +160,14 @@ class Usage:
                     self.pending[(day, subject)] = self.pending.get((day, subject), 0) + tokens
                 self.charged.set()
             self.dirty.add(day)
+
+    def note_lost(self, pid: int, dropped: int):
+        """HAProxy's DroppedLogs as its worker ``pid`` counts them (from 0 for each new worker)."""
+        with self.lock:
+            last_pid, last = self.lost_now
+            if last_pid is not None and last_pid != pid:
+                self.lost_before += last
+            self.lost_now = (pid, max(dropped, last if last_pid == pid else 0))
 
     def has_pending(self) -> bool:
         with self.lock:
@@ -234,7 +245,7 @@ class Usage:
                 except FileNotFoundError:
                     pass
 
-    def metrics(self, limits: dict[str, int]) -> str:
+    def metrics(self, limits: dict[str, tuple[int, int]]) -> str:
         totals: dict[tuple[str, str, str], dict] = {}
         today = day_of(time.time())
         with self.lock:
@@ -246,6 +257,7 @@ class Usage:
                         for name in COUNTS:
                             into[name] += counts.get(name, 0)
             spent = dict(self._day(today)["spent"]) if today in self.days else {}
+            lost = self.lost_before + self.lost_now[1]
         label = lambda **kv: ",".join(f'{k}="{esc(v)}"' for k, v in kv.items())  # noqa: E731
         lines = []
         for name in COUNTS:
@@ -256,6 +268,9 @@ class Usage:
                 lines.append(f"{metric}{{{label(key=key, user=user, model=family)}}} {counts[name]}")
         lines += ["# HELP dgemma_key_tokens_today Tokens a key (or a front end's user) has spent today (UTC), "
                   "as the gateways' shared table counts them", "# TYPE dgemma_key_tokens_today gauge"]
+        lines += ["# HELP dgemma_usage_records_lost_total Request records HAProxy could not deliver to the usage "
+                  "service (its DroppedLogs): their tokens were not charged", "# TYPE dgemma_usage_records_lost_total counter",
+                  f"dgemma_usage_records_lost_total {lost}"]
         wholes = {s: n for s, n in spent.items() if s.endswith(f"/{ALL_USERS}")}
         for subject, n in sorted(spent.items()):
             key, _, user = subject.partition("/")
@@ -318,12 +333,13 @@ class RuntimeApi:
             if answer.strip():
                 raise OSError(answer.strip()[:200])
 
-    def worker(self) -> int:
-        """The pid of the HAProxy worker that answers the runtime API (a new one after a reload)."""
-        for line in self._ask(["show info"]).splitlines():
-            if line.startswith("Pid:"):
-                return int(line.split(":", 1)[1])
-        raise OSError("show info names no Pid")
+    def worker(self) -> tuple[int, int]:
+        """The pid of the HAProxy worker that answers the runtime API (a new one after a reload), and
+        the logs it could not send (DroppedLogs: records this service never got)."""
+        info = dict(line.split(":", 1) for line in self._ask(["show info"]).splitlines() if ":" in line)
+        if "Pid" not in info:
+            raise OSError("show info names no Pid")
+        return int(info["Pid"]), int(info.get("DroppedLogs", 0) or 0)
 
     def mark(self, pid: int):
         """The mark that says this worker holds the day's tokens (usage.lua waits for it)."""
@@ -383,7 +399,8 @@ def keep_table(usage: Usage, api: RuntimeApi, interval: float, merge_every: floa
         try:
             now = time.monotonic()
             if pid is None or now - last_look >= interval:
-                pid, last_look = api.worker(), now
+                (pid, dropped), last_look = api.worker(), now
+                usage.note_lost(pid, dropped)
             fresh = pid != marked
             if fresh or now - last_merge >= merge_every:
                 api.set_counts(MINUTES, usage.minutes_to_put(api.counts(MINUTES), reseed=fresh))
@@ -430,6 +447,28 @@ def serve_metrics(address: str, usage: Usage, limits_path: str):
     http.server.ThreadingHTTPServer((host, int(port)), Handler).serve_forever()
 
 
+QUEUE = "/proc/sys/net/unix/max_dgram_qlen"
+
+
+def deepen_records_queue(depth: int):
+    """The records' socket queues that many datagrams while this service catches up (the kernel's
+    default, 10, dropped all but 11 of 300 records while this service was held: HAProxy then counts
+    them in DroppedLogs, and their tokens go uncharged). A socket takes the depth in force when it is
+    made: set here, before ours is, on every start (a boot included). Never lowered; the host's
+    network namespace's setting (a gateway host's own)."""
+    try:
+        with open(QUEUE) as f:
+            now = int(f.read().strip())
+        if now < depth:
+            with open(QUEUE, "w") as f:
+                f.write(f"{depth}\n")
+            log(f"usage: net.unix.max_dgram_qlen raised from {now} to {depth}: records wait there while this "
+                f"service catches up")
+    except (OSError, ValueError) as exc:
+        log(f"usage: cannot raise net.unix.max_dgram_qlen to {depth} ({exc}): a burst of records past the "
+            f"kernel's queue is lost (dgemma_usage_records_lost_total counts them)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--socket", required=True, help="the unix datagram socket HAProxy logs to")
@@ -438,10 +477,14 @@ def main(argv=None) -> int:
     p.add_argument("--limits", required=True, help="the gateway's limits.map")
     p.add_argument("--listen", default="127.0.0.1:9466", help="/metrics, for Prometheus")
     p.add_argument("--retention-days", type=int, default=400)
+    p.add_argument("--records-queue", type=int, default=0,
+                   help="the records' socket queue depth to raise net.unix.max_dgram_qlen to (0: leave it)")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between two updates of the table")
     p.add_argument("--merge-every", type=float, default=0.5, help="seconds between two reads of the table")
     args = p.parse_args(argv)
     usage = Usage(args.state, args.retention_days)
+    if args.records_queue:
+        deepen_records_queue(args.records_queue)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     os.makedirs(os.path.dirname(args.socket), exist_ok=True)

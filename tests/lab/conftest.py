@@ -110,9 +110,14 @@ def deploy_json(*args, inventory=LAB_INVENTORY, tmp=None):
 
 
 @pytest.fixture(scope="session")
-def lab():
+def lab(request):
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("the lab needs root on Debian 12")
+    from tests.lab import open_webui
+    # the browser test's Open WebUI installs meanwhile, at the lowest priority (open_webui.py says why)
+    if any(item.nodeid.startswith("tests/lab/test_lab_open_webui.py") for item in request.session.items):
+        open_webui.install_in_background()
+    request.addfinalizer(open_webui.abandon)
     started = time.monotonic()
     invoke("lab.up", timeout=1800, check=True)
     print(f"lab.up took {time.monotonic() - started:.0f} s")

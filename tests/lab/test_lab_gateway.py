@@ -70,8 +70,8 @@ def test_one_address_for_the_fleet_with_the_same_keys(deployed):
 
 
 def test_a_host_going_down_costs_no_failed_request(deployed):
-    """4 clients for over two minutes; rtx01's vLLM stopped and started again, then
-    spark01's link cut and restored: every request answered 200."""
+    """4 clients throughout: rtx01's vLLM stopped and started again, then spark01's link cut
+    for 20 s and restored, then 5 s more: every request answered 200."""
     key, stop, outcomes, lock = api_key(), threading.Event(), [], threading.Lock()
 
     def client():
@@ -91,13 +91,13 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
         t.start()
     figures = {}
     try:
-        time.sleep(10)
+        time.sleep(5)
         ssh("rtx01", "systemctl stop podman-vllm-diffusiongemma.service")
         figures["vllm_stopped_down_s"] = wait_state("rtx01", "DOWN")
         time.sleep(10)
         ssh("rtx01", "systemctl start podman-vllm-diffusiongemma.service")
         figures["vllm_started_up_s"] = wait_state("rtx01", "UP", 120)  # after the stand-in's cold start
-        time.sleep(10)
+        time.sleep(5)
         spark = config.host("spark01")
         sh.run("ip", "link", "set", spark.veth, "down")
         try:
@@ -106,8 +106,7 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
         finally:
             sh.run("ip", "link", "set", spark.veth, "up")
         figures["link_back_up_s"] = wait_state("spark01", "UP", 120)
-        while time.monotonic() - begun < 125:
-            time.sleep(1)
+        time.sleep(5)  # the requests its return sends to spark01 again
     finally:
         stop.set()
         for t in threads:

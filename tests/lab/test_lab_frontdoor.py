@@ -161,13 +161,14 @@ def test_a_flag_a_roll_left_up_is_lowered_by_the_deploy_its_message_names(deploy
 
     def lowered() -> bool:
         out = ssh(host, f"echo 'show servers state rolling' | {cli}").stdout
-        # srv_admin_state, the 7th field: a maintenance bit (forced, or the configuration's `disabled`)
-        # set while the flag is lowered, none while it is up
+        # srv_admin_state, the 7th field: the configuration's `disabled` sets the forced maintenance
+        # bit (0x01) and its own (0x04); raising the flag (state ready) clears the first alone
         [row] = [line.split() for line in out.splitlines() if len(line.split()) > 6 and line.split()[3] == server]
-        return int(row[6]) != 0
+        return bool(int(row[6]) & 0x01)
     assert lowered() and ssh(host, health).stdout == "200"
     ssh(host, f"echo 'set server rolling/{server} state ready' | {cli}")
-    assert not lowered() and ssh(host, health).stdout == "404", "the flag up holds the host out of the family"
+    assert not lowered(), "the flag is up"
+    assert ssh(host, health).stdout == "404", "the flag up holds the host out of the family"
     proc, data = deploy_json("--hosts", host)
     assert proc.returncode == 0, proc.stdout[-3000:]
     [step] = [t for t in data["hosts"][host]["tasks"] if t["task"] == "replicas in service"]

@@ -29,7 +29,7 @@ def facts(c, inventory=None, hosts=None, local=False, json=None, set=None, ask_b
     from roles.preflight import show
     from roles.preflight.role import FACTS_ROLE
     play = runs.load_play(inventory, set, ask_become_pass and not local)
-    report = runs.run(play, [FACTS_ROLE], hosts, json, local=local)
+    report = runs.run(play, [FACTS_ROLE], hosts, json, local=local, check=True)  # reads: takes no lock
     data = show.facts_document(report)
     show.print_tables(report, data, console=report.console)
     runs.finish(report, data, json)
@@ -129,6 +129,11 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
             if reached else ([], "")
     data = verify_document(results, unreachable, expected)
     print_table(data, report.console)
+    for host, extra in report.extra.items():
+        if extra.get("lock_held_by"):  # read, not waited for: the checks saw the host mid-run
+            report.console.print(f"[yellow]CHANGING {host}: another run holds its lock ({extra['lock_held_by']}); "
+                                 f"these checks saw it mid-run: run invoke verify again when it is done[/yellow]",
+                                 highlight=False)
     if not results and reached:
         report.console.print(output[-3000:])
     runs.finish(report, data, json, ok=data["ok"])

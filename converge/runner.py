@@ -201,11 +201,18 @@ class HostRun:
         for role in self.roles:
             wanted.update(role.facts(self.target.vars))
         gathering = factlib.Gathering(wanted)
-        self.lock = HostLock(conn, self.lock_name, self.lock_wait)
+        # a run that changes nothing (check mode) takes no lock and writes nothing on the host: it
+        # reads at once, and says when a run that may change the host holds the lock meanwhile
+        self.lock = HostLock(conn, self.lock_name, self.lock_wait, read_only=self.check)
 
         def busy(holder):
-            self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by {holder} "
-                             f"(up to {self.lock_wait:g} s)")
+            if self.check:
+                self.report.note(f"[yellow]changing[/yellow]    {self.target.name}: another run holds its lock "
+                                 f"({holder}); what is read here is the host as it is now, mid-run")
+                self.report.extra.setdefault(self.target.name, {})["lock_held_by"] = holder
+            else:
+                self.report.note(f"[yellow]waiting[/yellow]     {self.target.name} for the lock held by {holder} "
+                                 f"(up to {self.lock_wait:g} s)")
         try:
             held = self.lock.take(gathering.script, on_busy=busy)
             output, complete = held.read_until(gathering.done, self.fact_timeout)

@@ -18,10 +18,13 @@ def status_document(report, selected: list[str] | None = None) -> dict:
                  **report.extra.get(host, {}).get("status", {})}
         entry.pop("record", None)
         extra = report.extra.get(host, {})
+        if extra.get("lock_held_by"):  # a deploy (or day-2 run) is changing it: this is the host mid-run
+            entry["changing"] = extra["lock_held_by"]
         if "monitoring" in extra or (host in report.advisory and "status" not in extra):
             seen = extra.get("monitoring") or {}
             monitoring[host] = {"reachable": not unreachable, "errors": unreachable + failed, "drift": drift,
-                                "alertmanager_error": seen.get("error")}
+                                "alertmanager_error": seen.get("error"),
+                                **({"changing": entry["changing"]} if "changing" in entry else {})}
             alerts += [a for a in seen.get("alerts", []) if selected is None or a["host"] in selected
                        or a["server"] in selected]
             if "gateway_servers" not in extra:
@@ -108,6 +111,8 @@ def print_status(data, console):
             servers.add_row("[red]error[/red]", "", error[:120], "", "")
         console.print(servers)
     print_alerts(data, console)
+    for line in changing_lines(data):
+        console.print(f"[yellow]{line}[/yellow]", highlight=False)
     shared = data.get("shared_address")
     if shared:
         if shared["problem"]:
@@ -186,6 +191,13 @@ def _door(state: str | None) -> str:
     return f"[{colour}]{state}[/{colour}]"
 
 
+def changing_lines(data) -> list[str]:
+    """A line for each host that another run was changing as status read it."""
+    hosts = {**(data.get("monitoring") or {}), **data["hosts"]}
+    return [f"CHANGING {host}: another run holds its lock ({h['changing']}); this is the host mid-run, "
+            f"run invoke status again when it is done" for host, h in hosts.items() if h.get("changing")]
+
+
 def print_lines(data, console):
     """``host[#replica] unit=… container=… health=… model=… image=… gpu_memory=… drift=…`` and
     ``gateway host server state check for``, one line each."""
@@ -229,6 +241,8 @@ def print_lines(data, console):
         say(f"alert {a['alertname']} severity={a['severity']} where={alert_where(a)} fix: {a['fix'] or a['summary']}")
     if "monitoring" in data and not data["alerts"]:
         say("alerts none firing")
+    for line in changing_lines(data):
+        say(line)
     shared = data.get("shared_address")
     if shared:
         holders = ",".join(shared["holders"]) or "-"

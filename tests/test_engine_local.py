@@ -119,6 +119,39 @@ def test_host_lock_is_exclusive_and_released_with_the_connection():
     third.close()
 
 
+def test_a_read_only_run_takes_no_lock_writes_nothing_and_never_waits():
+    """check mode (deploy --check, verify, facts, status): no lock file, folder or holder made;
+    a run that holds the lock is named, and the read goes on at once."""
+    import time
+    from converge.hostlock import LOCK_DIR, peek_script
+    name = f"dgemma-peek-{os.getpid()}"
+    path = f"{LOCK_DIR}/{name}.lock"
+
+    def peek(conn):
+        held, lines = conn.hold(peek_script(name) + "echo facts\n" + KEEP_HOLDING, timeout=10), []
+        while not lines or lines[-1] != "facts":
+            lines.append(held.readline(10))
+        return lines
+
+    reader = LocalConnection()
+    assert peek(reader) == ["reading", "facts"]
+    assert not os.path.exists(path) and not os.path.exists(path + ".holder")
+    deploy = LocalConnection()
+    assert deploy.hold(lock_script(name, 0, "a deploy") + KEEP_HOLDING, timeout=10).readline(10) == "locked"
+    before = {p: (os.stat(p).st_mtime_ns, open(p).read()) for p in (path, path + ".holder")}
+    started = time.monotonic()
+    assert peek(LocalConnection()) == ["busy a deploy", "reading", "facts"]
+    assert time.monotonic() - started < 5, "a read waits for no deploy"
+    assert {p: (os.stat(p).st_mtime_ns, open(p).read()) for p in before} == before
+    # and a read under way holds nothing a deploy would wait for
+    assert deploy.hold(lock_script(name, 0, "x") + KEEP_HOLDING, timeout=10).readline(10) == "busy a deploy"
+    deploy.close()
+    assert LocalConnection().hold(lock_script(name, 0, "next") + KEEP_HOLDING, timeout=10).readline(10) == "locked"
+    reader.close()
+    for leftover in (path, path + ".holder"):
+        os.unlink(leftover)
+
+
 def test_lock_and_facts_share_one_script_that_holds_the_lock_until_closed():
     gathering = Gathering({"arch": Arch(), "mem": MemInfo()})
     conn = LocalConnection()

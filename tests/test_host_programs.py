@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from converge import hostlock
 from converge.errors import StepFailed
 from converge.transport import Result
 from roles.frontdoor.admin import BACK, BACK_PROGRAM
@@ -23,12 +24,14 @@ from roles.start.role import PROGRAM as START_PROGRAM, START
 from tests.conftest import ROOT
 
 COLLECTOR = Program((ROOT / "roles" / "exporters" / "collector.sh",))
+HOST_LOCK = Program((hostlock.SCRIPT,))  # the engine's own
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
-            "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM}
+            "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK}
 
 
 def test_every_host_program_file_belongs_to_a_program():
-    files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | {ROOT / "roles" / "exporters" / "collector.sh"}
+    files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | {ROOT / "roles" / "exporters" / "collector.sh"} \
+        | set((ROOT / "converge" / "host_scripts").glob("*.sh"))
     used = {Path(f) for program in PROGRAMS.values() for f in program.files}
     assert files - used == set(), "a host program that no test checks"
 

@@ -21,6 +21,7 @@ digest of its script or content); the text behind each digest is in the case's s
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -200,6 +201,31 @@ def _digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# the files of the programs a host runs (and of the files the roles copy there as they are): a
+# snapshot names each by its path and digest where a script or file holds it whole, so that it holds
+# a program's parameters, not its body (the file's own tests read the body: tests/test_host_programs.py)
+PROGRAM_FILES = ("roles/*/files/*", "roles/exporters/*.sh", "converge/host_scripts/*")
+SMALLEST_NAMED = 200  # a shorter file is shown as it is: its name would be no shorter
+
+
+@functools.lru_cache(maxsize=1)
+def _program_files() -> tuple:
+    root = HERE.parent.parent
+    found = {path for pattern in PROGRAM_FILES for path in root.glob(pattern) if path.is_file()}
+    texts = [(str(path.relative_to(root)), path.read_text()) for path in sorted(found)]
+    return tuple(sorted((t for t in texts if len(t[1]) >= SMALLEST_NAMED), key=lambda t: -len(t[1])))
+
+
+def as_shown(text: str) -> str:
+    """A script or file as its snapshot shows it: each program file it holds whole named by its
+    path and digest."""
+    for path, body in _program_files():
+        if body in text:
+            lines = body.count("\n")
+            text = text.replace(body, f"@file {path} {_digest(body)} ({lines} lines)\n")
+    return text
+
+
 def describe(taken: Taken) -> tuple[dict, list[tuple[str, str]]]:
     """A step as the case writes it, and the texts (title, text) its snapshot keeps."""
     step, result = taken.step, taken.result
@@ -320,6 +346,6 @@ def plan(case: dict) -> tuple[list[dict], str]:
         if task.status == "failed" and (task.role != case["role"] or task.task == "plan"):
             steps.append({"stopped" if task.role != case["role"] else "failed": f"{task.role} | {task.task}: "
                                                                                   f"{task.message}"})
-    snapshot = "".join(f"==== {title} ({_digest(text)})\n{text}{'' if text.endswith(chr(10)) else chr(10)}"
+    snapshot = "".join(f"==== {title} ({_digest(text)})\n{as_shown(text)}{'' if text.endswith(chr(10)) else chr(10)}"
                        for title, text in texts)
     return steps, snapshot

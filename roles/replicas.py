@@ -2,7 +2,8 @@
 its GPUs, and every name made from them (its container, its unit and the unit's file,
 its loopback port, its server in the front door), with the parse of each name back to
 the replica. Every role, day-2 command and bench names a replica through this module;
-host-side scripts get the names it makes in their environment (`shell_table`).
+host-side scripts get the names it makes as a table of NAME=VALUE words (`shell_table`,
+read there by roles/replicas.sh).
 
 A replica's index follows its GPUs (roles/preflight/placement.py) and numbers it on the
 host, whatever family it serves: it gives the port (``replica_base_port + index``) and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from roles import catalog
 from roles.catalog import DEFAULT_FAMILY
@@ -172,12 +174,39 @@ def chosen(indices, wanted: int | None) -> list[int]:
     return [i for i in indices if wanted is None or i == wanted]
 
 
+# the table's reader for host-side programs, a library they start with
+TABLE_READER = Path(__file__).with_suffix(".sh")
+# the replica table's fields, each a NAME=VALUE word of a replica's line (roles/replicas.sh reads
+# them by name): what host-side programs know of a replica
+TABLE_FIELDS = ("index", "unit", "container", "port", "server", "gpus")
+
+
+def _table_values(r: Replica) -> dict:
+    return {"index": r.index, "unit": r.unit, "container": r.container, "port": r.port, "server": r.server,
+            "gpus": ",".join(sorted(r.gpus))}
+
+
 def shell_table(replicas) -> str:
-    """The replicas as a table for host-side programs, a parameter of theirs (a line each:
-    index, unit, container, port, server, its GPUs comma-separated or -): the names come
-    from here, never made again in shell."""
-    return "\n".join(f"{r.index} {r.unit} {r.container} {r.port} {r.server} {','.join(sorted(r.gpus)) or '-'}"
-                     for r in replicas)
+    """The replicas as a table for host-side programs, a parameter of theirs: a line each, its
+    fields NAME=VALUE words (`TABLE_FIELDS`; gpus comma-separated, empty when not known). The
+    names come from here, never made again in shell; roles/replicas.sh reads them."""
+    lines = []
+    for r in replicas:
+        values = {name: str(value) for name, value in _table_values(r).items()}
+        bad = [name for name, value in values.items() if any(c.isspace() or c == "=" for c in value)]
+        if bad:  # the names are schema-checked; a blank would split a word on the host
+            raise ValueError(f"replica {r.index}: {', '.join(bad)} holds a blank or '=': {values}")
+        lines.append(" ".join(f"{name}={values[name]}" for name in TABLE_FIELDS))
+    return "\n".join(lines)
+
+
+def read_table(text: str) -> list[dict]:
+    """A table `shell_table` wrote: a dict of its fields for each replica line."""
+    rows = []
+    for line in text.splitlines():
+        if line.strip():
+            rows.append(dict(word.split("=", 1) for word in line.split()))
+    return rows
 
 
 @dataclass(frozen=True)

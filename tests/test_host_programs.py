@@ -31,6 +31,7 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
 
 def test_every_host_program_file_belongs_to_a_program():
     files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | {ROOT / "roles" / "exporters" / "collector.sh"} \
+        | set((ROOT / "roles").glob("*.sh")) \
         | set((ROOT / "converge" / "host_scripts").glob("*.sh"))
     used = {Path(f) for program in PROGRAMS.values() for f in program.files}
     assert files - used == set(), "a host program that no test checks"
@@ -172,3 +173,33 @@ def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and
     with pytest.raises(StepFailed, match=r"refused to put replica 1 \(replica1\) back in service.*"
                                          r"invoke recover --hosts hgx01 --replica 1"):
         rollout.interpret(roll)(Result(rc, "\n".join(lines) + "\n", ""))
+
+
+# ---------------------------------------------------------------- the replica table
+
+
+@pytest.mark.parametrize("shell", ["dash", "sh"])
+def test_the_replica_table_is_read_on_the_host_by_name_as_it_is_written(shell):
+    """roles/replicas.py writes the table; roles/replicas.sh reads it by field name, whatever the
+    order of a line's words (here reversed), a GPU list or none."""
+    from roles.replicas import TABLE_FIELDS, TABLE_READER, read_table, shell_table
+    written = shell_table([replica({}, 0), replica({}, 2, "gemma4", ["GPU-b", "GPU-a"]),
+                           replica({"container_runtime": "docker"}, 3, "gemma4")])
+    rows = read_table(written)
+    assert [list(row) for row in rows] == [list(TABLE_FIELDS)] * 3
+    assert rows[1] == {"index": "2", "unit": "podman-vllm-gemma4-2.service", "container": "vllm-gemma4-2",
+                       "port": "8102", "server": "replica2", "gpus": "GPU-a,GPU-b"}
+    reordered = "\n".join(" ".join(reversed(line.split())) for line in written.splitlines())
+    for table in (written, reordered):
+        probe = ("for i in $(table_field index \"$T\"); do use_replica \"$i\" \"$T\"; "
+                 "printf '%s|%s|%s|%s|%s|%s\\n' \"$I\" \"$U\" \"$C\" \"$P\" \"$S\" \"$WANT_GPUS\"; done; "
+                 "table_pairs unit port \"$T\"")
+        proc = subprocess.run([shell, "-c", TABLE_READER.read_text() + probe], env={"T": table, "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[:3] == ["|".join([r["index"], r["unit"], r["container"], r["port"], r["server"],
+                                       r["gpus"].replace(",", " ")]) for r in rows]
+        assert lines[3:] == [f"{r['unit']}={r['port']}" for r in rows]
+    with pytest.raises(ValueError, match="blank"):
+        shell_table([replica({"service_name": "a b"}, 0)])

@@ -44,8 +44,8 @@ def test_the_script_is_one_the_hosts_shell_reads(shell, write):
     # the key never reaches a command line: read from the 0600 file, given to curl on stdin
     assert "Authorization: Bearer %s" in text and "-K -" in text
     # the replica as roles/replicas.py names it, its GPUs sorted as the check compares them
-    assert ("REPLICAS='1 podman-vllm-diffusiongemma-1.service vllm-diffusiongemma-1 8101 replica1 GPU-a,GPU-b'"
-            in text)
+    assert ("REPLICAS='index=1 unit=podman-vllm-diffusiongemma-1.service container=vllm-diffusiongemma-1 "
+            "port=8101 server=replica1 gpus=GPU-a,GPU-b'" in text)
 
 
 def test_a_script_cut_short_on_its_way_runs_nothing():

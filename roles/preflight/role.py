@@ -32,7 +32,7 @@ def facts(hostvars):
         "systemd": Systemd(),
         "nvidia": NvidiaSmi(hostvars.get("nvidia_smi_timeout", 15)),
         "runtimes": Runtimes(),
-        "commands": Commands("flock", "base64", "sha256sum", "sha1sum", "curl", "timeout", "awk", "tee"),
+        "commands": Commands("flock", "base64", "sha256sum", "sha1sum", "curl", "timeout", "awk", "tee", "xargs"),
         "disk_cache": DiskFree(hostvars.get("model_cache", "/srv/models/hf-cache")),
         "disk_images": DiskFree(CONTAINER_STORAGE[hostvars.get("container_runtime", "podman")]),
         # whether our own replicas run (their memory is then not free), and what they started with

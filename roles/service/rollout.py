@@ -42,7 +42,7 @@ from roles.frontdoor.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
 from roles.haproxy.instance import GATEWAY_SEES_FLAG_S
 from roles.handoffs import UNITS
 from roles.host_programs import Program, Protocol
-from roles.replicas import Replica, installed, shell_table
+from roles.replicas import TABLE_READER, Replica, installed, shell_table
 from roles.serving_host import UNITS_FACT, connect_address, env_path, unit_file
 
 from .container import handed_gpus
@@ -70,7 +70,7 @@ ROLL = Protocol("the roll", markers={
     "rolled-back": "MS: back on what it ran, ready and in service",
     "rollback-failed": "WHY: going back failed too",
     **READY_MARKERS}, exits={"failed": 4, "rolled_back": 5, "rollback_failed": 6, "write_failed": 7})
-PROGRAM = Program((PRELUDE, ADMIN_LIBRARY, READY, FILES / "roll.sh"), ROLL)
+PROGRAM = Program((PRELUDE, TABLE_READER, ADMIN_LIBRARY, READY, FILES / "roll.sh"), ROLL)
 
 THROTTLE = "rollout"
 ACTIONS = ("restart", "start", "stop", "recover", "remove")

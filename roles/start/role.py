@@ -11,7 +11,7 @@ from converge.errors import StepFailed
 from roles.fleet import is_serving
 from roles.handoffs import UNITS
 from roles.host_programs import Program, Protocol
-from roles.replicas import Replica, service, shell_table, unit_globs
+from roles.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
 from roles.service.ready import (PRELUDE, READY, READY_MARKERS, failed_unit, late_units, ready_seconds,
                                  replica_ready)
 from roles.service.rollout import gated, is_running
@@ -19,7 +19,7 @@ from roles.serving_host import env_path, record_path, restart, step_name, unit_s
 
 START = Protocol("start and wait", markers={"start-failed": "systemctl start failed", **READY_MARKERS},
                  exits={"failed": 3, "timeout": 4})
-PROGRAM = Program((PRELUDE, READY, Path(__file__).parent / "files" / "start.sh"), START)
+PROGRAM = Program((PRELUDE, TABLE_READER, READY, Path(__file__).parent / "files" / "start.sh"), START)
 
 
 def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:

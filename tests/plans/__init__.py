@@ -204,7 +204,7 @@ def _digest(text: str) -> str:
 # the files of the programs a host runs (and of the files the roles copy there as they are): a
 # snapshot names each by its path and digest where a script or file holds it whole, so that it holds
 # a program's parameters, not its body (the file's own tests read the body: tests/test_host_programs.py)
-PROGRAM_FILES = ("roles/*/files/*", "roles/exporters/*.sh", "converge/host_scripts/*")
+PROGRAM_FILES = ("roles/*/files/*", "roles/*.sh", "roles/exporters/*.sh", "converge/host_scripts/*")
 SMALLEST_NAMED = 200  # a shorter file is shown as it is: its name would be no shorter
 
 

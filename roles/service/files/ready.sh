@@ -3,13 +3,13 @@
 # answers, then /v1/models answers the key, on its loopback port. A unit that fails, goes
 # inactive, or that systemd restarts (its container exited) fails the wait at once.
 #
-# await_ready TIMEOUT_S UNIT=PORT...: says @replica-ready UNIT MS as each answers, then
-# @ready MS; or @failed UNIT STATE MS / @timeout MS UNIT..., sets $why and $failed_unit, and
-# returns 1
+# await_ready TIMEOUT_S TABLE: every replica of the table (roles/replicas.sh) on its port; says
+# @replica-ready UNIT MS as each answers, then @ready MS; or @failed UNIT STATE MS / @timeout MS
+# UNIT..., sets $why and $failed_unit, and returns 1
 await_ready() {
   # shellcheck disable=SC2034 # why and failed_unit are what it tells the program that includes it
-  limit=$1; shift; t0=$(now_ms); why=""; failed_unit=""; pending=""
-  for e in "$@"; do pending="$pending $e=$(systemctl show -p NRestarts --value "${e%%=*}")"; done
+  limit=$1; t0=$(now_ms); why=""; failed_unit=""; pending=""
+  for e in $(table_pairs unit port "$2"); do pending="$pending $e=$(systemctl show -p NRestarts --value "${e%%=*}")"; done
   while :; do
     ms=$(( $(now_ms) - t0 )); left=""
     for e in $pending; do

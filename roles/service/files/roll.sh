@@ -20,21 +20,22 @@
 # what happens here must finish even if the control machine goes away
 trap '' HUP PIPE
 
-# the replicas of the table $1: EACH (their indices), UNITS, COUNT
+# the replicas of the table $1 (roles/replicas.sh): EACH (their indices), UNITS, COUNT
 table() {
   REPLICAS=$1
-  EACH=$(printf '%s\n' "$REPLICAS" | awk 'NF { print $1 }')
-  UNITS=$(printf '%s\n' "$REPLICAS" | awk 'NF { print $2 }')
-  COUNT=$(printf '%s\n' "$REPLICAS" | awk 'NF { n++ } END { print n + 0 }')
+  EACH=$(table_field index "$REPLICAS")
+  UNITS=$(table_field unit "$REPLICAS")
+  COUNT=$(printf '%s\n' "$EACH" | grep -c .)
 }
 # the replica of index $1: I, U (its unit), C (its container), P (its port), S (its server),
 # WANT_GPUS (its GPUs, sorted, blank-separated; none: not checked)
-use() {
-  # shellcheck disable=SC2046 # its fields, one word each
-  set -- $(printf '%s\n' "$REPLICAS" | awk -v i="$1" '$1 == i')
-  I=$1; U=$2; C=$3; P=$4; S=$5; WANT_GPUS=$(printf '%s' "$6" | tr ',' ' ')
-  [ "$WANT_GPUS" = "-" ] && WANT_GPUS=""
-  return 0
+use() { use_replica "$1" "$REPLICAS"; }
+# the replica's requests at the front door (queued and in flight) and its state there: FD_N, FD_STATE
+fd_now() {
+  FD_N=0; FD_STATE=""
+  read -r FD_N FD_STATE <<STATE
+$(fd_state)
+STATE
 }
 table "$REPLICAS"
 
@@ -75,8 +76,7 @@ if [ -n "$drained" ]; then
   start=$(now_ms)
   while :; do
     left=0
-    # shellcheck disable=SC2046 # its fields, one word each
-    for i in $drained; do use "$i"; set -- $(fd_state); left=$(( left + ${1:-0} )); done
+    for i in $drained; do use "$i"; fd_now; left=$(( left + ${FD_N:-0} )); done
     if [ "$left" = 0 ] || [ $(( $(now_ms) - start )) -ge "$DRAIN_TIMEOUT_MS" ]; then break; fi
     sleep 0.2
   done
@@ -96,8 +96,7 @@ gate() {
     admin hrunn
     start=$(now_ms)
     while :; do
-      # shellcheck disable=SC2046 # its fields, one word each
-      set -- $(fd_state); state=${2:-}
+      fd_now; state=$FD_STATE
       if [ "$state" = DRAIN ] || [ "$state" = UP ]; then break; fi
       if [ $(( $(now_ms) - start )) -ge 30000 ]; then why="the front door did not see it up within 30 s ($state)"; rm -f "$answer"; return 1; fi
       sleep 0.3
@@ -126,8 +125,7 @@ gate() {
 }
 # every replica of the roll ready (one readiness loop), then each through its gate
 come_back() {
-  # shellcheck disable=SC2046 # one UNIT=PORT word each
-  await_ready "$READY_TIMEOUT_S" $(printf '%s\n' "$REPLICAS" | awk 'NF { print $2 "=" $4 }') || return 1
+  await_ready "$READY_TIMEOUT_S" "$REPLICAS" || return 1
   for i in $EACH; do use "$i"; gate || { why="replica $I: $why"; return 1; }; done
 }
 # a stopped replica is back in the front door's rotation once its checks see it down
@@ -135,8 +133,7 @@ await_down() {
   for i in $EACH; do
     use "$i"; is_drained || continue; start=$(now_ms)
     while :; do
-      # shellcheck disable=SC2046 # its fields, one word each
-      set -- $(fd_state); case "${2:-}" in DOWN*|MAINT*|"") break;; esac
+      fd_now; case "$FD_STATE" in DOWN*|MAINT*|"") break;; esac
       [ $(( $(now_ms) - start )) -ge 15000 ] && break
       sleep 0.3
     done
@@ -165,11 +162,11 @@ clear_replica() {
   say "@cleared $I${killed:- none}"
 }
 restart() {
-  # shellcheck disable=SC2086 # unit names, one word each
-  systemctl reset-failed $UNITS 2>/dev/null
-  # shellcheck disable=SC2086
-  systemctl restart $UNITS || { why="systemctl restart failed"; return 1; }
+  units "$UNITS" reset-failed 2>/dev/null
+  units "$UNITS" restart || { why="systemctl restart failed"; return 1; }
 }
+# the paths of $REMOVE_PATHS (schema-checked: no blank in one) removed
+remove_paths() { printf '%s\n' "$REMOVE_PATHS" | xargs -r rm -f; }
 done_() { undrain; say "@done $(now_ms)"; exit 0; }
 
 # 2. the action
@@ -177,36 +174,27 @@ failed_at=$(date +%s)
 case $ACTION in
 stop)
   # a container whose runtime exits non-zero as it is stopped leaves the unit "failed": it was asked to stop
-  # shellcheck disable=SC2086
-  if systemctl stop $UNITS; then
-    # shellcheck disable=SC2086
-    systemctl reset-failed $UNITS 2>/dev/null; await_down; say "@stopped $(now_ms)"; done_
+  if units "$UNITS" stop; then
+    units "$UNITS" reset-failed 2>/dev/null; await_down; say "@stopped $(now_ms)"; done_
   fi
   why="systemctl stop failed"; say "@action-failed $why"; journal "$failed_at"; exit "$EXIT_FAILED";;
 remove)
-  # shellcheck disable=SC2086
-  systemctl disable --now $UNITS 2>/dev/null
-  # shellcheck disable=SC2086
-  systemctl reset-failed $UNITS 2>/dev/null
-  # shellcheck disable=SC2086 # paths, schema-checked: no blank in them
-  rm -f $REMOVE_PATHS
+  units "$UNITS" disable --now 2>/dev/null
+  units "$UNITS" reset-failed 2>/dev/null
+  remove_paths
   systemctl daemon-reload
   await_down; say "@removed $(now_ms)"; done_;;
 recover)
   for i in $EACH; do use "$i"; clear_replica; done
   if [ "$START_AGAIN" = 1 ]; then
-    # shellcheck disable=SC2086
-    systemctl reset-failed $UNITS 2>/dev/null
-    # shellcheck disable=SC2086
-    if systemctl start $UNITS && come_back; then done_; fi
+    units "$UNITS" reset-failed 2>/dev/null
+    if units "$UNITS" start && come_back; then done_; fi
     say "@gate-failed $(now_ms) $why"; journal "$failed_at"; exit "$EXIT_FAILED"
   fi
   await_down; done_;;
 start)
-  # shellcheck disable=SC2086
-  systemctl reset-failed $UNITS 2>/dev/null
-  # shellcheck disable=SC2086
-  if systemctl start $UNITS && come_back; then done_; fi
+  units "$UNITS" reset-failed 2>/dev/null
+  if units "$UNITS" start && come_back; then done_; fi
   say "@gate-failed $(now_ms) ${why:-systemctl start failed}"; journal "$failed_at"; exit "$EXIT_FAILED";;
 esac
 
@@ -230,14 +218,11 @@ if [ "$WRITE" = 1 ]; then
 fi
 systemctl daemon-reload
 # a move to the family's name: the unit it ran under stops first (the GPU is one replica's)
-# shellcheck disable=SC2086
-[ -n "$BEFORE_REPLICAS" ] && { systemctl stop $old_units; systemctl reset-failed $old_units 2>/dev/null; }
+[ -n "$BEFORE_REPLICAS" ] && { units "$old_units" stop; units "$old_units" reset-failed 2>/dev/null; }
 if restart && come_back; then
   if [ -n "$BEFORE_REPLICAS" ]; then
-    # shellcheck disable=SC2086
-    systemctl disable $old_units 2>/dev/null
-    # shellcheck disable=SC2086 # paths, schema-checked: no blank in them
-    rm -f $REMOVE_PATHS; systemctl daemon-reload; say "@replaced $old_units"
+    units "$old_units" disable 2>/dev/null
+    remove_paths; systemctl daemon-reload; say "@replaced $(printf '%s' "$old_units" | tr '\n' ' ')"
   fi
   done_
 fi
@@ -247,8 +232,7 @@ journal "$failed_at"
 # back to exactly what ran: its unit, and the image it ran (a moved tag names it again)
 if [ $wrote = 1 ]; then
   if [ $had = 1 ]; then mv -f "$UNIT_PATH.previous" "$UNIT_PATH"; else
-    # shellcheck disable=SC2086
-    systemctl stop $UNITS 2>/dev/null; rm -f "$UNIT_PATH"; fi
+    units "$UNITS" stop 2>/dev/null; rm -f "$UNIT_PATH"; fi
 fi
 if [ -n "$old_image" ] && [ -n "$REF" ]; then
   now_id=$("$RT" image inspect --format '{{.Id}}' "$REF" 2>/dev/null)

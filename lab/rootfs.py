@@ -241,7 +241,7 @@ def prepare_host(host: config.LabHost, fresh: bool = False, log=print):
     _write(root, "/etc/hosts", f"127.0.0.1 localhost\n{host.address} {host.name}\n"
            f"{config.GATEWAY} lab-gateway\n")
     machine_id = root / "etc/machine-id"
-    if len(machine_id.read_text().strip()) != 32:
+    if not machine_id.is_file() or len(machine_id.read_text().strip()) != 32:
         machine_id.write_text(os.urandom(16).hex() + "\n")
     for keytype in ("ed25519", "rsa"):
         key = root / f"etc/ssh/ssh_host_{keytype}_key"

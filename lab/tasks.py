@@ -11,7 +11,7 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from . import config, hubdata, images, inventory, machines, network, rootfs, services, sh
+from . import config, hubdata, images, inventory, lock, machines, network, rootfs, services, sh
 
 
 def _say(text):
@@ -39,47 +39,54 @@ def up(c, hosts=0, fresh=False, fresh_hosts="", cold_start=config.COLD_START_S):
         raise Exit(f"--fresh-hosts: {', '.join(sorted(unknown))}: not a host of this lab "
                    f"({', '.join(h.name for h in config.hosts(int(hosts)))})", code=2)
     try:
-        config.STATE.mkdir(parents=True, exist_ok=True)
-        rootfs.ensure_machine_packages(_say)
-        rootfs.ensure_binfmt()
-        lab_hosts = config.hosts(int(hosts))
-        for host in config.hosts(64)[len(lab_hosts):]:  # scale hosts of an earlier, larger lab
-            if machines.running_pid(host) or Path(f"/run/netns/{host.netns}").exists():
-                machines.crash(host)  # its disk goes next: no orderly shutdown (see below)
-                network.remove_host(host)
-            if host.dir.exists():  # plain copies of the base, made again in a second: give the disk back
-                machines.release_disk(host)
-                shutil.rmtree(host.dir, ignore_errors=True)
-        (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
-        for arch in sorted({h.arch for h in lab_hosts}, reverse=True):  # x86_64 first: arm64 takes its runc
-            rootfs.ensure_base(arch, _say)
-        network.ensure_bridge()
-        machines.raise_inotify_limits(len(lab_hosts))
-        services.ensure_registry()
-        services.ensure_hub()
-        services.ensure_uplink()
-        images.ensure_images(float(cold_start), _say)
-        for host in lab_hosts:
-            renewed = fresh or host.name in renew
-            if renewed and machines.running_pid(host):
-                # its disk is thrown away: killed, not shut down (an orderly poweroff, Docker's
-                # and podman's containers stopped one by one, took 30 s a host, for nothing)
-                machines.crash(host)
-            # a host whose disk is of an older base is stopped and given a new disk; a running
-            # one of the current base gets its identity and settings written again (idempotent)
-            rootfs.prepare_host(host, fresh=renewed, log=_say)
-            network.ensure_host(host)
-            machines.boot(host)
-        inventory.write_known_hosts(lab_hosts)
-        path = inventory.write(lab_hosts)
-        for host in lab_hosts:
-            took = machines.wait_ssh(host)
-            _say(f"{host.name:<9} {host.arch:<8} {host.address:<12} sshd up ({took:.1f} s)")
+        with lock.held("lab.up"):
+            path = _up(int(hosts), fresh, renew, cold_start)
     except sh.LabError as exc:
         raise Exit(f"lab.up failed: {exc}\nRun `invoke lab.up` again once fixed: it picks up where it stopped.",
                    code=1)
     _say(f"lab up in {time.monotonic() - started:.0f} s; inventory: {path}\n"
          f"  export DGEMMA_INVENTORY={path}")
+
+
+def _up(hosts: int, fresh: bool, renew: set, cold_start):
+    """lab.up's work, under the lab's lock; the inventory it wrote."""
+    config.STATE.mkdir(parents=True, exist_ok=True)
+    rootfs.ensure_machine_packages(_say)
+    rootfs.ensure_binfmt()
+    lab_hosts = config.hosts(hosts)
+    for host in config.hosts(64)[len(lab_hosts):]:  # scale hosts of an earlier, larger lab
+        if machines.running_pid(host) or Path(f"/run/netns/{host.netns}").exists():
+            machines.crash(host)  # its disk goes next: no orderly shutdown (see below)
+            network.remove_host(host)
+        if host.dir.exists():  # plain copies of the base, made again in a second: give the disk back
+            machines.release_disk(host)
+            shutil.rmtree(host.dir, ignore_errors=True)
+    (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
+    for arch in sorted({h.arch for h in lab_hosts}, reverse=True):  # x86_64 first: arm64 takes its runc
+        rootfs.ensure_base(arch, _say)
+    network.ensure_bridge()
+    machines.raise_inotify_limits(len(lab_hosts))
+    services.ensure_registry()
+    services.ensure_hub()
+    services.ensure_uplink()
+    images.ensure_images(float(cold_start), _say)
+    for host in lab_hosts:
+        renewed = fresh or host.name in renew
+        if renewed and machines.running_pid(host):
+            # its disk is thrown away: killed, not shut down (an orderly poweroff, Docker's
+            # and podman's containers stopped one by one, took 30 s a host, for nothing)
+            machines.crash(host)
+        # a host whose disk is of an older base is stopped and given a new disk; a running
+        # one of the current base gets its identity and settings written again (idempotent)
+        rootfs.prepare_host(host, fresh=renewed, log=_say)
+        network.ensure_host(host)
+        machines.boot(host)
+    inventory.write_known_hosts(lab_hosts)
+    path = inventory.write(lab_hosts)
+    for host in lab_hosts:
+        took = machines.wait_ssh(host)
+        _say(f"{host.name:<9} {host.arch:<8} {host.address:<12} sshd up ({took:.1f} s)")
+    return path
 
 
 @task(help={"json_out": "write the status as JSON to FILE ('-' for standard output)"})
@@ -119,6 +126,15 @@ def status(c, json_out=None):
 @task(help={"purge": "also delete the hosts' disks (the base rootfs cache stays)"})
 def down(c, purge=False):
     """Stop every lab host, the registry and the hub; remove namespaces and links."""
+    try:
+        with lock.held("lab.down"):
+            _down(purge)
+    except sh.LabError as exc:
+        raise Exit(f"lab.down failed: {exc}", code=1)
+
+
+def _down(purge: bool):
+    """lab.down's work, under the lab's lock."""
     # every host a lab of any size may have started
     started = [h for h in config.hosts(64) if h.dir.exists() or Path(f"/run/netns/{h.netns}").exists()]
     for host in started:

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-# what a program's files print as a marker: say "@name", echo "@name" or echo '@name'
-PRINTED = re.compile(r"""\b(?:say|echo)\s+["']@([a-z][a-z-]*)""")
+# what a program's files print as a marker: say "@name", echo "@name", echo '@name', printf '@name',
+# awk's print "@name"
+PRINTED = re.compile(r"""\b(?:say|echo|printf|print)\s+["']\\?n?@([a-z][a-z-]*)""")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 protocol (roles/host_programs.py): each passes shellcheck as dash; every marker a program's
 files can print is declared by its protocol and read by its reader (taking the marker's
 lines out of an output changes what the reader says); every declared marker is printed."""
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,12 +22,15 @@ from roles.replicas import replica
 from roles.service import rollout
 from roles.service.rollout import PROGRAM as ROLL_PROGRAM, ROLL, Roll
 from roles.start.role import PROGRAM as START_PROGRAM, START
+from roles.weights.download import (FETCH, FETCH_PROGRAM, MANIFEST, MANIFEST_PROGRAM, HubFile, Manifest,
+                                    parse_manifest, progress_reader)
 from tests.conftest import ROOT
 
 COLLECTOR = Program((ROOT / "roles" / "exporters" / "collector.sh",))
 HOST_LOCK = Program((hostlock.SCRIPT,))  # the engine's own
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
-            "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK}
+            "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK,
+            "weights-manifest": MANIFEST_PROGRAM, "weights-fetch": FETCH_PROGRAM}
 
 
 def test_every_host_program_file_belongs_to_a_program():
@@ -50,7 +54,9 @@ def test_the_program_passes_shellcheck_as_dash(name, tmp_path):
 
 
 @pytest.mark.parametrize("program", [ROLL_PROGRAM, START_PROGRAM, ANSWERING_PROGRAM, BACK_PROGRAM,
-                                     USAGE_RUNNING_PROGRAM], ids=["roll", "start", "answering", "back", "usage-running"])
+                                     USAGE_RUNNING_PROGRAM, MANIFEST_PROGRAM, FETCH_PROGRAM],
+                         ids=["roll", "start", "answering", "back", "usage-running", "weights-manifest",
+                              "weights-fetch"])
 def test_what_a_program_prints_is_what_its_protocol_declares(program):
     assert program.printed_markers() == set(program.protocol.markers)
 
@@ -151,9 +157,52 @@ def _cases():
     for rc, lines in [(0, ["@ready 1"]), (3, ["@failed failed after 2 s", "  | Traceback"]),
                       (4, ["@timeout 30 activating"])]:
         yield USAGE_RUNNING, usage_reader("was inactive", waited=True), rc, lines
+    for rc, lines in FETCHES:
+        yield FETCH, _fetch_reader(relayed="@relay-failed" in lines[0]), rc, lines
+    for lines in MANIFESTS:
+        yield MANIFEST, _manifest_reader, 0, lines
 
 
-@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK, USAGE_RUNNING], ids=lambda p: p.name)
+B1, B2, COMMIT = "a" * 64, "b" * 40, "c" * 40
+WEIGHTS = Manifest("org/m", "main", COMMIT, (HubFile("m.safetensors", 2 << 20, B1, True), HubFile("c.json", 9, B2, False)))
+FETCHES = [  # (exit status, what fetch.sh printed), each way it ends
+    (0, ["@bytes 0", "@bytes 1048576", f"@corrupt {B1} {'0' * 64}", f"@bytes {(2 << 20) + 9}", f"@complete {COMMIT}"]),
+    (0, [f"@relay-failed {B1}", f"@complete {COMMIT}"]),
+    (3, [f"@partial {B1} 1048576 2097152 28 curl: (28) Operation too slow", f"@failed {B1}"]),
+    (3, [f"@partial {B1} 0 2097152 7 curl: (7) refused", f"@failed {B1}", f"@failed {B2}"]),
+    (3, [f"@busy {B1}"]),
+    (4, ["@nospace 2097161 1000"]),
+]
+MANIFESTS = [  # what manifest.sh printed: the revision, the commit, a page of the tree
+    ["@revision", "@status 200", json.dumps({"sha": COMMIT}), "@end", f"@commit {COMMIT}", "@tree", "@status 200",
+     json.dumps([{"type": "file", "path": "c.json", "size": 9, "oid": B2}]), "@end"],
+    ["@revision", "@status 404", "{}", "@end"],
+]
+
+
+def _fetch_reader(relayed: bool):
+    """The download step's reader, and the progress its @bytes lines show."""
+    from roles.weights.role import read_fetch
+    interpret = read_fetch("org/m", WEIGHTS, "/srv/hf", "https://hub.test", relayed_through=relayed)
+    progress = progress_reader(WEIGHTS.total)
+
+    def read(result):
+        shown = [p.done for p in map(progress, result.stdout.splitlines()) if p is not None]
+        try:
+            said = interpret(result)
+        except StepFailed as exc:
+            said = f"failed: {exc}"
+        return f"{said} (progress {shown})"
+    return read
+
+
+def _manifest_reader(result):
+    manifest = parse_manifest(result.stdout, "org/m", "main", "https://hub.test")
+    return f"{manifest.commit} {[f.path for f in manifest.files]}"
+
+
+@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK, USAGE_RUNNING, FETCH, MANIFEST],
+                         ids=lambda p: p.name)
 def test_every_marker_changes_what_its_reader_says(protocol):
     """For each declared marker, an output that carries it, read with and without its lines:
     the reader says something else without them (it reads the marker)."""

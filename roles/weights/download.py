@@ -1,5 +1,6 @@
-"""Fetching a model into a host's Hugging Face cache with the host's curl. Pure:
-the scripts it sends and the parsing of what they print.
+"""Fetching a model into a host's Hugging Face cache with the host's curl. Pure: the
+programs it sends (files/manifest.sh and files/fetch.sh, after files/hub.sh) with their
+parameters, and the reading of what they print (their protocols' markers).
 
 Why not the image's ``hf download``: it needs the image first (no overlap with
 the pull); huggingface_hub 2.4 writes each download to a per-process temporary
@@ -15,35 +16,28 @@ Here, on the host:
 - then ``snapshots/<commit>/<path>`` links and ``refs/<revision>``, the layout
   ``hf`` and vLLM read offline; every blob hashed is recorded (name, size, mtime)
   in ``.dgemma-verified``, so no later run hashes it again.
-A token (HF_TOKEN) travels inside the script on stdin and reaches curl in its
-config on curl's stdin: never in argv or the environment.
+A token (HF_TOKEN) travels inside the script on stdin (base64, a parameter) and reaches
+curl in its config on curl's stdin: never in argv or the environment. The manifest's
+files go to fetch.sh as a table, a line a file of NAME=VALUE words (its path in base64:
+a path may hold a blank), read there by name.
 """
 from __future__ import annotations
 
 import base64
 import json
-import posixpath
 import re
-import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
 from converge.changes import Transfer
 from converge.errors import StepFailed
+from roles.host_programs import Program, Protocol
 
 from .cache import VERIFIED, repo_dir
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SHA1 = re.compile(r"^[0-9a-f]{40}$")
-
-
-def curl_command(stall_s: int = 20) -> str:
-    """curl as every fetch runs it: its options (the token's header) on its stdin, and a
-    connection given up after ``stall_s`` seconds without a byte."""
-    return f"curl -sSL -K - --connect-timeout 15 --speed-limit 1 --speed-time {int(stall_s)}"
-
-
-CURL = curl_command()
 
 
 @dataclass(frozen=True)
@@ -66,39 +60,37 @@ class Manifest:
         return sum(f.size for f in self.files)
 
 
-def _token_lines(token: str | None) -> str:
-    """The token into a shell variable, from a heredoc (the script is on stdin), and
-    ``auth``, which prints curl's config with it."""
-    payload = base64.b64encode((token or "").encode()).decode()
-    return (f"token=$(base64 -d <<'__DGEMMA_TOKEN__'\n{payload}\n__DGEMMA_TOKEN__\n)\n"
-            "auth() { [ -z \"$token\" ] || printf 'header = \"Authorization: Bearer %s\"\\n' \"$token\"; }\n")
+FILES = Path(__file__).parent / "files"
+HUB = FILES / "hub.sh"  # the token and curl, shared by both programs
+MANIFEST = Protocol("manifest", markers={
+    "revision": "the revision's answer follows", "tree": "a page of the file tree follows",
+    "status": "CODE: the hub's HTTP status (or error WHY) for the answer", "end": "the answer's end",
+    "commit": "SHA: the commit the tree is read for"})
+MANIFEST_PROGRAM = Program((HUB, FILES / "manifest.sh"), MANIFEST)
+FETCH = Protocol("download", markers={
+    "bytes": "N: how many of the files' bytes are here",
+    "corrupt": "BLOB GOT: its hash was GOT; deleted, fetched again",
+    "partial": "BLOB NOW SIZE RC ERROR: a try ended at NOW of SIZE bytes (curl's exit RC)",
+    "relay-failed": "BLOB: the run's relay gave nothing; from the hub itself from here on",
+    "busy": "BLOB: another download of it on this host kept its lock for 15 minutes",
+    "failed": "BLOB: given up after its tries",
+    "nospace": "NEED FREE: bytes still to fetch, bytes free (nothing fetched)",
+    "complete": "COMMIT: every file here, the snapshot and ref laid out"},
+    exits={"failed": 3, "no_space": 4, "no_folder": 5})
+FETCH_PROGRAM = Program((HUB, FILES / "fetch.sh"), FETCH)
+
+
+def _token(token: str | None) -> str:
+    """The token as the programs take it (hub.sh): base64, so that any byte of it is one word."""
+    return base64.b64encode((token or "").encode()).decode()
 
 
 def manifest_script(endpoint: str, repo: str, revision: str, token: str | None) -> str:
-    """Print the revision's JSON, the commit used, then every page of its file tree."""
+    """Print the revision's JSON, the commit used, then every page of its file tree (files/manifest.sh)."""
     base = endpoint.rstrip("/")
-    revision_url = f"{base}/api/models/{repo}/revision/{quote(revision, safe='')}"
-    tree_url = f"{base}/api/models/{repo}/tree/"
-    return _token_lines(token) + f"""
-get() {{  # URL [FILE]: @status CODE, the body, @end (the body kept in FILE when given)
-  body=${{2:-$(mktemp)}}; hdr=$(mktemp)
-  code=$(auth | {CURL} --max-time 120 -D "$hdr" -o "$body" -w '%{{http_code}}' "$1" 2>"$hdr.err") \
-    || code="error $(tr '\\n' ' ' < "$hdr.err" | cut -c1-200)"
-  printf '@status %s\\n' "$code"; cat "$body"; printf '\\n@end\\n'
-  next=$(sed -n 's/^[Ll]ink: *<\\([^>]*\\)>; *rel="next".*/\\1/p' "$hdr" | tr -d '\\r' | tail -n 1)
-  rm -f "$hdr" "$hdr.err"; [ -n "${{2:-}}" ] || rm -f "$body"
-}}
-rev=$(mktemp)
-printf '@revision\\n'; get {shlex.quote(revision_url)} "$rev"
-commit=$(sed -n 's/.*"sha" *: *"\\([0-9a-f]\\{{40\\}}\\)".*/\\1/p' "$rev" | head -n 1); rm -f "$rev"
-[ -n "$commit" ] || exit 0
-printf '@commit %s\\n' "$commit"
-url={shlex.quote(tree_url)}"$commit?recursive=true&expand=false"
-pages=0
-while [ -n "$url" ] && [ $pages -lt 200 ]; do
-  printf '@tree\\n'; get "$url"; url=$next; pages=$((pages + 1))
-done
-"""
+    return MANIFEST_PROGRAM.script({"TOKEN_B64": _token(token), "STALL_S": 20,
+                                    "REVISION_URL": f"{base}/api/models/{repo}/revision/{quote(revision, safe='')}",
+                                    "TREE_URL": f"{base}/api/models/{repo}/tree/"})
 
 
 def _sections(output: str) -> list[tuple[str, str, str]]:
@@ -158,123 +150,24 @@ def _link_target(path: str) -> str:
     return "../" * (path.count("/") + 2) + "blobs/"
 
 
-FETCH = r"""
-# openssl's sha256 is several times coreutils' where the CPU has SHA instructions (4
-# hosts hashing 50 MB/s each on 2 cores kept up only with it); sha256sum where it is not
-if [ "$(printf '' | openssl dgst -sha256 -r 2>/dev/null | cut -c1-16)" = e3b0c44298fc1c14 ]; then
-  h256() { openssl dgst -sha256 -r | cut -d' ' -f1; }; h1() { openssl dgst -sha1 -r | cut -d' ' -f1; }
-else
-  h256() { sha256sum | cut -d' ' -f1; }; h1() { sha1sum | cut -d' ' -f1; }
-fi
-digest() {  # ALGO SIZE < data: LFS files by sha256, the others by git's blob sha1
-  if [ "$1" = sha256 ]; then h256; else { printf 'blob %s\000' "$2"; cat; } | h1; fi
-}
-fetch() {  # URL BLOB SIZE ALGO: the blob whole and hashed, or @failed
-  # one download of a blob at a time: a run that lost its connection may still be
-  # fetching it here (its command runs on); wait for it rather than write the same file
-  # (the lock file stays: removing it would let a waiter and a newcomer lock two files)
-  ( flock -w 900 9 || { echo "@busy $2"; exit 1; }; fetch_locked "$@" ) 9>"$repo/blobs/$2.lock"
-}
-fetch_locked() {
-  url=$1 blob=$2 size=$3 algo=$4 alt=${5:-}  # alt: the hub itself, when url is the run's relay
-  dest="$repo/blobs/$blob" part="$repo/blobs/$blob.incomplete"
-  if [ -f "$dest" ]; then
-    line=$(stat -c '%n %s %Y' "$dest" | sed 's|.*/||')
-    if grep -qxF "$line" "$verified" 2>/dev/null; then echo "$line" >> "$record"; return 0; fi
-    got=$(digest "$algo" "$size" < "$dest")
-    if [ "$got" = "$blob" ]; then echo "$line" >> "$record"; return 0; fi
-    echo "@corrupt $blob $got"; rm -f "$dest"
-  fi
-  corrupt=0 tries=0  # three tries of a blob (each resumes), a second fetch after a bad hash
-  while [ $tries -lt 3 ]; do
-    have=$(stat -c %s "$part" 2>/dev/null || echo 0)
-    [ "$have" -le "$size" ] || { rm -f "$part"; have=0; }
-    if [ "$have" -lt "$size" ] || [ "$size" = 0 ]; then
-      got=$( { cat "$part" 2>/dev/null
-               { auth | CURL -C "$have" "$url" 2>"$part.err"; echo $? > "$part.rc"; } | tee -a "$part"; } \
-             | digest "$algo" "$size")
-      rc=$(cat "$part.rc" 2>/dev/null || echo 1)
-    else
-      got=$(digest "$algo" "$size" < "$part")
-      rc=0
-    fi
-    now=$(stat -c %s "$part" 2>/dev/null || echo 0)
-    if [ "$rc" != 0 ] || [ "$now" != "$size" ]; then
-      echo "@partial $blob $now $size $rc $(tr '\n' ' ' < "$part.err" 2>/dev/null | cut -c1-300)"
-      if [ -n "$alt" ] && [ "$now" -le "$have" ]; then  # the relay gave nothing: the hub itself, from here on
-        echo "@relay-failed $blob"; url=$alt alt=""; continue
-      fi
-      tries=$((tries + 1))
-      [ $tries -lt 3 ] && sleep 1
-      continue
-    fi
-    rm -f "$part.rc" "$part.err"
-    if [ "$got" = "$blob" ]; then
-      mv -f "$part" "$dest"
-      stat -c '%n %s %Y' "$dest" | sed 's|.*/||' >> "$record"
-      return 0
-    fi
-    echo "@corrupt $blob $got"; rm -f "$part"
-    corrupt=$((corrupt + 1)); [ $corrupt -ge 2 ] && break
-  done
-  rm -f "$part.rc" "$part.err"
-  echo "@failed $blob"
-  return 1
-}
-"""
-
-
 def fetch_script(cache: str, manifest: Manifest, endpoint: str, token: str | None, relay=None,
                  stall_s: int = 20) -> str:
-    """Fetch every missing file of the manifest, then lay out the snapshot and ref.
+    """Fetch every missing file of the manifest, then lay out the snapshot and ref (files/fetch.sh).
     ``relay``: upstream URL -> the run's relay URL for it (the hub is the fallback);
     ``stall_s``: seconds without a byte before a try of a blob is given up."""
-    repo = f"{cache.rstrip('/')}/hub/{repo_dir(manifest.repo)}"
     base = endpoint.rstrip("/")
-    q = shlex.quote
-    lines = ["umask 022", f"repo={q(repo)}",
-             f'mkdir -p "$repo/blobs" "$repo/refs" "$repo/snapshots/{manifest.commit}" || exit 5',
-             _token_lines(token),
-             # this run's record of what it hashed, merged into the shared one at the end
-             f'verified="$repo/{VERIFIED}" record=$(mktemp "$repo/.{VERIFIED}.XXXXXX")',
-             # hf's per-process partials (<id>.<8 hex>.incomplete): never resumed by anyone
-             'rm -f "$repo"/blobs/*.????????.incomplete',
-             # how many of the manifest's bytes are here, now and every 2 s, for the progress
-             # display (sleep away from our stdout: the channel must not wait for it at the end)
-             "set --",
-             *(f'set -- "$@" "$repo/blobs/{f.blob}" "$repo/blobs/{f.blob}.incomplete"' for f in manifest.files),
-             "here() { stat -c %s \"$@\" 2>/dev/null | awk '{n += $1} END {print \"@bytes\", n + 0}'; }",
-             "( while :; do here \"$@\"; sleep 2 </dev/null >/dev/null 2>&1 || break; done ) &",
-             "ticker=$!", "trap 'kill $ticker 2>/dev/null; rm -f \"$record\"' EXIT",
-             # room for what is missing, before anything is fetched
-             "need=0",
-             FETCH.replace("CURL", curl_command(stall_s))]
-    for f in manifest.files:
-        lines.append(f'[ -f "$repo/blobs/{f.blob}" ] || need=$((need + {f.size} - '
-                     f'$(stat -c %s "$repo/blobs/{f.blob}.incomplete" 2>/dev/null || echo 0)))')
-    lines.append('free=$(( $(df -Pk "$repo/blobs" | awk \'NR == 2 {print $4}\') * 1024 ))')
-    lines.append('if [ "$need" -gt "$free" ]; then echo "@nospace $need $free"; exit 4; fi')
-    lines.append("failed=0")
+    rows = []
     for f in manifest.files:
         url = f"{base}/{manifest.repo}/resolve/{manifest.commit}/{quote(f.path)}"
         first, alt = (relay(url), url) if relay else (url, "")
-        lines.append(f"fetch {q(first)} {f.blob} {f.size} {'sha256' if f.lfs else 'sha1'} {q(alt)} || failed=1")
-    lines.append('( flock 8; { cat "$verified" 2>/dev/null; cat "$record"; } | sort -u > "$record.all" && '
-                 'mv -f "$record.all" "$verified" ) 8>"$verified.lock"')
-    lines.append('kill $ticker 2>/dev/null; here "$@"')  # the last word on how far it came
-    lines.append('[ $failed = 0 ] || exit 3')
-    snap = f"$repo/snapshots/{manifest.commit}"
-    for f in manifest.files:
-        target = _link_target(f.path) + f.blob
-        parent = posixpath.dirname(f.path)
-        if parent:
-            lines.append(f'mkdir -p "{snap}/"{q(parent)}')
-        lines.append(f'ln -sfn {q(target)} "{snap}/"{q(f.path)}')
-    ref = manifest.revision
-    lines.append(f'printf %s {manifest.commit} > "$repo/refs/.{ref}.tmp" && mv -f "$repo/refs/.{ref}.tmp" '
-                 f'"$repo/refs/{ref}"')
-    lines.append(f'echo "@complete {manifest.commit}"')
-    return "\n".join(lines) + "\n"
+        fields = {"blob": f.blob, "size": f.size, "algo": "sha256" if f.lfs else "sha1", "url": first, "alt": alt,
+                  "link": _link_target(f.path) + f.blob, "path": base64.b64encode(f.path.encode()).decode()}
+        if any(c.isspace() for value in fields.values() for c in str(value)):
+            raise StepFailed(f"{f.path}: its address holds a blank ({first}): the hub's listing cannot be trusted")
+        rows.append(" ".join(f"{name}={value}" for name, value in fields.items()))
+    return FETCH_PROGRAM.script({"REPO": f"{cache.rstrip('/')}/hub/{repo_dir(manifest.repo)}",
+                                 "COMMIT": manifest.commit, "REF": manifest.revision, "VERIFIED_NAME": VERIFIED,
+                                 "STALL_S": int(stall_s), "TOKEN_B64": _token(token), "FILES": "\n".join(rows)})
 
 
 def progress_reader(total: int):
@@ -288,21 +181,14 @@ def progress_reader(total: int):
 
 
 def parse_fetch(output: str) -> dict:
-    """What a fetch printed: blobs fetched again after a bad hash, partial ones, failures, room."""
-    out = {"corrupt": [], "partial": [], "failed": [], "nospace": None, "complete": None, "relay_failed": []}
-    for line in output.splitlines():
-        word, _, rest = line.partition(" ")
-        if word == "@corrupt":
-            out["corrupt"].append(rest.split()[0])
-        elif word == "@partial":
-            out["partial"].append(rest)
-        elif word == "@failed":
-            out["failed"].append(rest.split()[0])
-        elif word == "@nospace":
-            need, free = (int(x) for x in rest.split()[:2])
-            out["nospace"] = (need, free)
-        elif word == "@complete":
-            out["complete"] = rest.strip()
-        elif word == "@relay-failed":
-            out["relay_failed"].append(rest.strip())
-    return out
+    """What a fetch printed (its protocol's markers): blobs fetched again after a bad hash, partial
+    ones, those given up or held by another download, room, the end."""
+    nospace = FETCH.first(output, "nospace")
+    complete = FETCH.first(output, "complete")
+    return {"corrupt": [m[0] for m in FETCH.every(output, "corrupt") if m],
+            "partial": [" ".join(m) for m in FETCH.every(output, "partial")],
+            "failed": [m[0] for m in FETCH.every(output, "failed") if m],
+            "busy": [m[0] for m in FETCH.every(output, "busy") if m],
+            "relay_failed": [m[0] for m in FETCH.every(output, "relay-failed") if m],
+            "nospace": (int(nospace[0]), int(nospace[1])) if nospace and len(nospace) >= 2 else None,
+            "complete": complete[0] if complete else None}

@@ -69,6 +69,21 @@ def _model(ctx, model: str, restarts: tuple, relayed: bool):
         yield from relay_steps(ctx)
     relay = usable_relay(ctx)
 
+    interpret = read_fetch(model, manifest, cache, endpoint, relayed_through=bool(relay))
+
+    yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token,
+                                                           relay=relay.url if relay else None,
+                                                           stall_s=int(v.get("download_stall_s", 20))),
+                  describe=f"fetch {model} into {cache} ({why}): {len(manifest.files)} files, {_mib(manifest.total)}",
+                  progress=progress_reader(manifest.total), timeout=v.get("weights_timeout", 7200),
+                  interpret=interpret, notify=restarts)
+    return True
+
+
+
+def read_fetch(model: str, manifest: Manifest, cache: str, endpoint: str, relayed_through: bool):
+    """The download step's reader: what the fetch's markers (download.FETCH) say of it, or StepFailed
+    saying what to do."""
     def interpret(result):
         output = (result.stdout + result.stderr).strip()
         seen = parse_fetch(result.stdout)
@@ -81,27 +96,26 @@ def _model(ctx, model: str, restarts: tuple, relayed: bool):
                 raise StepFailed(f"downloading {model} failed: the disk under {cache} is full (No space left on "
                                  f"device). Free space there, or set model_cache to a larger disk, and deploy again: "
                                  f"what was downloaded is kept and the download resumes")
+            if seen["busy"]:
+                raise StepFailed(f"downloading {model}: another download on this host kept blob(s) "
+                                 f"{', '.join(b[:12] for b in seen['busy'])} locked for 15 minutes (a run cut off "
+                                 f"earlier still fetching them?): deploy again once it is done; what came is kept")
             if seen["partial"]:
                 blob, now, size, _, *error = seen["partial"][-1].split(" ", 4) + [""]
                 what = (f"blob {blob[:12]} stopped at {_mib(int(now))} of {_mib(int(size))}: "
                         f"{' '.join(error).strip() or 'the connection ended'}")
             else:
                 what = output[-400:]
-            raise StepFailed(f"downloading {model} failed (exit {result.rc}): {what}. What came is kept: the next "
-                             f"deploy resumes it. Check {endpoint} and the host's network")
+            given_up = (f" ({len(seen['failed'])} of {len(manifest.files)} files given up after their tries: "
+                        f"{', '.join(b[:12] for b in seen['failed'])})" if seen["failed"] else "")
+            raise StepFailed(f"downloading {model} failed (exit {result.rc}){given_up}: {what}. What came is kept: "
+                             f"the next deploy resumes it. Check {endpoint} and the host's network")
         again = (f"; {len(seen['corrupt'])} blob(s) failed their sha256 check ({', '.join(b[:12] for b in seen['corrupt'])})"
                  f" and were deleted and fetched again" if seen["corrupt"] else "")
-        via = (" through the run's relay" if relay and not seen["relay_failed"] else
-               "; the relay failed, fetched from the hub itself" if relay else "")
+        via = (" through the run's relay" if relayed_through and not seen["relay_failed"] else
+               "; the relay failed, fetched from the hub itself" if relayed_through else "")
         return f"{model}@{manifest.commit[:12]} complete and verified in {cache} ({_mib(manifest.total)}){via}{again}"
-
-    yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token,
-                                                           relay=relay.url if relay else None,
-                                                           stall_s=int(v.get("download_stall_s", 20))),
-                  describe=f"fetch {model} into {cache} ({why}): {len(manifest.files)} files, {_mib(manifest.total)}",
-                  progress=progress_reader(manifest.total), timeout=v.get("weights_timeout", 7200),
-                  interpret=interpret, notify=restarts)
-    return True
+    return interpret
 
 
 ROLE = Role("weights", facts, plan, overlaps=True, hosts=is_serving)  # beside the image pull

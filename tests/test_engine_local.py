@@ -242,6 +242,48 @@ def test_an_http_header_fact_reads_a_live_answer_and_is_none_when_nothing_answer
     assert gone["served"] is None
 
 
+def test_an_http_header_fact_asks_again_when_the_answer_is_slow_but_not_when_refused():
+    """A host busy for a moment (a 2-core CI machine) answers its front door's /health late:
+    that is asked again, not taken for a front door that does not answer (which deploy restarts)."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from converge.facts.host import HttpHeader
+
+    asked = []
+
+    class Late(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            asked.append(time.monotonic())
+            if len(asked) == 1:
+                time.sleep(2.5)  # past curl's 2 s: the first try times out
+            self.send_response(200)
+            self.send_header("X-Frontdoor-Generation", "feedface")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Late)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        facts = gather(LocalConnection(), {"served": HttpHeader(
+            f"http://127.0.0.1:{server.server_address[1]}/health", "X-Frontdoor-Generation")})
+        assert facts["served"] == "feedface" and len(asked) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    # nothing listening: refused, asked once (the command's curl runs once: no second try)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    fact = HttpHeader(f"http://127.0.0.1:{port}/health", "X-Anything")
+    traced = subprocess.run(["sh", "-xc", fact.command], capture_output=True, text=True)
+    assert traced.stderr.count("+ curl ") == 1, traced.stderr
+
+
 def test_an_advisory_hosts_failure_is_reported_and_fails_no_run():
     """Two local hosts, one advisory (off the serving path): it fails, the run does not; the
     recap and the JSON say so; a failure of the other one still fails the run."""

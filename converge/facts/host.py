@@ -195,12 +195,20 @@ class TextFiles(Fact):
 
 class HttpHeader(Fact):
     """One response header of ``url`` as the host itself sees it (None when nothing
-    answers within 2 s, or the header is absent). The host asks itself: its
-    certificate is not what this fact is about, so it is not checked here."""
+    answers, or the header is absent). The host asks itself: its certificate is not
+    what this fact is about, so it is not checked here.
+
+    A refused connection is an answer at once; only a timeout (curl's exit 28) is asked
+    again, ``TRIES`` times 2 s: a busy host that takes more than 2 s to answer once is not
+    a server that does not answer (the front door's role restarts one that does not)."""
+
+    TRIES = 3
 
     def __init__(self, url: str, header: str):
         self.header = header.lower()
-        self.command = f"curl -sk -D - -o /dev/null --max-time 2 {shlex.quote(url)} 2>/dev/null; true"
+        self.command = (f"for try in {' '.join(str(n) for n in range(self.TRIES))}; do "
+                        f"curl -sk -D - -o /dev/null --max-time 2 {shlex.quote(url)} 2>/dev/null; "
+                        f"[ $? -eq 28 ] || break; done; true")
 
     def process(self, output, rc):
         for line in output.splitlines():

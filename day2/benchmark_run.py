@@ -11,7 +11,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from roles import catalog
-from roles.preflight.declared import is_diffusion, served_name
+from roles.declared import is_diffusion, served_name
 
 from . import benchmark as bench
 from .endpoints import YOUR_KEY, api_key, endpoints

@@ -20,8 +20,8 @@ from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.replicas import Replica, chosen, installed
-from roles.service.rollout import at_once, command as roll_command, fleet_throttle, is_running, plan_roll
-from roles.serving_host import UNITS_FACT, step_name, units_fact
+from roles.service.rollout import at_once, command as roll_command, fleet_throttle, plan_roll
+from roles.serving_host import UNITS_FACT, is_running, step_name, units_fact
 
 
 def _unit_facts(v):

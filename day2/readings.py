@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from converge.facts import Fact
 
 from roles import scrape_targets
-from roles.exporters.textfiles import TEXTFILES
+from roles.exporter_containers import TEXTFILES
 from roles.gateway.accounting import USAGE_PORT
 from roles.haproxy.instance import FRONTDOOR, GATEWAY
 from roles.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
 from roles.replicas import replica, shell_functions, unit_globs
-from roles.service.serve import diffusion_in_force, generation_in_force
+from roles.vllm_serve import diffusion_in_force, generation_in_force
 
 from . import exposition
 

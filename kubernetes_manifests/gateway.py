@@ -7,7 +7,7 @@ the AIGatewayRoute's ``llmRequestCosts``. A front end's people count apart by th
 header, as at the fleet's gateways. Pure."""
 from __future__ import annotations
 
-from roles.gateway.limits import OPERATOR, Limits
+from roles.key_limits import OPERATOR, Limits
 
 KEY_HEADER = "x-dgemma-key"  # the client id Envoy sets from the key (forwardClientIDHeader)
 USER_HEADER = "x-openwebui-user-email"  # a front end's user (roles/haproxy/templates/gateway.cfg.j2)

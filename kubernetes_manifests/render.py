@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from roles.gateway.limits import Limits
+from roles.key_limits import Limits
 
 from . import checks, gateway, hardware, monitoring, pods
 from .serving import ServingHost

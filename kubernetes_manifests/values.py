@@ -14,7 +14,7 @@ from roles.preflight.select import image_channel
 from roles.preflight.variants import version
 from roles.replicas import Served
 from roles.service.container import ENVIRONMENT
-from roles.service.serve import serve_args
+from roles.vllm_serve import serve_args
 
 from . import hardware
 from .serving import ServingHost

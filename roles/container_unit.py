@@ -2,10 +2,12 @@
 DCGM exporter, Prometheus, Alertmanager. Its systemd unit (the oci-containers style of
 the others: ``rm -f``, ``run --rm`` in the foreground, ``stop``), its image pulled (through
 the run's artifact relay when there is one), and started, restarted or reloaded, then
-waited for until it answers. Shared by the roles that run such containers; it imports
-no role."""
+waited for until it answers. Shared by the roles that run such containers (the runtimes' paths, their
+log options and systemd's quoting of a command line serve vLLM's and HAProxy's units too);
+it imports no role."""
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -15,8 +17,29 @@ from converge.facts.containers import find_image
 
 from relay.probe import fallback_note, relay_steps, usable_relay
 
-from roles.service.container import RUNTIME_PATHS, log_options
-from roles.service.serve import command_line
+RUNTIME_PATHS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
+
+
+def log_options(runtime: str) -> list[str]:
+    """Podman hands the container our unit's own stdout and stderr (the journal's stream):
+    each line is logged once, by the unit, where `invoke logs` reads it. Its default (the
+    journald driver, while the attached ``podman run`` relays the same lines to the unit) logs
+    every line twice, through conmon and podman: with vLLM's and HAProxy's access logs, that
+    relay took a quarter of a core at 3,000 requests a second (bench/gateway). Docker's
+    attached client has no such mode; its lines stay as they are."""
+    return ["--log-driver", "passthrough"] if runtime == "podman" else []
+
+
+def systemd_quote(arg: str) -> str:
+    """One argument as systemd reads it in ExecStart (systemd.service, Command lines)."""
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if arg and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", arg):
+        return arg
+    return "'" + arg.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def command_line(args: list[str]) -> str:
+    return " ".join(systemd_quote(a) for a in args)
 
 
 @dataclass(frozen=True)

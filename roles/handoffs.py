@@ -8,8 +8,55 @@ from dataclasses import dataclass
 
 from converge.changes import Output
 
-from roles.preflight.select import Choice
 from roles.replicas import Replica, Served
+
+
+@dataclass
+class Choice:
+    """The image, and the placement of replicas on the GPUs; the host's model and memory
+    are its first replica's."""
+    image: str
+    image_reason: str
+    placement: object  # placement.Placement: every replica, and the GPUs left out
+
+    @property
+    def replicas(self) -> list:
+        return self.placement.replicas
+
+    @property
+    def model(self) -> str:
+        return self.replicas[0].model
+
+    @property
+    def quantization(self) -> str | None:
+        return self.replicas[0].quantization
+
+    @property
+    def model_reason(self) -> str:
+        return self.replicas[0].reason
+
+    @property
+    def utilization(self) -> float:
+        return self.replicas[0].utilization
+
+    @property
+    def utilization_reason(self) -> str:
+        return self.replicas[0].utilization_reason
+
+    @property
+    def memory(self):  # preflight's memory.GpuMemory
+        return self.replicas[0].memory
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"GPU {s['index']} ({s['uuid']}) left out: {s['reason']}" for s in self.placement.skipped]
+
+    def as_dict(self) -> dict:
+        return {"image": self.image, "image_reason": self.image_reason, "model": self.model,
+                "quantization": self.quantization, "model_reason": self.model_reason,
+                "gpu_memory_utilization": self.utilization, "utilization_reason": self.utilization_reason,
+                "memory_total_mib": round(self.memory.total_mib), "memory_free_mib": round(self.memory.free_mib),
+                "memory_source": self.memory.source, **self.placement.as_dict()}
 
 
 @dataclass(frozen=True)
@@ -54,3 +101,8 @@ GPU_METRICS = Output("the source of the GPU metrics", str)
 MONITORING = Output("the monitoring stack planned", bool)
 # shared_address: the sha256 of keepalived's configuration (verify)
 KEEPALIVED = Output("keepalived's configuration", str)
+
+
+def gated(unit: str) -> Output:
+    """What a roll that gated ``unit`` produces: the start role does not wait for it again."""
+    return Output(f"gated {unit}", str)

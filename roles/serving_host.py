@@ -77,3 +77,8 @@ def unit_state(ctx, replica: Replica) -> dict:
 def unit_file(ctx, replica: Replica) -> dict | None:
     """A replica's unit file (FileState) as gathered (None when absent)."""
     return unit_fact(ctx.facts.get(UNITS_FACT), replica).get("file")
+
+
+def is_running(unit_state: dict | None) -> bool:
+    unit_state = unit_state or {}
+    return unit_state.get("ActiveState") == "active" and unit_state.get("SubState") == "running"

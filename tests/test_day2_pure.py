@@ -121,7 +121,7 @@ def test_the_diffusion_settings_in_force_come_from_the_running_command_line():
     from pathlib import Path
 
     from day2.status_table import diffusion_text
-    from roles.service.serve import diffusion_in_force, diffusion_wanted, serve_args
+    from roles.vllm_serve import diffusion_in_force, diffusion_wanted, serve_args
     argv = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes().decode().split("\0")
     running = diffusion_in_force(argv)
     assert running == {"canvas_length": 256, "max_denoising_steps": 48, "diffusion_sampler": "entropy_bound",

@@ -314,7 +314,7 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
 def _roll_shell(door, index: int, command: str) -> str:
     """The rolling deploy's own shell (files/admin.sh: drain, ready, state) against this front
     door, run by dash as a host's sh runs it; ``$S`` is replica ``index``'s server."""
-    from roles.frontdoor.admin import ADMIN_LIBRARY, admin_parameters
+    from roles.haproxy.admin import ADMIN_LIBRARY, admin_parameters
     from roles.host_programs import Program
     params = {**admin_parameters(), "ADMIN": door.admin, "S": replica({}, index).server}
     script = Program((ADMIN_LIBRARY,)).script(params) + command + "\n"

@@ -23,7 +23,7 @@ import pytest
 
 from credentials import ca as fleet_ca
 from credentials.keys import digest
-from roles.gateway import limits
+from roles import key_limits as limits
 from roles.gateway.accounting import Accounting, Peer, lua
 from roles.haproxy.config import Server, render_config, render_keys
 from roles.haproxy.instance import GATEWAY

@@ -13,7 +13,7 @@ import pytest
 from converge import hostlock
 from converge.errors import StepFailed
 from converge.transport import Result
-from roles.frontdoor.admin import BACK, BACK_PROGRAM
+from roles.frontdoor.back import BACK, BACK_PROGRAM
 from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
 from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
 from roles.haproxy.instance import FRONTDOOR

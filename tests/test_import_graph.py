@@ -1,10 +1,11 @@
 """The tree's import graph, read from the code (every import, at the top of a module or
-inside a function): no circle between modules, and no role reaching into another role's
-``role.py`` (what roles share lives in roles/serving_host.py, roles/replicas.py, or the
-engine)."""
+inside a function): no circle between modules, no role reaching into another role (what
+roles share is a library under roles/ that imports no role: roles/replicas.py,
+roles/haproxy/, roles/container_unit.py ..., or the engine)."""
 import ast
 from pathlib import Path
 
+from roles import ORDER
 from tests.conftest import ROOT
 
 PACKAGES = ("cli", "converge", "credentials", "day2", "lab", "relay", "roles")
@@ -78,17 +79,25 @@ def test_no_module_imports_itself_through_others():
     assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_no_role_imports_another_roles_role_py():
+def _role_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "roles" and len(parts) >= 2 and parts[1] in ORDER else None
+
+
+def test_no_role_imports_another_role():
+    """Not its role.py, nor any of its modules: what two roles both need is a library."""
     graph = _graph()
-    reaching = []
-    for module, imported in graph.items():
-        parts = module.split(".")
-        if parts[0] != "roles" or len(parts) < 3:
-            continue
-        for other in imported:
-            theirs = other.split(".")
-            if theirs[0] == "roles" and len(theirs) == 3 and theirs[2] == "role" and theirs[1] != parts[1]:
-                reaching.append(f"{module} -> {other}")
+    reaching = sorted(f"{module} -> {other}" for module, imported in graph.items() for other in imported
+                      if _role_of(module) and _role_of(other) and _role_of(other) != _role_of(module))
+    assert not reaching, reaching
+
+
+def test_the_libraries_under_roles_import_no_role():
+    """roles/haproxy/, roles/replicas.py, roles/vllm_serve/ ...: shared by the roles, below them all."""
+    graph = _graph()
+    libraries = [m for m in graph if m.startswith("roles.") and m != "roles" and not _role_of(m)]
+    assert {"roles.haproxy.steps", "roles.replicas", "roles.vllm_serve", "roles.container_unit"} <= set(libraries)
+    reaching = sorted(f"{module} -> {other}" for module in libraries for other in graph[module] if _role_of(other))
     assert not reaching, reaching
 
 

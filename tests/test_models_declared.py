@@ -20,7 +20,7 @@ from roles.haproxy.config import render_config, render_keys
 from roles.gateway.role import BACKEND, fallback_problems, servers
 from roles.preflight.placement import place_declared
 from roles.preflight.select import Refused, choose, image_channel
-from roles.service.serve import serve_args
+from roles.vllm_serve import serve_args
 from tests import openai_upstream
 from tests.test_frontdoor import _free_port, reload_as_the_deploy_does, until_reloaded
 from tests.test_placement import H200, nvidia

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from roles.service.nixos import imported, imports_line, module_name, nix_value
+from roles.nixos_module import imported, imports_line, module_name, nix_value
 from roles.replicas import Served, replica
 from roles.service.role import render_module, render_unit
 

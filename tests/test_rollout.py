@@ -99,7 +99,7 @@ def test_the_start_role_does_not_wait_again_for_a_replica_its_roll_gated():
     from converge.changes import HostContext
     from roles.serving_host import restart
     from roles.start.role import plan as start_plan
-    from roles.service.rollout import gated
+    from roles.handoffs import gated
     from roles.handoffs import UNITS, UnitPlan, Units
     from roles.replicas import Served
     first = replica({}, 0)

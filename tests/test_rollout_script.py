@@ -12,7 +12,7 @@ import pytest
 from converge.changes import File
 from converge.errors import StepFailed
 from converge.transport import Result
-from roles.frontdoor.admin import ADMIN_SOCKET
+from roles.haproxy.admin import ADMIN_SOCKET
 from roles.replicas import replica
 from roles.service import rollout
 

@@ -103,7 +103,7 @@ def _prepare_limits(folder: Path, digest: str, fleet_ca):
     """The gateway again, with each key's limits and counting (requests a minute, at once, tokens a
     day; the usage.lua filter, the peers' tables, the record of every request to the usage service)."""
     from roles.fleet import Fleet, FrontDoor
-    from roles.gateway import limits
+    from roles import key_limits as limits
     from roles.gateway.accounting import Accounting, Peer, lua
     from roles.gateway.role import BACKEND, servers as gateway_servers
     from roles.haproxy.config import render_config

@@ -18,6 +18,7 @@ rules and dashboards covers both kinds of host."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from converge.changes import Command, Decision, File, Role
 from converge.facts.containers import Images
@@ -27,12 +28,14 @@ from converge.facts.nvidia import Dcgm
 from roles import container_unit, scrape_targets
 from roles.fleet import is_serving
 from roles.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
+from roles.exporter_containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, TEXTFILES,
+                                       collector_unit, dcgm_counters, dcgm_exporter, node_exporter)
 from roles.serving_host import STATE_DIR
 
 from . import textfiles
-from .containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, HERE, collector_unit,
-                         dcgm_counters, dcgm_exporter, node_exporter)
-from .textfiles import TEXTFILES
+
+HERE = Path(__file__).parent
+
 
 def facts(v):
     node, dcgm = node_exporter(v), dcgm_exporter(v)

@@ -5,7 +5,6 @@ certificates the host serves with expire. Written when deploy changes them; the 
 exporter reads them at each scrape. Pure."""
 from __future__ import annotations
 
-TEXTFILES = "/var/lib/dgemma/metrics"
 # the diffusion settings a replica is started with (seed 001: why an output came out rough)
 DIFFUSION_SETTINGS = ("canvas_length", "max_denoising_steps", "diffusion_sampler", "diffusion_entropy_bound")
 

@@ -13,23 +13,21 @@ from converge.facts.nvidia import Dcgm
 from credentials import CredentialError, directory
 from credentials.keys import KeyStore
 
-from roles import catalog, scrape_targets
+from roles import catalog, key_limits as limits, scrape_targets
+from roles.declared import DEFAULT_FAMILY, is_diffusion, served_name
 from roles.fleet import is_serving
 from roles.handoffs import FRONTDOOR_GENERATION, UNITS
-from roles.replicas import installed, replica, server_index
-from roles.serving_host import UNITS_FACT, env_path, units_fact
-
-from roles.preflight.declared import DEFAULT_FAMILY, is_diffusion, served_name
-from roles.service.serve import diffusion_wanted
-
-from roles.gateway import limits
 from roles.haproxy import steps as proxy, tls
+from roles.haproxy.admin import ADMIN_SOCKET, ROLLING_BACKEND, admin_parameters
 from roles.haproxy.config import Server
 from roles.haproxy.instance import FRONTDOOR
 from roles.haproxy.pools import frontdoor_pools, pools_in_config, queue_rule
 from roles.haproxy.stats import ServerStates
+from roles.replicas import installed, replica, server_index
+from roles.serving_host import UNITS_FACT, env_path, units_fact
+from roles.vllm_serve import diffusion_wanted
 
-from .admin import ADMIN_SOCKET, BACK, BACK_PROGRAM, ROLLING_BACKEND, admin_parameters
+from .back import BACK, BACK_PROGRAM
 
 
 def facts(v):

@@ -28,7 +28,9 @@ from roles.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVA
 from roles.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                  render_upstream_keys, serving)
 
-from . import accounting, limits, usage_steps
+from roles import key_limits as limits
+
+from . import accounting, usage_steps
 
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second

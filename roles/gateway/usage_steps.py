@@ -12,8 +12,9 @@ from converge.facts.host import Commands, FileState, UnitState
 from roles.haproxy.instance import GATEWAY, runtime_socket
 from roles.host_programs import Program, Protocol
 
+from roles import key_limits as limits
+
 from . import accounting as acc
-from . import limits
 
 USAGE_RUNNING = Protocol("the usage service running", markers={
     "ready": "S: it has bound its socket again",

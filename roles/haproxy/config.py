@@ -10,7 +10,7 @@ from pathlib import Path
 
 from roles import scrape_targets
 from roles.catalog import DEFAULT_FAMILY
-from roles.preflight.declared import served_name
+from roles.declared import served_name
 
 from .instance import CONTAINER_DIR, FRONTDOOR, STATE_FILE, Proxy, admin_socket, runtime_socket, templates
 from .pools import UPSTREAM_KEYS, Pool, model_names, models_list

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import jinja2
 
-from roles.service.container import RUNTIME_PATHS, log_options
-from roles.service.serve import command_line
+from roles.container_unit import RUNTIME_PATHS, command_line, log_options
 
 HERE = Path(__file__).parent
 CONTAINER_DIR = "/usr/local/etc/haproxy"  # where the official image looks for haproxy.cfg

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from roles import catalog
-from roles.preflight.declared import DEFAULT_FAMILY, declared, served_name, served_names
-from roles.preflight.variants import Refused
+from roles.declared import DEFAULT_FAMILY, declared, served_name, served_names
+from roles.declared import Refused
 
 
 

@@ -10,13 +10,13 @@ from converge.facts.nvidia import NvidiaSmi
 
 from roles.fleet import is_serving
 from roles.handoffs import CHOICE
-from roles.service.nixos import module_path
-from roles.service.serve import diffusion_wanted, generation_wanted
+from roles.nixos_module import module_path
+from roles.vllm_serve import diffusion_wanted, generation_wanted
 from roles.replicas import from_container, units_of
 from roles.serving_host import UNITS_FACT, units_fact
 
 from roles import catalog
-from .declared import DEFAULT_FAMILY
+from roles.declared import DEFAULT_FAMILY
 from .deployed import deployed_replicas, module_containers
 from .placement import keep_indices
 from .select import Refused, choose

@@ -5,62 +5,13 @@ words, so that ``invoke facts`` can say why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from converge.facts.nvidia import cuda_tuple
 
 from roles import catalog
-from .memory import GpuMemory
+from roles.handoffs import Choice
+
 from .placement import place_declared
 from .variants import Refused, version
-
-
-@dataclass
-class Choice:
-    """The image, and the placement of replicas on the GPUs; the host's model and memory
-    are its first replica's."""
-    image: str
-    image_reason: str
-    placement: object  # placement.Placement: every replica, and the GPUs left out
-
-    @property
-    def replicas(self) -> list:
-        return self.placement.replicas
-
-    @property
-    def model(self) -> str:
-        return self.replicas[0].model
-
-    @property
-    def quantization(self) -> str | None:
-        return self.replicas[0].quantization
-
-    @property
-    def model_reason(self) -> str:
-        return self.replicas[0].reason
-
-    @property
-    def utilization(self) -> float:
-        return self.replicas[0].utilization
-
-    @property
-    def utilization_reason(self) -> str:
-        return self.replicas[0].utilization_reason
-
-    @property
-    def memory(self) -> GpuMemory:
-        return self.replicas[0].memory
-
-    @property
-    def notes(self) -> list[str]:
-        return [f"GPU {s['index']} ({s['uuid']}) left out: {s['reason']}" for s in self.placement.skipped]
-
-    def as_dict(self) -> dict:
-        return {"image": self.image, "image_reason": self.image_reason, "model": self.model,
-                "quantization": self.quantization, "model_reason": self.model_reason,
-                "gpu_memory_utilization": self.utilization, "utilization_reason": self.utilization_reason,
-                "memory_total_mib": round(self.memory.total_mib), "memory_free_mib": round(self.memory.free_mib),
-                "memory_source": self.memory.source, **self.placement.as_dict()}
 
 
 def image_channel(hostvars: dict, families: list[str]) -> str:

@@ -3,13 +3,8 @@ refusal when none can serve: what placement (each GPU) and selection (the host)
 both read. Pure."""
 from __future__ import annotations
 
-from converge.errors import StepFailed
-
 from roles import catalog
-
-
-class Refused(StepFailed):
-    """No image or model can serve on this host; the message says what to do."""
+from roles.declared import Refused  # noqa: F401 (placement and selection raise it from here)
 
 
 def version(text: str) -> tuple:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from roles.container_unit import RUNTIME_PATHS, log_options
 from roles.replicas import Served
-from .serve import serve_args
+from roles.vllm_serve import serve_args
 
 CONTAINER_CACHE = "/root/.cache/huggingface"
-RUNTIME_PATHS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
 # the image's own settings (DOMAIN.md): V2 model runner, weights from the cache only, no Xet
 ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_XET": "1"}
 
@@ -64,15 +64,6 @@ def container_spec(v: dict, image: str, served: Served, has_token: bool) -> Cont
         gpu=gpu_handover(runtime, list(served.gpus) or None),
         secret_names=["VLLM_API_KEY"] + (["HF_TOKEN"] if has_token else []))
 
-
-def log_options(runtime: str) -> list[str]:
-    """Podman hands the container our unit's own stdout and stderr (the journal's stream):
-    each line is logged once, by the unit, where `invoke logs` reads it. Its default (the
-    journald driver, while the attached ``podman run`` relays the same lines to the unit) logs
-    every line twice, through conmon and podman: with vLLM's and HAProxy's access logs, that
-    relay took a quarter of a core at 3,000 requests a second (bench/gateway). Docker's
-    attached client has no such mode; its lines stay as they are."""
-    return ["--log-driver", "passthrough"] if runtime == "podman" else []
 
 
 def run_command(spec: ContainerSpec) -> list[str]:

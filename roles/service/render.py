@@ -8,7 +8,7 @@ from converge.changes import Role
 from roles.handoffs import CHOICE
 from roles.replicas import Served
 
-from .nixos import module_path
+from roles.nixos_module import module_path
 from .role import read_secret, render_module, render_unit
 
 FORMATS = ("systemd", "nixos")

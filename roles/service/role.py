@@ -14,18 +14,20 @@ from converge.changes import Check, Command, Decision, File, Role
 from converge.facts.host import FileState, OsRelease, TextFiles
 from converge.secrets import read_optional_secret as read_secret
 
+from roles.container_unit import RUNTIME_PATHS, command_line
+from roles.declared import served_name, served_names
+from roles.exporter_containers import nixos_declarations
 from roles.fleet import is_serving
 from roles.handoffs import CHOICE, UNITS, UnitPlan, Units
-from roles.preflight.declared import served_name, served_names
+from roles.haproxy.instance import nixos_container
+from roles.nixos_module import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
 from roles.replicas import Replica, Served, name_globs, units_of
 from roles.scrape_targets import uses_dcgm
-from roles.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, restart,
-                                start_notes_command, step_name, unit_file, unit_state, units_fact)
+from roles.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, is_running,
+                                restart, start_notes_command, step_name, unit_file, unit_state, units_fact)
 
-from .container import RUNTIME_PATHS, container_spec, run_command
-from .nixos import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
-from .rollout import at_once, command as roll_command, fleet_throttle, fronted_by_gateway, is_running, plan_roll
-from .serve import command_line
+from .container import container_spec, run_command
+from .rollout import at_once, command as roll_command, fleet_throttle, fronted_by_gateway, plan_roll
 
 HERE = Path(__file__).parent
 
@@ -70,8 +72,6 @@ def render_unit(v: dict, image: str, served: Served, has_token: bool) -> str:
 def render_module(v: dict, image: str, replicas: list[Served], has_token: bool, dcgm: bool = False) -> str:
     """Every replica as a NixOS module (oci-containers), for hosts whose units are declared,
     with the front door's container and the host's exporters beside them."""
-    from roles.exporters.containers import nixos_declarations
-    from roles.haproxy.instance import nixos_container
     containers = [{"spec": container_spec(v, image, served, has_token), "model": served.model,
                    "unit": served.replica.unit, "start_notes": start_notes_command(v, served.replica)}
                   for served in replicas]

@@ -25,7 +25,7 @@ how it ends (its exit codes) are `ROLL`, read here and nowhere else. A replica i
 door will not put back in service fails the roll, named with the command that mends it.
 
 How the gateway learns of it: the script raises the front door's rolling flag
-(roles/frontdoor/admin.py); while it is up and no replica of the host is in service,
+(roles/haproxy/admin.py); while it is up and no replica of the host is in service,
 /health answers 404 and the gateway holds the host out of balancing
 (``disable-on-404``: DRAIN in ``invoke status``) for the whole roll. It needs no
 connection to the gateway, so ``--hosts rtx01`` drains it there too. Pure."""
@@ -35,18 +35,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from converge.changes import Command, File, Output, Produced, Throttle
+from converge.changes import Command, File, Produced, Throttle
 from converge.errors import StepFailed
 
-from roles.frontdoor.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
+from roles.handoffs import UNITS, gated
+from roles.haproxy.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
 from roles.haproxy.instance import GATEWAY_SEES_FLAG_S
-from roles.handoffs import UNITS
 from roles.host_programs import Program, Protocol
+from roles.replica_ready import PRELUDE, READY, READY_MARKERS, failed_unit, late_units, replica_ready
 from roles.replicas import TABLE_READER, Replica, installed, shell_table
 from roles.serving_host import UNITS_FACT, connect_address, env_path, unit_file
 
 from .container import handed_gpus
-from .ready import PRELUDE, READY, READY_MARKERS, failed_unit, late_units, replica_ready
 
 FILES = Path(__file__).parent / "files"
 ROLL = Protocol("the roll", markers={
@@ -77,11 +77,6 @@ ACTIONS = ("restart", "start", "stop", "recover", "remove")
 GATED = ("restart", "start", "recover")
 
 
-def is_running(unit_state: dict | None) -> bool:
-    unit_state = unit_state or {}
-    return unit_state.get("ActiveState") == "active" and unit_state.get("SubState") == "running"
-
-
 def fronted_by_gateway(ctx) -> bool:
     """Whether the run's fleet has a gateway (its users then see one service)."""
     fleet = ctx.services.get("fleet")
@@ -100,11 +95,6 @@ def throttle(v: dict, has_gateway: bool) -> Throttle:
     host at a time, so its front door keeps answering)."""
     limit = v.get("rollout_concurrency")
     return Throttle(THROTTLE, int(limit) if limit is not None else (1 if has_gateway else 0))
-
-
-def gated(unit: str) -> Output:
-    """What a roll that gated ``unit`` produces: the start role does not wait for it again."""
-    return Output(f"gated {unit}", str)
 
 
 @dataclass(frozen=True)

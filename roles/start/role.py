@@ -9,13 +9,12 @@ from converge.changes import Command, Role
 from converge.errors import StepFailed
 
 from roles.fleet import is_serving
-from roles.handoffs import UNITS
+from roles.handoffs import UNITS, gated
 from roles.host_programs import Program, Protocol
-from roles.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
-from roles.service.ready import (PRELUDE, READY, READY_MARKERS, failed_unit, late_units, ready_seconds,
+from roles.replica_ready import (PRELUDE, READY, READY_MARKERS, failed_unit, late_units, ready_seconds,
                                  replica_ready)
-from roles.service.rollout import gated, is_running
-from roles.serving_host import env_path, record_path, restart, step_name, unit_state
+from roles.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
+from roles.serving_host import env_path, is_running, record_path, restart, step_name, unit_state
 
 START = Protocol("start and wait", markers={"start-failed": "systemctl start failed", **READY_MARKERS},
                  exits={"failed": 3, "timeout": 4})
@@ -24,7 +23,7 @@ PROGRAM = Program((PRELUDE, TABLE_READER, READY, Path(__file__).parent / "files"
 
 def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:
     """Start every replica at once, then wait until each is ready (the one readiness loop,
-    roles/service/ready.py: replicas on separate GPUs start side by side)."""
+    roles/replica_ready/__init__.py: replicas on separate GPUs start side by side)."""
     return PROGRAM.script({"ENV_FILE": env_path(v), "REPLICAS": shell_table(replicas),
                            "READY_TIMEOUT_S": int(timeout)})
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from converge.errors import StepFailed
 from roles import catalog
-from roles.preflight.declared import DEFAULT_FAMILY, is_diffusion, served_name, served_names
+from roles.declared import DEFAULT_FAMILY, is_diffusion, served_name, served_names
 
 HERE = Path(__file__).parent
 
@@ -148,14 +148,3 @@ def check_flags(args: list[str]):
             if flag not in known:
                 raise StepFailed(f"vllm serve has no option {flag} (vLLM 0.33.0): fix extra_serve_args")
 
-
-def systemd_quote(arg: str) -> str:
-    """One argument as systemd reads it in ExecStart (systemd.service, Command lines)."""
-    arg = arg.replace("%", "%%").replace("$", "$$")
-    if arg and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", arg):
-        return arg
-    return "'" + arg.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def command_line(args: list[str]) -> str:
-    return " ".join(systemd_quote(a) for a in args)

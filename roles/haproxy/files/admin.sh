@@ -1,5 +1,5 @@
 # shellcheck shell=dash
-# The front door's admin actions (roles/frontdoor/admin.py), for scripts that run on the host
+# The front door's admin actions (roles/haproxy/admin.py), for scripts that run on the host
 # as root: its stats page with admin actions at $ADMIN (a unix socket only root reaches).
 # $S names the replica's server (roles/replicas.py); $ROLLING_BACKEND and $ROLLING_SERVER
 # the roll's flag, $POOL_PREFIX the pools' backends.

@@ -1,5 +1,5 @@
 # shellcheck shell=dash
-# The one readiness loop (roles/service/ready.py): a replica is ready when vLLM's own /health
+# The one readiness loop (roles/replica_ready/__init__.py): a replica is ready when vLLM's own /health
 # answers, then /v1/models answers the key, on its loopback port. A unit that fails, goes
 # inactive, or that systemd restarts (its container exited) fails the wait at once.
 #

@@ -3,16 +3,12 @@ module the service role writes): the node exporter's and NVIDIA's DCGM exporter'
 containers, the collector's unit and what it reads. Pure."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from roles import scrape_targets
+from roles.catalog import monitoring_image
 from roles.container_unit import Container
 from roles.haproxy.instance import FRONTDOOR, runtime_socket
-from roles.catalog import monitoring_image
 
-from .textfiles import TEXTFILES
-
-HERE = Path(__file__).parent
+TEXTFILES = "/var/lib/dgemma/metrics"  # the node exporter's textfile collector reads these
 COLLECTOR = "/etc/dgemma/metrics/collector.sh"
 COLLECTOR_UNIT = "dgemma-metrics-collector.service"
 COLLECTOR_UNIT_PATH = f"/etc/systemd/system/{COLLECTOR_UNIT}"

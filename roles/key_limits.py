@@ -26,7 +26,8 @@ ALL_USERS = ("all_users_requests_per_minute", "all_users_tokens_per_day")  # a f
 
 @lru_cache(maxsize=None)
 def _validator() -> jsonschema.Draft202012Validator:
-    schema = yaml.safe_load((HERE / "schema.yml").read_text())["$defs"]["key_limits"]
+    # declared once, in the gateway role's argument spec (the inventory's key_limits are checked against it)
+    schema = yaml.safe_load((HERE / "gateway" / "schema.yml").read_text())["$defs"]["key_limits"]
     return jsonschema.Draft202012Validator(schema)
 
 

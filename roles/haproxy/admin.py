@@ -1,5 +1,5 @@
 """The front door's admin actions, for programs that run on the host as root
-(files/admin.sh): drain a replica, put it back, say it is up (its stats page with admin
+(files/admin.sh, a library the roll and the front door role's programs source): drain a replica, put it back, say it is up (its stats page with admin
 actions, over a unix socket only root reaches), read a replica's state, and raise or
 lower the host's "rolling" flag and its pools' flags.
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roles.host_programs import Program, Protocol
-
 from roles.haproxy.instance import FRONTDOOR, admin_socket
 from roles.haproxy.stats import POOL_PREFIX
 
@@ -20,11 +18,6 @@ ADMIN_SOCKET = admin_socket(FRONTDOOR)  # the front door's stats page with admin
 FRONTDOOR_CA = f"{FRONTDOOR.dir}/ca.crt"
 ROLLING_BACKEND, ROLLING_SERVER = "rolling", "flag"
 ADMIN_LIBRARY = Path(__file__).parent / "files" / "admin.sh"
-
-# a drained replica put back in service, the roll's flags lowered (deploy's "replicas in service")
-BACK = Protocol("replicas in service", markers={"still-drained": "SERVER: the front door refused to put it back"},
-                exits={"refused": 1})
-BACK_PROGRAM = Program((ADMIN_LIBRARY, Path(__file__).parent / "files" / "back.sh"), BACK)
 
 
 def admin_parameters() -> dict:

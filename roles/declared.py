@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from converge.errors import StepFailed
 from roles import catalog
 from roles.catalog import DEFAULT_FAMILY
-from .variants import Refused
+
+
+class Refused(StepFailed):
+    """No image or model can serve on this host; the message says what to do."""
 
 # what an entry may set for its own replicas alone (a change rolls only those)
 ENTRY_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_thinking",

@@ -5,63 +5,69 @@ collector's textfile; a gateway's servers; the alerts that fire. Both commands r
 fleet through this module alone."""
 from __future__ import annotations
 
-import base64
 import json
-import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
-from converge.facts import Fact
+from converge.facts import Fact, FactError
 
 from roles import scrape_targets
 from roles.exporter_containers import TEXTFILES
 from roles.gateway.accounting import USAGE_PORT
 from roles.haproxy.instance import FRONTDOOR, GATEWAY
 from roles.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
-from roles.replicas import replica, shell_functions, unit_globs
+from roles.host_programs import Program, ProgramResultError, Protocol, decoded
+from roles.replicas import from_unit, replica, runtime, unit_globs
 from roles.vllm_serve import diffusion_in_force, generation_in_force
 
 from . import exposition
 
+PROGRAMS = Path(__file__).parent / "host_programs"  # what these readings run on the hosts
+
 
 # ---------------------------------------------------------------- a serving host's replicas
+
+def replica_units(v: dict) -> dict:
+    """Where a program finds the host's replica units (day2/host_programs/units.sh)."""
+    return {"UNIT_GLOBS": " ".join(unit_globs(v)), "FIRST_UNIT": replica(v, 0).unit}
+
+
+REPLICAS = Protocol("the replicas' containers, processes, health and load", result={
+    "containers": "the runtime's containers: NAME STATE lines (base64)",
+    "units": "each replica unit -> its argv (base64), /health's status and load"})
+REPLICAS_PROGRAM = Program((PROGRAMS / "units.sh", PROGRAMS / "replicas.sh"), REPLICAS)
+
 
 class ServiceProbe(Fact):
     """Each replica's container state, /health and load (requests running and waiting, KV
     cache, from its /metrics), from the host itself: replica index -> {"container",
-    "health", "load", "diffusion"}, for every replica unit the host has (replica 0 when none)."""
+    "health", "load", "diffusion", "generation"}, for every replica unit the host has (replica
+    0 when none). The host says what runs (its containers by name, each unit's command line);
+    which replica a unit or a container is, is read here (roles/replicas.py)."""
 
     def __init__(self, v):
-        rt = shlex.quote(v.get("container_runtime", "podman"))
-        first = replica(v, 0)
-        self.command = (
-            f"{shell_functions(v)}"
-            f"units=$(for f in {' '.join(unit_globs(v))}; do [ -f \"$f\" ] && printf '%s ' \"${{f##*/}}\"; done); "
-            f"[ -n \"$units\" ] || units={shlex.quote(first.unit)}; "
-            f"for u in $units; do set -- $(replica_of_unit \"$u\"); [ $# = 3 ] || continue; i=$1; name=$2; port=$3; "
-            f"pid=$(systemctl show -p MainPID --value \"$u\" 2>/dev/null); "
-            # the command line it runs now (base64, one word): the settings in force, not the file's
-            f"argv=$(base64 -w0 /proc/${{pid:-0}}/cmdline 2>/dev/null); "
-            f"health=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.1:$port/health 2>/dev/null); "
-            # vLLM's own gauges: requests running and waiting, KV cache ("-": no answer)
-            f"load=$(curl -s --max-time 5 http://127.0.0.1:$port/metrics 2>/dev/null | awk "
-            f"'/^vllm:num_requests_running[{{ ]/ {{ r += $NF }} /^vllm:num_requests_waiting[{{ ]/ {{ w += $NF }} "
-            f"/^vllm:kv_cache_usage_perc[{{ ]/ {{ k = $NF; seen = 1 }} "
-            f"END {{ if (seen) printf \"%g,%g,%g\", r, w, k; else printf \"-\" }}'); "
-            f"printf '%s %s %s %s %s\\n' \"$i\" \"$({rt} inspect --format '{{{{.State.Status}}}}' \"$name\" "
-            f"2>/dev/null || echo absent)\" \"${{health:--}}\" \"${{load:--}}\" \"${{argv:--}}\"; done")
+        self.v = v
+        self.command = REPLICAS_PROGRAM.script({"RUNTIME": runtime(v), **replica_units(v)})
 
     def process(self, output, rc):
+        try:
+            result = REPLICAS.result_of(output)
+        except ProgramResultError as exc:
+            raise FactError(f"the replicas could not be read: {exc}") from None
+        containers = {}
+        for line in decoded(result["containers"], "the containers").splitlines():
+            name, _, state = line.partition(" ")
+            containers[name] = state.strip() or "?"
         found = {}
-        for line in output.splitlines():
-            fields = line.split()
-            if len(fields) != 5 or not fields[0].isdigit():
+        for unit, seen in (result["units"] or {}).items():
+            ident = from_unit(self.v, unit)
+            if ident is None or not isinstance(seen, dict):
                 continue
-            index, container, health, load, encoded = fields
-            # the command line it runs ("-": no process), base64 of its NUL-separated words
-            argv = base64.b64decode(encoded).decode("utf-8", "replace").split("\0") if encoded != "-" else []
-            found[int(index)] = {"container": container, "health": "" if health == "-" else health,
-                                 "load": parse_load(load), "diffusion": diffusion_in_force(argv),
-                                 "generation": generation_in_force(argv)}
+            # the command line it runs (empty: no process), its NUL-separated words
+            argv = decoded(seen.get("argv", ""), f"{unit}'s command line").split("\0") if seen.get("argv") else []
+            found[ident.index] = {"container": containers.get(ident.container, "absent"),
+                                  "health": seen.get("health") or "", "load": parse_load(seen.get("load") or ""),
+                                  "diffusion": diffusion_in_force(argv), "generation": generation_in_force(argv)}
         return found
 
 
@@ -80,34 +86,41 @@ def parse_load(text: str) -> dict | None:
 
 # ---------------------------------------------------------------- a serving host, as top reads it
 
+SERVING_HOST = Protocol("a serving host's figures", result={
+    "targets": "its scrape targets (base64)", "replicas": "each replica unit -> its /metrics (base64)",
+    "frontdoor": "its front door's stats page (base64)", "gpu": "the GPU collector's textfile (base64)"})
+SERVING_HOST_PROGRAM = Program((PROGRAMS / "units.sh", PROGRAMS / "serving_host.sh"), SERVING_HOST)
+GATEWAY_READING = Protocol("a gateway's stats and usage", result={
+    "stats_rc": "curl's exit status", "stats": "its stats page, CSV (base64)",
+    "usage_rc": "curl's exit status", "usage": "its usage service's /metrics (base64)"})
+GATEWAY_PROGRAM = Program((PROGRAMS / "gateway.sh",), GATEWAY_READING)
+
+
 def host_script(v: dict) -> str:
     """A serving host's own figures: its replicas (from its scrape targets), each one's
     /metrics on loopback, its front door's stats page, the GPU collector's textfile."""
-    targets = shlex.quote(f"{FRONTDOOR.dir}/targets.json")
-    return (f"{shell_functions(v)}echo '@targets'; cat {targets} 2>/dev/null\n"
-            f"for i in $(sed -n 's/.*\"replica\": \"\\([0-9]*\\)\".*/\\1/p' {targets} 2>/dev/null); do\n"
-            f"  echo \"@replica $i\"; curl -sS --max-time 3 http://127.0.0.1:$(replica_port \"$i\")/metrics 2>/dev/null\n"
-            f"done\n"
-            f"echo '@frontdoor'; curl -sS --max-time 3 'http://127.0.0.1:{FRONTDOOR.metrics_port}/stats;csv' 2>/dev/null\n"
-            f"echo '@gpu'; cat {shlex.quote(TEXTFILES + '/gpu.prom')} 2>/dev/null; true\n")
+    return SERVING_HOST_PROGRAM.script({**replica_units(v), "TARGETS": f"{FRONTDOOR.dir}/targets.json",
+                                        "STATS_URL": f"http://127.0.0.1:{FRONTDOOR.metrics_port}/stats;csv",
+                                        "GPU_TEXTFILE": f"{TEXTFILES}/gpu.prom"})
 
 
 def gateway_script() -> str:
-    """The gateway's stats page, as GatewayServers reads it for invoke status, and its usage
-    service's counts per key (invoke top)."""
-    return (f"echo '@gateway'; {GATEWAY_STATS} 2>/dev/null\n"
-            f"echo '@usage'; curl -sS --max-time 3 http://127.0.0.1:{USAGE_PORT}/metrics 2>/dev/null; true\n")
+    """The gateway's stats page (each pool's front doors and their states) and its usage
+    service's counts per key: `invoke status` reads the first, `invoke top` both."""
+    return GATEWAY_PROGRAM.script({"STATS_URL": f"http://127.0.0.1:{GATEWAY.metrics_port}/stats;csv",
+                                   "USAGE_URL": f"http://127.0.0.1:{USAGE_PORT}/metrics"})
 
 
-def split_markers(output: str) -> dict[str, str]:
-    parts, name = {}, None
-    for line in output.splitlines():
-        if line.startswith("@"):
-            name = line[1:].strip()
-            parts[name] = ""
-        elif name is not None:
-            parts[name] += line + "\n"
-    return parts
+def read_gateway(output: str) -> dict:
+    """What `gateway_script` found: ``stats`` and ``usage`` (text; empty when it got none),
+    ``error`` (why the stats page did not answer, None when it did)."""
+    try:
+        found = GATEWAY_READING.result_of(output)
+    except ProgramResultError as exc:
+        return {"stats": "", "usage": "", "error": str(exc)}
+    stats, usage = decoded(found["stats"], "the stats page"), decoded(found["usage"], "the usage page")
+    return {"stats": stats if found["stats_rc"] == 0 else "", "usage": usage if found["usage_rc"] == 0 else "",
+            "error": None if found["stats_rc"] == 0 else (stats.strip()[-200:] or f"curl exit {found['stats_rc']}")}
 
 
 @dataclass
@@ -119,11 +132,23 @@ class HostReading:
     gpu: list  # samples of the GPU textfile
 
 
-def read_host(output: str, at: float) -> HostReading:
-    parts = split_markers(output)
-    groups = {int(r["index"]): r for r in scrape_targets.replicas_of(scrape_targets.parse(parts.get("targets", "")))}
-    replicas = {i: (groups[i], exposition.parse(parts.get(f"replica {i}", ""))) for i in groups}
-    return HostReading(at, replicas, stats_rows(parts.get("frontdoor", "")), exposition.parse(parts.get("gpu", "")))
+def read_host(output: str, at: float, v: dict) -> HostReading:
+    """A reading from `host_script`'s result (empty when the host gave none): each replica of
+    its scrape targets with the samples of its unit's /metrics (none: it did not answer)."""
+    try:
+        found = SERVING_HOST.result_of(output)
+    except ProgramResultError:
+        found = {"targets": "", "replicas": {}, "frontdoor": "", "gpu": ""}
+    metrics = {}
+    for unit, text in (found["replicas"] or {}).items():
+        ident = from_unit(v, unit)
+        if ident is not None:
+            metrics[ident.index] = decoded(text, f"{unit}'s /metrics")
+    groups = {int(r["index"]): r for r in
+              scrape_targets.replicas_of(scrape_targets.parse(decoded(found["targets"], "the scrape targets")))}
+    replicas = {i: (groups[i], exposition.parse(metrics.get(i, ""))) for i in groups}
+    return HostReading(at, replicas, stats_rows(decoded(found["frontdoor"], "the stats page")),
+                       exposition.parse(decoded(found["gpu"], "the GPU textfile")))
 
 
 
@@ -145,21 +170,24 @@ def gateway_state(status: str) -> str:
     return "DRAIN" + status[4:] if status.startswith("NOLB") else status
 
 
-GATEWAY_STATS = f"curl -sS --max-time 5 'http://127.0.0.1:{GATEWAY.metrics_port}/stats;csv'"
-
-
 class GatewayServers(Fact):
     """Each server's state in the gateway, from its stats page on loopback."""
 
-    command = f"{GATEWAY_STATS} 2>&1"
+    command = gateway_script()
 
     def process(self, output, rc):
-        return {"ok": rc == 0, "servers": parse_stats_csv(output) if rc == 0 else [],
-                "error": None if rc == 0 else output.strip()[-200:]}
+        found = read_gateway(output)
+        return {"ok": found["error"] is None, "servers": parse_stats_csv(found["stats"]) if found["error"] is None
+                else [], "error": found["error"]}
 
 
 
 # ---------------------------------------------------------------- the alerts that fire
+
+ALERTS = Protocol("Alertmanager's firing alerts", result={"rc": "curl's exit status",
+                                                          "body": "Alertmanager's answer, or curl's error (base64)"})
+ALERTS_PROGRAM = Program((PROGRAMS / "alerts.sh",), ALERTS)
+
 
 class FiringAlerts(Fact):
     """The alerts Alertmanager holds as firing (active, neither silenced nor inhibited), from
@@ -167,16 +195,21 @@ class FiringAlerts(Fact):
 
     def __init__(self, v: dict):
         port = int(v.get("alertmanager_port", 9093))
-        self.command = (f"curl -sS --max-time 5 'http://127.0.0.1:{port}/api/v2/alerts?active=true&silenced=false"
-                        f"&inhibited=false' 2>&1")
+        self.command = ALERTS_PROGRAM.script(
+            {"URL": f"http://127.0.0.1:{port}/api/v2/alerts?active=true&silenced=false&inhibited=false"})
 
     def process(self, output, rc):
-        if rc != 0:
-            return {"error": output.strip()[-200:] or f"curl exit {rc}", "alerts": []}
         try:
-            alerts = json.loads(output)
+            found = ALERTS.result_of(output)
+            body = decoded(found["body"], "Alertmanager's answer")
+        except ProgramResultError as exc:
+            return {"error": str(exc), "alerts": []}
+        if found["rc"] != 0:
+            return {"error": body.strip()[-200:] or f"curl exit {found['rc']}", "alerts": []}
+        try:
+            alerts = json.loads(body)
         except ValueError:
-            return {"error": f"Alertmanager answered what is not JSON: {output.strip()[:120]!r}", "alerts": []}
+            return {"error": f"Alertmanager answered what is not JSON: {body.strip()[:120]!r}", "alerts": []}
         return {"error": None, "alerts": sorted((firing(a) for a in alerts if isinstance(a, dict)),
                                                 key=lambda a: (a["severity"] != "critical", a["alertname"], a["host"]))}
 

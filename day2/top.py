@@ -11,18 +11,20 @@ Two sources, the same snapshot:
 """
 from __future__ import annotations
 
+import base64
 import json
-import shlex
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 
 from roles.fleet import is_gateway, is_monitoring, is_serving
 from roles.haproxy.stats import POOL_PREFIX
+from roles.host_programs import Program, ProgramResultError, Protocol, decoded
 from roles.replicas import server_index
 
 from . import exposition
-from .readings import HostReading, firing, gateway_script, host_script, parse_stats_csv, read_host, split_markers
+from .readings import (PROGRAMS, HostReading, firing, gateway_script, host_script, parse_stats_csv, read_gateway,
+                       read_host)
 
 
 @dataclass
@@ -114,25 +116,26 @@ QUERIES = {
 }
 
 
+PROMETHEUS = Protocol("Prometheus's answers", result={"answers": "each query's name -> its answer (base64)",
+                                                      "alerts": "the alerts it evaluates (base64)"})
+PROMETHEUS_PROGRAM = Program((PROGRAMS / "prometheus.sh",), PROMETHEUS)
+
+
 def prometheus_script(port: int, at: float) -> str:
-    """Every query at the instant ``at``, then the alerts, each answer after its marker line."""
-    url = f"http://127.0.0.1:{int(port)}"
-    lines = []
-    for name, query in QUERIES.items():
-        lines.append(f"echo '@query {name}'; curl -sS --max-time 5 -G --data-urlencode {shlex.quote('query=' + query)} "
-                     f"--data-urlencode time={at:.3f} {url}/api/v1/query; echo")
-    lines.append(f"echo '@alerts'; curl -sS --max-time 5 {url}/api/v1/alerts; echo")
-    return "\n".join(lines) + "\n"
+    """Every query at the instant ``at``, then the alerts (day2/host_programs/prometheus.sh)."""
+    queries = "\n".join(f"{name} {base64.b64encode(query.encode()).decode()}" for name, query in QUERIES.items())
+    return PROMETHEUS_PROGRAM.script({"URL": f"http://127.0.0.1:{int(port)}", "AT": f"{at:.3f}", "QUERIES": queries})
 
 
 def parse_sections(output: str) -> dict[str, str]:
-    sections, name = {}, None
-    for line in output.splitlines():
-        if line.startswith("@query ") or line == "@alerts":
-            name = line.split(" ", 1)[1] if line != "@alerts" else "alerts"
-            sections[name] = ""
-        elif name is not None:
-            sections[name] += line
+    """Each query's answer by its name, and the alerts' (``alerts``); none when Prometheus's
+    host gave no result."""
+    try:
+        found = PROMETHEUS.result_of(output)
+    except ProgramResultError:
+        return {}
+    sections = {name: decoded(text, f"the answer to {name}") for name, text in (found["answers"] or {}).items()}
+    sections["alerts"] = decoded(found["alerts"], "the alerts")
     return sections
 
 
@@ -316,18 +319,18 @@ class HostsSource:
         for host in self.serving:
             if host not in outputs:
                 continue
-            reading = read_host(outputs[host], at)
+            reading = read_host(outputs[host], at, self.serving[host])
             snap.replicas += loads_from_readings(host, reading, self.before.get(host))
             self.before[host] = reading
         states: dict[str, list[str]] = {}
         for host in self.gateways:
-            for server in parse_stats_csv(split_markers(outputs.get(host, "")).get("gateway", "")):
+            for server in parse_stats_csv(read_gateway(outputs.get(host, ""))["stats"]):
                 states.setdefault(server["server"], []).append(server["state"])
         snap.gateway = {h: worst(s) for h, s in states.items()}
         snap.replicas.sort(key=lambda r: (r.host, r.replica))
         keys: dict = {}
         for host in self.gateways:
-            samples = exposition.parse(split_markers(outputs.get(host, "")).get("usage", ""))
+            samples = exposition.parse(read_gateway(outputs.get(host, ""))["usage"])
             before = self.usage_before.get(host)
             self.usage_before[host] = (at, samples)
             keys_from_usage(keys, samples, before, at)

@@ -11,9 +11,18 @@ runs any of it, so one cut short on its way (a link lost mid-send) runs nothing.
 A reader asks for a marker through its protocol (`Protocol.first`, `every`, `rest`),
 which refuses a marker the protocol does not declare; the unit tests check that every
 marker a program's files can print is declared, and read: taking its lines out of an
-output changes what the reader says. Pure."""
+output changes what the reader says.
+
+A program that answers with data ends with one result line, ``@result {JSON object}``,
+whose fields its protocol declares (``result``); `Protocol.result` reads it, and refuses
+an output without it or with other fields (`ProgramResultError`, which names the program
+and what was wrong). Text a host program cannot quote as JSON (a page it read, a file) is
+a field in base64 (`decoded`). Pure."""
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -25,17 +34,50 @@ from pathlib import Path
 PRINTED = re.compile(r"""\b(?:say|echo|printf|print)\s+["']\\?n?@([a-z][a-z-]*)""")
 
 
+class ProgramResultError(ValueError):
+    """A program's result line is missing or not what its protocol declares."""
+
+
+RESULT = "result"  # the marker of a program's result line
+
+
 @dataclass(frozen=True)
 class Protocol:
-    """What a program tells its reader: markers (name -> what follows it) and exit codes."""
+    """What a program tells its reader: markers (name -> what follows it), exit codes, and
+    the fields of its result line (name -> what it holds; none: the program has no result)."""
     name: str
     markers: dict = field(default_factory=dict)
     exits: dict = field(default_factory=dict)  # name -> code (0 is success, never declared)
+    result: dict = field(default_factory=dict)
+
+    def declared(self) -> set[str]:
+        """Every marker the program may print: its markers, and @result when it has one."""
+        return set(self.markers) | ({RESULT} if self.result else set())
 
     def _known(self, marker: str) -> str:
         if marker not in self.markers:
             raise KeyError(f"{self.name} declares no marker @{marker}")
         return marker
+
+    def result_of(self, out: str) -> dict:
+        """The program's result: the JSON object of its last ``@result`` line, with exactly
+        the fields the protocol declares."""
+        if not self.result:
+            raise KeyError(f"{self.name} declares no result")
+        lines = re.findall(r"^@result (.*)$", out, re.M)
+        if not lines:
+            tail = out.strip()[-200:]
+            raise ProgramResultError(f"{self.name}: no result line (it printed {tail!r})" if tail else
+                                     f"{self.name}: no result line (it printed nothing)")
+        try:
+            found = json.loads(lines[-1])
+        except ValueError as exc:
+            raise ProgramResultError(f"{self.name}: its result is not JSON ({exc}): {lines[-1][:200]!r}") from None
+        if not isinstance(found, dict) or set(found) != set(self.result):
+            got = sorted(found) if isinstance(found, dict) else type(found).__name__
+            raise ProgramResultError(f"{self.name}: its result has {got}, not the fields "
+                                     f"{sorted(self.result)} it declares")
+        return found
 
     def _lines(self, out: str, marker: str):
         return re.finditer(rf"^@{re.escape(self._known(marker))}(?: (.*))?$", out, re.M)
@@ -60,6 +102,14 @@ class Protocol:
 
     def header(self) -> str:
         return "".join(f"EXIT_{name.upper()}={code}\n" for name, code in self.exits.items())
+
+
+def decoded(field_value: str, what: str = "a field") -> str:
+    """A result field a program wrote in base64 (``base64 -w0``), as text."""
+    try:
+        return base64.b64decode(field_value or "", validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        raise ProgramResultError(f"{what} is not base64: {str(field_value)[:80]!r}") from None
 
 
 @lru_cache(maxsize=None)

@@ -241,18 +241,3 @@ class Served:
     def variables(self, v: dict) -> dict:
         """The host's variables with this replica's own settings over them."""
         return {**v, **{k: list(x) if isinstance(x, tuple) else x for k, x in self.settings}}
-
-
-def shell_functions(v: dict) -> str:
-    """Shell for host-side programs that start from what the host has (no table to give
-    them): ``replica_of_unit UNIT`` prints the replica's index, container and port (nothing
-    for a unit of none), ``replica_port INDEX`` its port. Made here, from the names above."""
-    cases = []
-    for family in families():
-        ident = replica(v, 0, family)
-        first = f"{ident.runtime}-{ident.service}"
-        cases.append(f"    {first}.service) echo \"0 {ident.container} {ident.port}\";;\n"
-                     f"    {first}-[1-9]*.service) i=${{1#{first}-}}; i=${{i%.service}}\n"
-                     f"      case $i in *[!0-9]*) ;; *) echo \"$i {ident.service}-$i $(replica_port \"$i\")\";; esac;;\n")
-    return (f"replica_port() {{ echo $(( {base_port(v)} + $1 )); }}\n"
-            f"replica_of_unit() {{\n  case $1 in\n{''.join(cases)}  esac\n}}\n")

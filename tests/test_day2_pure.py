@@ -143,12 +143,16 @@ def test_the_diffusion_settings_in_force_come_from_the_running_command_line():
 
 def test_the_status_probe_reads_each_replicas_command_line():
     import base64
+    import json
     from pathlib import Path
 
     from day2.readings import ServiceProbe
     raw = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes()
-    out = ServiceProbe({}).process(f"0 running 200 2,1,0.0125 {base64.b64encode(raw).decode()}\n"
-                                   f"1 exited 000 - -\n", 0)
+    result = {"containers": base64.b64encode(b"vllm-diffusiongemma running\nvllm-diffusiongemma-1 exited\n").decode(),
+              "units": {"podman-vllm-diffusiongemma.service": {"argv": base64.b64encode(raw).decode(),
+                                                               "health": "200", "load": "2,1,0.0125"},
+                        "podman-vllm-diffusiongemma-1.service": {"argv": "", "health": "000", "load": ""}}}
+    out = ServiceProbe({}).process("@result " + json.dumps(result) + "\n", 0)
     assert out[0]["health"] == "200" and out[0]["diffusion"]["max_denoising_steps"] == 48
     assert out[0]["generation"] == {"max_new_tokens": None}  # its --override-generation-config
     # its load from vLLM's /metrics: two running, one waiting, the KV cache 1.25% full

@@ -1,6 +1,7 @@
 """`invoke top` without a lab: the snapshot from Prometheus's answers (as its HTTP API writes
 them), the snapshot from two readings of a host (the stand-in's /metrics, a front door's stats
 page), Prometheus's histogram_quantile, and a view that fits 80 columns."""
+import base64
 import io
 import json
 import math
@@ -18,12 +19,24 @@ def vector(*rows):
         {"metric": metric, "value": [1795600000.0, str(value)]} for metric, value in rows]}})
 
 
-def answers(**sections) -> str:
-    return "".join(f"@query {name}\n{text}\n" for name, text in sections.items())
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def answers(alerts: str = "", **sections) -> str:
+    """Prometheus's answers as its program's result line says them (day2/host_programs/prometheus.sh)."""
+    return "@result " + json.dumps({"answers": {name: b64(text) for name, text in sections.items()},
+                                    "alerts": b64(alerts)}) + "\n"
 
 
 def test_a_snapshot_from_prometheus_joins_each_replica_with_its_gpu_and_gateway_state():
+    alerts = json.dumps({"status": "success", "data": {"alerts": [
+        {"state": "firing", "labels": {"alertname": "DgemmaReplicaDown", "severity": "critical", "host": "hgx01",
+                                       "replica": "0"},
+         "annotations": {"summary": "down", "fix": "invoke recover --hosts hgx01 --replica 0"}},
+        {"state": "pending", "labels": {"alertname": "DgemmaKvCacheNearlyFull"}, "annotations": {}}]}})
     output = answers(
+        alerts=alerts,
         up=vector((UP, 1), ({**UP, "replica": "0", "gpu_uuid": "GPU-a"}, 0)),
         running=vector(({"host": "hgx01", "replica": "1"}, 3)),
         waiting=vector(({"host": "hgx01", "replica": "1"}, 1)),
@@ -37,11 +50,6 @@ def test_a_snapshot_from_prometheus_joins_each_replica_with_its_gpu_and_gateway_
         gpu_free=vector(({"host": "hgx01", "gpu_uuid": "GPU-b"}, 43000)),
         gateway=vector(({"host": "gateway01", "server": "hgx01", "state": "UP"}, 1),
                        ({"host": "gateway02", "server": "hgx01", "state": "NOLB"}, 1)))
-    output += "@alerts\n" + json.dumps({"status": "success", "data": {"alerts": [
-        {"state": "firing", "labels": {"alertname": "DgemmaReplicaDown", "severity": "critical", "host": "hgx01",
-                                       "replica": "0"},
-         "annotations": {"summary": "down", "fix": "invoke recover --hosts hgx01 --replica 0"}},
-        {"state": "pending", "labels": {"alertname": "DgemmaKvCacheNearlyFull"}, "annotations": {}}]}}) + "\n"
     snap = top.snapshot_from_prometheus(output, 1795600000.0, "Prometheus on monitor01")
     zero, one = snap.replicas
     assert (zero.replica, zero.up, zero.running) == (0, False, None)
@@ -64,12 +72,6 @@ def test_a_snapshot_from_prometheus_joins_each_replica_with_its_gpu_and_gateway_
     assert [line.split() for line in live[1:4]] == [line.split() for line in lines[1:4]], live
 
 
-def test_each_query_asks_for_one_instant():
-    script = top.prometheus_script(9090, 1795600000.25)
-    assert script.count("--data-urlencode time=1795600000.250") == len(top.QUERIES)
-    assert "query=vllm:kv_cache_usage_perc " in script and script.endswith("/api/v1/alerts; echo\n")
-
-
 def stand_in(tokens, buckets, running=2):
     """What the vLLM stand-in writes, the lines that matter."""
     lines = [f'vllm:num_requests_running{{model_name="dgemma",engine="0"}} {running}.0',
@@ -89,8 +91,10 @@ def reading(at, tokens, buckets, fivexx):
              "status,hrsp_5xx\nservers,replica0,0,0,1,1,,10,0,0,0,0,,0,0,0,0,UP," + str(fivexx) + "\n")
     gpu = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a"} 97\nDCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a"} 23000\n' \
           'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a"} 9607\n'
-    output = f"@targets\n{targets}\n@replica 0\n{stand_in(tokens, buckets)}@frontdoor\n{stats}@gpu\n{gpu}"
-    return top.read_host(output, at)
+    output = "@result " + json.dumps({"targets": b64(targets),
+                                      "replicas": {"podman-vllm-diffusiongemma.service": b64(stand_in(tokens, buckets))},
+                                      "frontdoor": b64(stats), "gpu": b64(gpu)}) + "\n"
+    return top.read_host(output, at, {})
 
 
 def test_a_snapshot_from_the_hosts_takes_rates_and_percentiles_between_two_readings():

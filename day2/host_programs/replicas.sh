@@ -1,0 +1,29 @@
+# Each vLLM replica of a serving host as `invoke status` reads it (day2/readings.py: REPLICAS):
+# the state of every container the runtime has, by name (roles/replicas.py tells which replica
+# each name is), and for each replica unit the command line its process runs now (the settings
+# in force, not the file's), its /health and its load (vLLM's own gauges), asked on the port that
+# command line names. No replica's name or port is made here.
+# Parameters: RUNTIME, UNIT_GLOBS (blank-separated), FIRST_UNIT.
+# Result: containers (the runtime's "NAME STATE" lines, in base64) and units (each unit -> its
+# "argv" (its NUL-separated words in base64; empty: no process), "health" (/health's HTTP
+# status; empty: not asked) and "load" ("running,waiting,kv-cache"; empty: no answer)).
+found=""
+for u in $(replica_units); do
+  argv="" health="" load=""
+  pid=$(main_pid "$u")
+  if [ -n "$pid" ]; then
+    argv=$(base64 -w0 "/proc/$pid/cmdline")
+    port=$(listening_port "$pid")
+    if [ -n "$port" ]; then
+      health=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/health" 2>/dev/null)
+      # vLLM's gauges: requests running and waiting, KV cache
+      load=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics" 2>/dev/null | awk '
+        /^vllm:num_requests_running[{ ]/ { r += $NF } /^vllm:num_requests_waiting[{ ]/ { w += $NF }
+        /^vllm:kv_cache_usage_perc[{ ]/ { k = $NF; seen = 1 }
+        END { if (seen) printf "%g,%g,%g", r, w, k }')
+    fi
+  fi
+  found="$found${found:+, }\"$u\": {\"argv\": \"$argv\", \"health\": \"$health\", \"load\": \"$load\"}"
+done
+containers=$("$RUNTIME" ps -a --format '{{.Names}} {{.State}}' 2>/dev/null | base64 -w0)
+printf '@result {"containers": "%s", "units": {%s}}\n' "$containers" "$found"

@@ -50,6 +50,20 @@ def test_status_shows_the_fleet_and_drift(deployed, lab_copy, tmp_path):
     assert rtx["replicas"][0]["diffusion"] == defaults
 
 
+def test_top_from_the_hosts_themselves_reads_every_replica(deployed):
+    """`invoke top` without Prometheus: each serving host's program finds its replica units and
+    asks each on the port its process listens on (day2/host_programs/serving_host.sh), on the
+    docker host under qemu, the NixOS-like host and the one behind the bastion."""
+    proc = invoke("top", "--hosts", "spark01,rtx01,h100-01", "--source", "hosts", "--json", "-", check=True)
+    snap = json.loads(proc.stdout)
+    rows = {(r["host"], r["replica"]): r for r in snap["replicas"]}
+    assert set(rows) == {("spark01", 0), ("rtx01", 0), ("h100-01", 0)}, snap
+    for row in rows.values():  # each answered its /metrics: vLLM's gauges, read
+        assert row["up"] and row["running"] == 0 and row["kv_cache"] is not None, row
+        assert row["model"] == "diffusiongemma", row
+    assert snap["problems"] == [], snap["problems"]
+
+
 def test_start_stops_conflicting_units_and_stop_resume_brings_them_back(deployed):
     ssh("rtx01", f"printf '{OLLAMA}' > /etc/systemd/system/ollama.service && systemctl daemon-reload")
     invoke("stop", "--hosts", "rtx01", check=True)

@@ -19,6 +19,7 @@ from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _int
 from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
 from roles.haproxy.instance import FRONTDOOR
 from roles.host_programs import Program
+from roles.image.role import INSPECT_PROGRAM, PULL_PROGRAM
 from roles.replicas import replica
 from roles.service import rollout
 from roles.service.rollout import PROGRAM as ROLL_PROGRAM, ROLL, Roll
@@ -32,6 +33,7 @@ HOST_LOCK = Program((hostlock.SCRIPT,))  # the engine's own
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
             "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK,
             "weights-manifest": MANIFEST_PROGRAM, "weights-fetch": FETCH_PROGRAM,
+            "image-pull": PULL_PROGRAM, "image-inspect": INSPECT_PROGRAM,
             # day 2's readings: each ends in one result line (tests/test_day2_programs.py runs and reads them)
             "day2-replicas": readings.REPLICAS_PROGRAM, "day2-serving-host": readings.SERVING_HOST_PROGRAM, "day2-gateway": readings.GATEWAY_PROGRAM,
             "day2-alerts": readings.ALERTS_PROGRAM, "day2-prometheus": top.PROMETHEUS_PROGRAM}

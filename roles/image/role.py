@@ -1,7 +1,7 @@
 """image: the chosen tag present with the right arch; its digest recorded."""
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
@@ -12,30 +12,31 @@ from relay.probe import fallback_note, relay_steps, usable_relay
 
 from roles.fleet import is_serving
 from roles.handoffs import CHOICE
+from roles.host_programs import Program, ProgramResultError, Protocol
 from roles.replicas import Served
 from roles.serving_host import STATE_DIR, record_path, restart
 
 from .pull_progress import pull_reader
 
 ARCH_NAMES = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
 def facts(hostvars):
     return {"images": Images(hostvars.get("container_runtime", "podman")),
             "image_record": FileState(record_path(hostvars))}
 
 
-def digest_command(runtime: str, ref: str) -> str:
-    """Shell that prints the registry digest of the local image ``ref``.
-
-    podman keeps it as ``.Digest``; docker only in ``.RepoDigests``
-    (``repo@sha256:...``, one per repository it was pulled from, with docker.io
-    and library/ left out of the name): the one of ``ref``'s repository."""
-    q = shlex.quote(ref)
-    if runtime == "podman":
-        return f"podman image inspect --format '{{{{.Digest}}}}' {q}"
-    return (f"r={q}; repo=${{r%:*}}; short=${{repo#docker.io/}}; short=${{short#library/}}; "
-            f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' {q} | "
-            f"while read -r rd; do case \"${{rd%@*}}\" in \"$repo\"|\"$short\"|\"docker.io/$short\") "
-            f"echo \"${{rd#*@}}\"; break;; esac; done")
+FILES = Path(__file__).parent / "files"
+IMAGE_FACTS = {"digest": "the registry digest of the image (empty: none known)",
+               "arch": "the arch it is built for (amd64, arm64)"}
+# files/pull.sh: pulled (through the relay or not), its digest and arch recorded
+PULL = Protocol("pull and record the image",
+                markers={"relay-failed": "the run's relay failed the pull (the lines before say why)"},
+                result=IMAGE_FACTS)
+PULL_PROGRAM = Program((FILES / "digest.sh", FILES / "pull.sh"), PULL)
+# files/inspect.sh: a local image's digest and arch (verify)
+INSPECT = Protocol("inspect the image", result=IMAGE_FACTS)
+INSPECT_PROGRAM = Program((FILES / "digest.sh", FILES / "inspect.sh"), INSPECT)
 
 
 def pull_script(runtime: str, ref: str, record: str, pull: bool = True, relayed: str | None = None) -> str:
@@ -44,23 +45,9 @@ def pull_script(runtime: str, ref: str, record: str, pull: bool = True, relayed:
     ``relayed``: the same image through the run's relay (podman): pulled from there
     (its digest is the manifest's, wherever it came from), tagged as ``ref``, the
     relay's name dropped; if that fails, pulled from the registry itself."""
-    rt, q = shlex.quote(runtime), shlex.quote(ref)
-    rec = shlex.quote(record)
-    if pull and relayed:
-        r = shlex.quote(relayed)
-        # its output streams as it comes (the progress display reads it); why it failed is in it
-        fetch = (f"if {rt} pull --tls-verify=false {r} 2>&1; then {rt} tag {r} {q}; {rt} untag {r} {r}\n"
-                 f"else echo '@relay-failed (the lines above say why)'; {rt} pull {q}; fi\n")
-    else:
-        fetch = f"{rt} pull {q}\n" if pull else ""
-    return ("set -e\n" + fetch +
-            f"mkdir -p {shlex.quote(STATE_DIR)}\n"
-            f"d=$({digest_command(runtime, ref)})\n"
-            f"a=$({rt} image inspect --format '{{{{.Architecture}}}}' {q})\n"
-            f"tmp=$(mktemp {rec}.XXXXXX)\n"
-            f"printf '%s\\n%s\\n%s\\n' {q} \"$d\" \"$a\" > \"$tmp\"\n"
-            f"mv -f \"$tmp\" {rec}\n"
-            f"echo \"@digest $d $a\"\n")
+    return PULL_PROGRAM.script({"RUNTIME": runtime, "REF": ref, "PULL": int(bool(pull)),
+                                "RELAYED": relayed if pull and relayed else "", "RECORD": record,
+                                "STATE_DIR": STATE_DIR})
 
 
 def restart_all(ctx) -> tuple:
@@ -94,8 +81,11 @@ def plan(ctx):
             raise StepFailed(f"{runtime} pull {ref} failed (exit {result.rc}): "
                              f"{(result.stdout + result.stderr).strip()[-500:]}. Check the registry "
                              f"({v.get('registry') or 'docker.io'}) and the host's network, then deploy again")
-        line = [x for x in result.stdout.splitlines() if x.startswith("@digest ")]
-        digest, arch = (line[-1].split()[1:3] + [""])[:2] if line else ("?", "?")
+        try:
+            found = PULL.result_of(result.stdout)
+        except ProgramResultError as exc:
+            raise StepFailed(f"{ref}: {exc}; deploy again") from None
+        digest, arch = found["digest"] or "?", found["arch"]
         if arch != want_arch:
             raise StepFailed(f"{ref} is built for {arch}, this host is {want_arch}: the registry holds the wrong "
                              f"image under this tag, or set image: to the right one")

@@ -1,12 +1,17 @@
 """The image role's state on the host."""
-from roles.image.role import ARCH_NAMES, digest_command
+from roles.host_programs import ProgramResultError
+from roles.image.role import ARCH_NAMES, INSPECT, INSPECT_PROGRAM
 
 
 def test_image_matches_arch_cuda_and_recorded_digest(host, expected, fix):
     rt, ref = expected["runtime"], expected["image"]
-    out = host.run(f"{rt} image inspect --format '{{{{.Architecture}}}}' {ref} && {digest_command(rt, ref)}")
-    assert out.rc == 0, f"{ref} is not present; {fix}"
-    arch, digest = (out.stdout.split() + [""])[:2]
+    out = host.run(INSPECT_PROGRAM.script({"RUNTIME": rt, "REF": ref}))
+    try:
+        found = INSPECT.result_of(out.stdout)
+    except ProgramResultError:
+        found = None
+    assert out.rc == 0 and found, f"{ref} is not present; {fix}"
+    arch, digest = found["arch"], found["digest"]
     assert arch == ARCH_NAMES[expected["arch"]], \
         f"{ref} is built for {arch} but the host is {expected['arch']}: remove it ({rt} rmi {ref}) and {fix}"
     record = host.file(expected["image_record"])

@@ -1,0 +1,100 @@
+"""The image role's host programs (roles/image/files/*.sh) run for real under sh, with a
+podman and a docker stand-in on a PATH of their own that log what they are asked: the pull
+(through the relay, its fallback, none), the record written whole, the digest of the image's
+own repository, and the result line the role reads."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from relay.probe import fallback_note
+from roles.image.role import INSPECT, INSPECT_PROGRAM, PULL, pull_script
+
+REF = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
+RELAYED = "10.213.0.1:7001/vllm/vllm-openai:gemma-x86_64-cu130"
+
+
+def runtime(tmp_path, name: str, relay_fails: bool = False, pull_fails: bool = False,
+            repo_digests: str = "") -> dict:
+    """``name`` on a PATH of its own: it logs each call; pull prints a layer line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    (bin_dir / name).write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$1 $2" in
+  "pull --tls-verify=false") {'echo "Error: connection refused" >&2; exit 125' if relay_fails else 'echo "Copying blob sha256:0123456789ab done"'};;
+  "pull "*) {'echo "Error: manifest unknown" >&2; exit 125' if pull_fails else 'echo "Copying blob sha256:0123456789ab done"'};;
+  "image inspect")
+    case "$4" in
+      "{{{{.Digest}}}}") echo sha256:feed;;
+      "{{{{.Architecture}}}}") echo amd64;;
+      *) printf '{repo_digests}';;
+    esac;;
+esac
+exit 0
+""")
+    (bin_dir / name).chmod(0o755)
+    return {"env": {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, "log": log}
+
+
+def run(script: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, timeout=60, env=env)
+
+
+def calls(rt: dict) -> list[str]:
+    return rt["log"].read_text().splitlines() if rt["log"].exists() else []
+
+
+def test_a_pull_through_the_relay_is_tagged_as_the_image_and_recorded(tmp_path):
+    rt = runtime(tmp_path, "podman")
+    record = tmp_path / "state" / "image"
+    out = run(pull_script("podman", REF, str(record), relayed=RELAYED).replace(
+        "STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path / 'state'}"), rt["env"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert PULL.result_of(out.stdout) == {"digest": "sha256:feed", "arch": "amd64"}
+    assert record.read_text() == f"{REF}\nsha256:feed\namd64\n"
+    assert not [p for p in record.parent.iterdir() if p.name != "image"]  # no temporary file left
+    assert calls(rt)[:3] == [f"pull --tls-verify=false {RELAYED}", f"tag {RELAYED} {REF}", f"untag {RELAYED} {RELAYED}"]
+    assert "Copying blob" in out.stdout and fallback_note(out.stdout) == ""  # its lines stream to the display
+
+
+def test_a_relay_that_fails_falls_back_to_the_registry_and_says_why(tmp_path):
+    rt = runtime(tmp_path, "podman", relay_fails=True)
+    out = run(pull_script("podman", REF, str(tmp_path / "image"), relayed=RELAYED).replace(
+        "STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path}"), rt["env"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert calls(rt)[:2] == [f"pull --tls-verify=false {RELAYED}", f"pull {REF}"]
+    assert "connection refused" in fallback_note(out.stdout)
+    assert PULL.result_of(out.stdout)["digest"] == "sha256:feed"
+
+
+def test_a_failed_pull_records_nothing(tmp_path):
+    rt = runtime(tmp_path, "podman", pull_fails=True)
+    record = tmp_path / "image"
+    out = run(pull_script("podman", REF, str(record)).replace("STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path}"),
+              rt["env"])
+    assert out.returncode != 0 and not record.exists() and "@result" not in out.stdout
+    assert calls(rt) == [f"pull {REF}"]
+
+
+@pytest.mark.parametrize("ref, digests, want", [
+    # docker names Docker Hub's images without docker.io (and library/): the digest of the image's own repository
+    ("vllm/vllm-openai:v0.33.0", "other/repo@sha256:0ther\\nvllm/vllm-openai@sha256:cafe\\n", "sha256:cafe"),
+    ("docker.io/library/haproxy:2.6", "haproxy@sha256:beef\\n", "sha256:beef"),
+    (REF, f"{REF.rsplit(':', 1)[0]}@sha256:d00d\\n", "sha256:d00d"),
+    (REF, "elsewhere/vllm@sha256:0ther\\n", ""),
+])
+def test_docker_keeps_the_digest_of_the_images_own_repository(tmp_path, ref, digests, want):
+    rt = runtime(tmp_path, "docker", repo_digests=digests)
+    record = tmp_path / "image"
+    out = run(pull_script("docker", ref, str(record), pull=False).replace(
+        "STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path}"), rt["env"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert PULL.result_of(out.stdout) == {"digest": want, "arch": "amd64"}
+    assert not [c for c in calls(rt) if c.startswith("pull")]  # PULL=0: the record alone
+    assert record.read_text() == f"{ref}\n{want}\namd64\n"
+    inspected = run(INSPECT_PROGRAM.script({"RUNTIME": "docker", "REF": ref}), rt["env"])
+    assert INSPECT.result_of(inspected.stdout) == {"digest": want, "arch": "amd64"}  # what verify reads

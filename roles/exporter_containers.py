@@ -43,7 +43,7 @@ def node_exporter(v: dict) -> Container:
         args=("--path.rootfs=/host", "--path.procfs=/host/proc", "--path.sysfs=/host/sys",
               f"--web.listen-address=127.0.0.1:{port}", f"--collector.textfile.directory=/host{TEXTFILES}"),
         options=("--network=host",), volumes=("/:/host:ro,rslave",),
-        ready=f"curl -sf -o /dev/null --max-time 2 http://127.0.0.1:{port}/metrics")
+        ready_url=f"http://127.0.0.1:{port}/metrics")
 
 
 def dcgm_exporter(v: dict, hostengine: bool = True) -> Container:
@@ -60,7 +60,7 @@ def dcgm_exporter(v: dict, hostengine: bool = True) -> Container:
         args=("-a", f"127.0.0.1:{port}", *engine, "-f", "/etc/dcgm-exporter/dgemma-counters.csv"),
         options=("--network=host", "--cap-add", "SYS_ADMIN", *gpus),
         volumes=(f"{DCGM_COUNTERS}:/etc/dcgm-exporter/dgemma-counters.csv:ro",),
-        ready=f"curl -sf -o /dev/null --max-time 2 http://127.0.0.1:{port}/metrics")
+        ready_url=f"http://127.0.0.1:{port}/metrics")
 
 
 def collector_environment(v: dict, dcgm: bool, replicas) -> dict[str, str]:

@@ -18,6 +18,7 @@ from roles.frontdoor.back import BACK, BACK_PROGRAM
 from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
 from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
 from roles.haproxy.instance import FRONTDOOR
+from roles import container_unit
 from roles.host_programs import Program
 from roles.image.role import INSPECT_PROGRAM, PULL_PROGRAM
 from roles.replicas import replica
@@ -34,6 +35,7 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
             "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK,
             "weights-manifest": MANIFEST_PROGRAM, "weights-fetch": FETCH_PROGRAM,
             "image-pull": PULL_PROGRAM, "image-inspect": INSPECT_PROGRAM,
+            "container-pull": container_unit.PULL_PROGRAM, "container-answering": container_unit.ANSWERING_PROGRAM,
             # day 2's readings: each ends in one result line (tests/test_day2_programs.py runs and reads them)
             "day2-replicas": readings.REPLICAS_PROGRAM, "day2-serving-host": readings.SERVING_HOST_PROGRAM, "day2-gateway": readings.GATEWAY_PROGRAM,
             "day2-alerts": readings.ALERTS_PROGRAM, "day2-prometheus": top.PROMETHEUS_PROGRAM}

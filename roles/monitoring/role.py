@@ -53,14 +53,11 @@ class Nobody(Fact):
                 "group": lines[1] if len(lines) > 1 and lines[1] else str(CONTAINER_UID)}
 
 
-def reloaded_ready(port: int, program: str) -> str:
+def reloaded_ready(port: int, program: str) -> dict:
     """Both reload on SIGHUP: ready once the program answers on ``port`` and its last (re)load,
-    since this step began, succeeded (its own metrics say when)."""
-    return (f"curl -sf -o /dev/null --max-time 2 http://127.0.0.1:{port}/-/ready && "
-            f"curl -s --max-time 2 http://127.0.0.1:{port}/metrics | awk -v began=\"$began\" "
-            f"'$1 == \"{program}_config_last_reload_successful\" {{ ok = $2 }} "
-            f"$1 == \"{program}_config_last_reload_success_timestamp_seconds\" {{ at = $2 }} "
-            "END { exit !(ok == 1 && at + 0 >= began + 0) }'")
+    since this step began, succeeded (its own metrics say when: roles/container_unit/files/answering.sh)."""
+    return {"ready_url": f"http://127.0.0.1:{port}/-/ready", "reloaded": program,
+            "metrics_url": f"http://127.0.0.1:{port}/metrics"}
 
 
 def prometheus_container(v: dict) -> Container:
@@ -73,7 +70,7 @@ def prometheus_container(v: dict) -> Container:
               f"--web.listen-address=127.0.0.1:{port}"),
         options=("--network=host", "--user", f"{CONTAINER_UID}:{CONTAINER_UID}"),
         volumes=(f"{PROMETHEUS_DIR}:{prometheus.CONTAINER_DIR}:ro", f"{PROMETHEUS_DATA}:/prometheus"),
-        reload_signal="SIGHUP", ready=reloaded_ready(port, "prometheus"), stop_seconds=30)
+        reload_signal="SIGHUP", **reloaded_ready(port, "prometheus"), stop_seconds=30)
 
 
 def alertmanager_container(v: dict) -> Container:
@@ -85,7 +82,7 @@ def alertmanager_container(v: dict) -> Container:
               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="),
         options=("--network=host", "--user", f"{CONTAINER_UID}:{CONTAINER_UID}"),
         volumes=(f"{ALERTMANAGER_DIR}:{alertmanager.CONTAINER_DIR}:ro", f"{ALERTMANAGER_DATA}:/alertmanager"),
-        reload_signal="SIGHUP", ready=reloaded_ready(port, "alertmanager"))
+        reload_signal="SIGHUP", **reloaded_ready(port, "alertmanager"))
 
 
 def facts(v):

@@ -8,14 +8,16 @@ it imports no role."""
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from converge.changes import Check, Command, File
 from converge.errors import StepFailed
 from converge.facts.containers import find_image
 
 from relay.probe import fallback_note, relay_steps, usable_relay
+
+from roles.host_programs import Program, Protocol
 
 RUNTIME_PATHS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
 
@@ -52,8 +54,12 @@ class Container:
     volumes: tuple = ()
     # a signal that makes it read its files again (Prometheus, Alertmanager: SIGHUP); None: restart
     reload_signal: str | None = None
-    # shell that succeeds once it answers (curl on loopback; $began: when the start or reload began)
-    ready: str = "true"
+    # it answers once this URL does (on loopback; empty: at once), and, for a program that
+    # reloads (``reloaded``: prometheus, alertmanager), once its metrics at ``metrics_url`` say
+    # its last (re)load since the step began succeeded
+    ready_url: str = ""
+    reloaded: str = ""
+    metrics_url: str = ""
     stop_seconds: int = 10
 
 
@@ -93,17 +99,19 @@ def render_unit(v: dict, container: Container, role: str) -> str:
               f"[Install]\nWantedBy=multi-user.target\n")
 
 
+FILES = Path(__file__).parent / "files"
+PULL = Protocol("pull a container's image", markers={"relay-failed": "the run's relay failed the pull"})
+PULL_PROGRAM = Program((FILES / "pull.sh",), PULL)
+ANSWERING = Protocol("a container answering", markers={"ready": "S: it answers, S seconds after",
+                                                       "failed": "after S s: its unit failed",
+                                                       "timeout": "S: it did not answer in time"},
+                     exits={"failed": 3, "timeout": 4})
+ANSWERING_PROGRAM = Program((FILES / "answering.sh",), ANSWERING)
+
+
 def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
-    """Pull ``ref``; through the run's relay when there is one (each layer crosses the uplink
-    once for all hosts of the run), tagged as ``ref``, the relay's name dropped; from the
-    registry itself when the relay fails."""
-    rt, q = shlex.quote(runtime), shlex.quote(ref)
-    if not relayed:
-        return f"{rt} pull -q {q} >/dev/null\n"
-    r = shlex.quote(relayed)
-    # why the relay failed is the last line of its error (the report shows it)
-    return (f"if {rt} pull -q --tls-verify=false {r} 2>&1 >/dev/null; then {rt} tag {r} {q} && {rt} untag {r} {r}\n"
-            f"else echo '@relay-failed'; {rt} pull -q {q} >/dev/null; fi\n")
+    """Pull ``ref``; through the run's relay when there is one (files/pull.sh)."""
+    return PULL_PROGRAM.script({"RUNTIME": runtime, "REF": ref, "RELAYED": relayed or ""})
 
 
 def pull_steps(ctx, ref: str, images_fact: str = "images", timeout: float | None = None):
@@ -135,37 +143,28 @@ def steps(ctx, container: Container, role: str, *, unit_fact: str, unit_file_fac
                      mode="0644", current=ctx.facts.get(unit_file_fact))
     yield unit_file
     state = ctx.facts.get(unit_fact) or {}
-    q = shlex.quote(unit)
     if state.get("ActiveState") != "active":
-        action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
-                             "start", f"was {state.get('ActiveState', 'absent')}")
+        action, why = "start", f"was {state.get('ActiveState', 'absent')}"
     elif unit_file.needed() or (files_changed and not container.reload_signal):
-        action, verb, why = (f"systemctl daemon-reload\nsystemctl restart {q}", "restart",
-                             "its unit changed" if unit_file.needed() else "its files changed")
+        action, why = "restart", "its unit changed" if unit_file.needed() else "its files changed"
     elif files_changed:
-        action, verb, why = f"systemctl reload {q}", "reload", "its files changed: reloaded, not restarted"
+        action, why = "reload", "its files changed: reloaded, not restarted"
     else:
-        action, verb, why = "", "", ""
+        action, why = "none", ""
     enabled = state.get("UnitFileState") == "enabled"
-    yield Command(f"{container.name} answering", when=bool(action) or not enabled,
-                  # $began: when the change began (a ready check may ask for a reload since then)
-                  script=f"systemctl enable {q} 2>/dev/null\nbegan=$(date +%s)\n{action}\n"
-                         f"{wait_script(unit, container.ready, timeout)}",
-                  describe=(f"systemctl {verb} {unit}; wait until it answers ({why})" if action
+    yield Command(f"{container.name} answering", when=action != "none" or not enabled,
+                  script=answering_script(unit, container, action, timeout),
+                  describe=(f"systemctl {action} {unit}; wait until it answers ({why})" if action != "none"
                             else f"systemctl enable {unit} (not enabled at boot)"),
                   timeout=timeout + 30, interpret=_interpret(unit, timeout, why or "enabled at boot"))
 
 
-def wait_script(unit: str, ready: str, timeout: int) -> str:
-    q = shlex.quote(unit)
-    return (f"start=$(date +%s)\nwhile :; do\n"
-            f"  elapsed=$(( $(date +%s) - start ))\n"
-            f"  if [ \"$(systemctl is-active {q})\" = failed ]; then echo \"@failed after $elapsed s\"; "
-            f"journalctl -u {q} -n 15 --no-pager -o cat | sed 's/^/  | /'; exit 3; fi\n"
-            f"  if {ready} >/dev/null 2>&1; then echo \"@ready $elapsed\"; exit 0; fi\n"
-            f"  if [ $elapsed -ge {int(timeout)} ]; then echo \"@timeout $elapsed\"; "
-            f"journalctl -u {q} -n 15 --no-pager -o cat | sed 's/^/  | /'; exit 4; fi\n"
-            f"  sleep 0.5\ndone\n")
+def answering_script(unit: str, container: Container, action: str, timeout: int) -> str:
+    """files/answering.sh: enabled at boot, ``action`` (start, restart, reload, none), then
+    waited for until it answers."""
+    return ANSWERING_PROGRAM.script({"UNIT": unit, "ACTION": action, "READY_URL": container.ready_url,
+                                     "RELOADED": container.reloaded, "METRICS_URL": container.metrics_url,
+                                     "TIMEOUT_S": int(timeout)})
 
 
 def _interpret(unit: str, timeout: int, why: str):
@@ -173,7 +172,9 @@ def _interpret(unit: str, timeout: int, why: str):
         if result.rc == 0:
             return f"{unit} answers ({why})"
         journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
-        first = (result.stdout.splitlines() or ["?"])[0]
+        failed, late = ANSWERING.first(result.stdout, "failed"), ANSWERING.first(result.stdout, "timeout")
+        first = (f"its unit failed after {failed[1]} s" if failed and len(failed) > 1 else
+                 f"no answer after {late[0]} s" if late else f"exit {result.rc}")
         raise StepFailed(f"{unit} did not answer within {timeout} s ({first}). Last log lines:\n{journal}\n"
                          f"See: journalctl -u {unit}")
     return interpret

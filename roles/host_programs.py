@@ -30,8 +30,8 @@ from functools import lru_cache
 from pathlib import Path
 
 # what a program's files print as a marker: say "@name", echo "@name", echo '@name', printf '@name',
-# awk's print "@name"
-PRINTED = re.compile(r"""\b(?:say|echo|printf|print)\s+["']\\?n?@([a-z][a-z-]*)""")
+# awk's print "@name", sed's s/^/@name (each line of a file marked)
+PRINTED = re.compile(r"""(?:\b(?:say|echo|printf|print)\s+["']\\?n?@|\bs/\^/@)([a-z][a-z-]*)""")
 
 
 class ProgramResultError(ValueError):

@@ -21,6 +21,7 @@ from roles.haproxy.instance import FRONTDOOR
 from roles import container_unit
 from roles.host_programs import Program
 from roles.image.role import INSPECT_PROGRAM, PULL_PROGRAM
+from roles.weights.cache import CACHE_PROGRAM
 from roles.replicas import replica
 from roles.service import rollout
 from roles.service.rollout import PROGRAM as ROLL_PROGRAM, ROLL, Roll
@@ -34,7 +35,7 @@ HOST_LOCK = Program((hostlock.SCRIPT,))  # the engine's own
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
             "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK,
             "weights-manifest": MANIFEST_PROGRAM, "weights-fetch": FETCH_PROGRAM,
-            "image-pull": PULL_PROGRAM, "image-inspect": INSPECT_PROGRAM,
+            "image-pull": PULL_PROGRAM, "image-inspect": INSPECT_PROGRAM, "weights-cache": CACHE_PROGRAM,
             "container-pull": container_unit.PULL_PROGRAM, "container-answering": container_unit.ANSWERING_PROGRAM,
             # day 2's readings: each ends in one result line (tests/test_day2_programs.py runs and reads them)
             "day2-replicas": readings.REPLICAS_PROGRAM, "day2-serving-host": readings.SERVING_HOST_PROGRAM, "day2-gateway": readings.GATEWAY_PROGRAM,

@@ -1,4 +1,4 @@
-"""Reading a Hugging Face cache on a host: the fact's shell, and pure checks.
+"""Reading a Hugging Face cache on a host: the fact (its program, files/cache.sh), and pure checks.
 
 Complete means: ``refs/<revision>`` names a commit, its snapshot holds every
 file (symlinks that resolve), no ``.incomplete`` blob, and every LFS blob's
@@ -9,9 +9,11 @@ and mtime in ``.dgemma-verified``; the fact compares against that record.
 from __future__ import annotations
 
 import re
-import shlex
+from pathlib import Path
 
 from converge.facts import Fact
+
+from roles.host_programs import Program, Protocol
 
 VERIFIED = ".dgemma-verified"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -21,26 +23,18 @@ def repo_dir(model: str) -> str:
     return "models--" + model.replace("/", "--")
 
 
+CACHE = Protocol("the Hugging Face cache", markers={
+    "repo": "DIR: a model's folder (models--ORG--NAME); what follows is its own",
+    "ref": "NAME COMMIT", "snapshot": "COMMIT FILES BROKEN (files that point at no blob)",
+    "blob": "NAME SIZE MTIME", "verified": "NAME SIZE MTIME: a blob the weights role hashed"})
+CACHE_PROGRAM = Program((Path(__file__).parent / "files" / "cache.sh",), CACHE)
+
+
 class HfCache(Fact):
     """Every model in ``<cache>/hub``: refs, snapshot, blobs and the verification record."""
 
     def __init__(self, cache: str):
-        hub = shlex.quote(cache.rstrip("/") + "/hub")
-        self.command = f"""
-for d in {hub}/models--*; do
-  [ -d "$d" ] || continue
-  echo "@repo ${{d##*/}}"
-  for r in "$d"/refs/*; do [ -f "$r" ] && echo "@ref ${{r##*/}} $(cat "$r")"; done
-  for s in "$d"/snapshots/*; do
-    [ -d "$s" ] || continue
-    n=$(find "$s" -type l | wc -l); b=$(find "$s" -xtype l | wc -l)
-    echo "@snapshot ${{s##*/}} $n $b"
-  done
-  for f in "$d"/blobs/*; do [ -f "$f" ] && echo "@blob $(stat -c '%n %s %Y' "$f" | sed 's|.*/||')"; done
-  [ -f "$d/{VERIFIED}" ] && sed 's/^/@verified /' "$d/{VERIFIED}"
-done
-true
-"""
+        self.command = CACHE_PROGRAM.script({"HUB": cache.rstrip("/") + "/hub", "VERIFIED": VERIFIED})
 
     def process(self, output, rc):
         return parse_cache(output)

@@ -7,6 +7,7 @@ import sys
 from invoke import Collection, Exit, task
 
 from converge.errors import ConvergeError
+from converge.hostlock import changing_line
 
 from . import runs
 
@@ -131,8 +132,7 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
     print_table(data, report.console)
     for host, extra in report.extra.items():
         if extra.get("lock_held_by"):  # read, not waited for: the checks saw the host mid-run
-            report.console.print(f"[yellow]CHANGING {host}: another run holds its lock ({extra['lock_held_by']}); "
-                                 f"these checks saw it mid-run: run invoke verify again when it is done[/yellow]",
+            report.console.print(f"[yellow]{changing_line(host, extra['lock_held_by'], 'invoke verify')}[/yellow]",
                                  highlight=False)
     if not results and reached:
         report.console.print(output[-3000:])

@@ -41,6 +41,13 @@ def _script(name: str, mode: str, wait: float = 0, holder: str = "") -> str:
     return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in params.items()) + _body()
 
 
+def changing_line(host: str, holder: str, again: str) -> str:
+    """What a read-only run says of a host it found locked by a run that changes it (it read the
+    host mid-run, and did not wait): ``again``, the command to run once that run is done."""
+    return f"CHANGING {host}: another run holds its lock ({holder}); this is the host mid-run: run {again} again " \
+           f"when it is done"
+
+
 def lock_script(name: str, wait: float, holder: str) -> str:
     """Take an flock on the host and print ``locked`` (``busy HOLDER`` first if
     another run has it). Whatever follows runs under the lock; the script must

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from converge.hostlock import changing_line
+
 
 def status_document(report, selected: list[str] | None = None) -> dict:
     """The status of the hosts; the monitoring hosts' firing alerts (about the ``selected``
@@ -194,8 +196,7 @@ def _door(state: str | None) -> str:
 def changing_lines(data) -> list[str]:
     """A line for each host that another run was changing as status read it."""
     hosts = {**(data.get("monitoring") or {}), **data["hosts"]}
-    return [f"CHANGING {host}: another run holds its lock ({h['changing']}); this is the host mid-run, "
-            f"run invoke status again when it is done" for host, h in hosts.items() if h.get("changing")]
+    return [changing_line(host, h["changing"], "invoke status") for host, h in hosts.items() if h.get("changing")]
 
 
 def print_lines(data, console):

@@ -112,6 +112,10 @@ def decoded(field_value: str, what: str = "a field") -> str:
         raise ProgramResultError(f"{what} is not base64: {str(field_value)[:80]!r}") from None
 
 
+# the library that reads a NAME=VALUE table's rows by name (a program that is handed one includes it first)
+NAME_VALUE_TABLE = Path(__file__).parent / "name_value_table.sh"
+
+
 @lru_cache(maxsize=None)
 def _read(path: Path) -> str:
     return path.read_text()

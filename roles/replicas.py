@@ -21,6 +21,7 @@ from pathlib import Path
 
 from roles import catalog
 from roles.catalog import DEFAULT_FAMILY
+from roles.host_programs import NAME_VALUE_TABLE
 
 DEFAULT_SERVICE = "vllm-diffusiongemma"
 UNIT_DIR = "/etc/systemd/system"
@@ -175,7 +176,8 @@ def chosen(indices, wanted: int | None) -> list[int]:
 
 
 # the table's reader for host-side programs, a library they start with
-TABLE_READER = Path(__file__).with_suffix(".sh")
+# what a host program that is handed the table includes to read it (its functions: roles/replicas.sh)
+TABLE_READER = (NAME_VALUE_TABLE, Path(__file__).with_suffix(".sh"))
 # the replica table's fields, each a NAME=VALUE word of a replica's line (roles/replicas.sh reads
 # them by name): what host-side programs know of a replica
 TABLE_FIELDS = ("index", "unit", "container", "port", "server", "gpus")

@@ -7,14 +7,11 @@
 
 # each replica's field $1 of the table $2, a line each, in the table's order
 table_field() {
-  printf '%s\n' "$2" | awk -v name="$1" '{
-    for (k = 1; k <= NF; k++) { e = index($k, "="); if (substr($k, 1, e - 1) == name) print substr($k, e + 1) } }'
+  printf '%s\n' "$2" | awk -v name="$1" "$ROW_AWK"' NF { fields(); if (name in f) print f[name] }'
 }
 # the fields $1 and $2 of each replica of the table $3 as one word, FIRST=SECOND, a line each
 table_pairs() {
-  printf '%s\n' "$3" | awk -v a="$1" -v b="$2" '{
-    split("", f); for (k = 1; k <= NF; k++) { e = index($k, "="); f[substr($k, 1, e - 1)] = substr($k, e + 1) }
-    if (NF) print f[a] "=" f[b] }'
+  printf '%s\n' "$3" | awk -v a="$1" -v b="$2" "$ROW_AWK"' NF { fields(); print f[a] "=" f[b] }'
 }
 # the replica of index $1 of the table $2: I, U (its unit), C (its container), P (its port),
 # S (its server), WANT_GPUS (its GPUs, sorted, blank-separated; none: not checked)
@@ -23,10 +20,9 @@ use_replica() {
   # empty field's place for read
   # shellcheck disable=SC2034 # what it tells the program that includes it
   read -r I U C P S WANT_GPUS <<REPLICA
-$(printf '%s\n' "$2" | awk -v i="$1" '{
-    split("", f); for (k = 1; k <= NF; k++) { e = index($k, "="); f[substr($k, 1, e - 1)] = substr($k, e + 1) }
-    if (NF && f["index"] == i) { gpus = f["gpus"]; gsub(",", " ", gpus)
-      print f["index"], f["unit"], f["container"], f["port"], f["server"], (gpus == "" ? "-" : gpus); exit } }')
+$(printf '%s\n' "$2" | awk -v i="$1" "$ROW_AWK"' NF { fields(); if (f["index"] == i) { gpus = f["gpus"]
+    gsub(",", " ", gpus); print f["index"], f["unit"], f["container"], f["port"], f["server"], (gpus == "" ? "-" : gpus)
+    exit } }')
 REPLICA
   [ "$WANT_GPUS" = "-" ] && WANT_GPUS=""
   return 0

@@ -250,7 +250,7 @@ def test_the_replica_table_is_read_on_the_host_by_name_as_it_is_written(shell):
         probe = ("for i in $(table_field index \"$T\"); do use_replica \"$i\" \"$T\"; "
                  "printf '%s|%s|%s|%s|%s|%s\\n' \"$I\" \"$U\" \"$C\" \"$P\" \"$S\" \"$WANT_GPUS\"; done; "
                  "table_pairs unit port \"$T\"")
-        proc = subprocess.run([shell, "-c", TABLE_READER.read_text() + probe], env={"T": table, "PATH": "/usr/bin:/bin"},
+        proc = subprocess.run([shell, "-c", "".join(p.read_text() for p in TABLE_READER) + probe], env={"T": table, "PATH": "/usr/bin:/bin"},
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()

@@ -70,7 +70,7 @@ ROLL = Protocol("the roll", markers={
     "rolled-back": "MS: back on what it ran, ready and in service",
     "rollback-failed": "WHY: going back failed too",
     **READY_MARKERS}, exits={"failed": 4, "rolled_back": 5, "rollback_failed": 6, "write_failed": 7})
-PROGRAM = Program((PRELUDE, TABLE_READER, ADMIN_LIBRARY, READY, FILES / "roll.sh"), ROLL)
+PROGRAM = Program((PRELUDE, *TABLE_READER, ADMIN_LIBRARY, READY, FILES / "roll.sh"), ROLL)
 
 THROTTLE = "rollout"
 ACTIONS = ("restart", "start", "stop", "recover", "remove")

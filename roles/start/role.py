@@ -18,7 +18,7 @@ from roles.serving_host import env_path, is_running, record_path, restart, step_
 
 START = Protocol("start and wait", markers={"start-failed": "systemctl start failed", **READY_MARKERS},
                  exits={"failed": 3, "timeout": 4})
-PROGRAM = Program((PRELUDE, TABLE_READER, READY, Path(__file__).parent / "files" / "start.sh"), START)
+PROGRAM = Program((PRELUDE, *TABLE_READER, READY, Path(__file__).parent / "files" / "start.sh"), START)
 
 
 def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:

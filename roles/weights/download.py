@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 from converge.changes import Transfer
 from converge.errors import StepFailed
-from roles.host_programs import Program, Protocol
+from roles.host_programs import NAME_VALUE_TABLE, Program, Protocol
 
 from .cache import VERIFIED, repo_dir
 
@@ -77,7 +77,7 @@ FETCH = Protocol("download", markers={
     "nospace": "NEED FREE: bytes still to fetch, bytes free (nothing fetched)",
     "complete": "COMMIT: every file here, the snapshot and ref laid out"},
     exits={"failed": 3, "no_space": 4, "no_folder": 5})
-FETCH_PROGRAM = Program((HUB, FILES / "fetch.sh"), FETCH)
+FETCH_PROGRAM = Program((HUB, NAME_VALUE_TABLE, FILES / "fetch.sh"), FETCH)
 
 
 def _token(token: str | None) -> str:

@@ -20,8 +20,7 @@ rm -f "$REPO"/blobs/*.????????.incomplete
 
 # the fields of each file of $FILES that the arguments name, in that order, "-" for an empty one
 files() {
-  printf '%s\n' "$FILES" | awk -v names="$*" 'BEGIN { n = split(names, want, " ") } NF {
-    split("", f); for (k = 1; k <= NF; k++) { e = index($k, "="); f[substr($k, 1, e - 1)] = substr($k, e + 1) }
+  printf '%s\n' "$FILES" | awk -v names="$*" "$ROW_AWK"' BEGIN { n = split(names, want, " ") } NF { fields()
     line = ""; for (k = 1; k <= n; k++) line = line (k > 1 ? " " : "") (f[want[k]] == "" ? "-" : f[want[k]]); print line }'
 }
 # how many of the files' bytes are here, now and every 2 s, for the progress display (sleep away

@@ -57,7 +57,7 @@ class ServiceProbe(Fact):
         containers = {}
         for line in decoded(result["containers"], "the containers").splitlines():
             name, _, state = line.partition(" ")
-            containers[name] = state.strip() or "?"
+            containers[name.lstrip("/")] = state.strip() or "?"
         found = {}
         for unit, seen in (result["units"] or {}).items():
             ident = from_unit(self.v, unit)

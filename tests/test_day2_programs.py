@@ -150,7 +150,9 @@ def replica_host(tmp_path, units: dict, containers: str = "") -> dict:
     bin_dir.mkdir()
     cases = "".join(f"  {unit}) echo {pid};;\n" for unit, pid in units.items())
     (bin_dir / "systemctl").write_text(f"#!/bin/sh\ncase $5 in\n{cases}  *) echo 0;;\nesac\n")
-    (bin_dir / "podman").write_text(f"#!/bin/sh\nprintf '{containers}'\n")
+    # `ps -aq` the ids, `inspect` each one's name and state (docker's names start with "/")
+    (bin_dir / "podman").write_text(f"#!/bin/sh\ncase $1 in\n  ps) printf 'id1\\nid2\\nid3\\n';;\n"
+                                    f"  inspect) [ \"$4 $5 $6\" = 'id1 id2 id3' ] && printf '{containers}';;\nesac\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     return {"env": {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
@@ -227,7 +229,7 @@ def test_the_status_probe_reads_each_replica_from_what_runs(pages, tmp_path):
     process = a_replica_process(vllm.port)
     try:
         host = replica_host(tmp_path, {zero.unit: process.pid, two.unit: 0},
-                            containers=f"{zero.container} running\\n{two.container} exited\\nstranger running\\n")
+                            containers=f"{zero.container} running\\n/{two.container} exited\\nstranger running\\n")
         script = readings.REPLICAS_PROGRAM.script({"RUNTIME": "podman", "UNIT_GLOBS": host["globs"],
                                                    "FIRST_UNIT": zero.unit})
         out = run(script, host["env"])

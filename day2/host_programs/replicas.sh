@@ -4,7 +4,7 @@
 # in force, not the file's), its /health and its load (vLLM's own gauges), asked on the port that
 # command line names. No replica's name or port is made here.
 # Parameters: RUNTIME, UNIT_GLOBS (blank-separated), FIRST_UNIT.
-# Result: containers (the runtime's "NAME STATE" lines, in base64) and units (each unit -> its
+# Result: containers (the runtime's "NAME STATE" lines, in base64; a docker NAME starts with "/") and units (each unit -> its
 # "argv" (its NUL-separated words in base64; empty: no process), "health" (/health's HTTP
 # status; empty: not asked) and "load" ("running,waiting,kv-cache"; empty: no answer)).
 found=""
@@ -25,5 +25,8 @@ for u in $(replica_units); do
   fi
   found="$found${found:+, }\"$u\": {\"argv\": \"$argv\", \"health\": \"$health\", \"load\": \"$load\"}"
 done
-containers=$("$RUNTIME" ps -a --format '{{.Names}} {{.State}}' 2>/dev/null | base64 -w0)
+# every container's state as inspect says it (running, exited, created...; ps's own State column
+# is words, "Up 8 seconds ago", on podman 4.3); docker's names start with "/"
+containers=$("$RUNTIME" ps -aq 2>/dev/null | xargs -r "$RUNTIME" inspect --format '{{.Name}} {{.State.Status}}' \
+             2>/dev/null | base64 -w0)
 printf '@result {"containers": "%s", "units": {%s}}\n' "$containers" "$found"

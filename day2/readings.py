@@ -32,6 +32,33 @@ def replica_units(v: dict) -> dict:
     return {"UNIT_GLOBS": " ".join(unit_globs(v)), "FIRST_UNIT": replica(v, 0).unit}
 
 
+def by_replica(v: dict, units: dict) -> dict:
+    """What a program said of each replica unit (unit -> what), by the replica's index: which
+    replica a unit is, is read here (roles/replicas.py); a unit of none is left out."""
+    found = {}
+    for unit, what in (units or {}).items():
+        ident = from_unit(v, unit)
+        if ident is not None:
+            found[ident.index] = (ident, what)
+    return found
+
+
+def pages_script(program: Program, pages: dict) -> str:
+    """files/pages.sh asking each page (name -> (seconds it may take, URL)) on the host itself."""
+    return program.script({"PAGES": "\n".join(f"{name} {int(seconds)} {url}" for name, (seconds, url) in pages.items())})
+
+
+def read_pages(protocol: Protocol, output: str) -> dict:
+    """Each page `pages_script` asked: name -> (its text, None), or ("", why it did not answer)."""
+    found = protocol.result_of(output)
+    pages = {}
+    for name, page in found.items():
+        body = decoded(page.get("body", "") if isinstance(page, dict) else "", f"the page {name}")
+        rc = page.get("rc") if isinstance(page, dict) else None
+        pages[name] = (body, None) if rc == 0 else ("", body.strip()[-200:] or f"curl exit {rc}")
+    return pages
+
+
 REPLICAS = Protocol("the replicas' containers, processes, health and load", result={
     "containers": "the runtime's containers: NAME STATE lines (base64)",
     "units": "each replica unit -> its argv (base64), /health's status and load"})
@@ -59,15 +86,14 @@ class ServiceProbe(Fact):
             name, _, state = line.partition(" ")
             containers[name.lstrip("/")] = state.strip() or "?"
         found = {}
-        for unit, seen in (result["units"] or {}).items():
-            ident = from_unit(self.v, unit)
-            if ident is None or not isinstance(seen, dict):
+        for index, (ident, seen) in by_replica(self.v, result["units"]).items():
+            if not isinstance(seen, dict):
                 continue
             # the command line it runs (empty: no process), its NUL-separated words
-            argv = decoded(seen.get("argv", ""), f"{unit}'s command line").split("\0") if seen.get("argv") else []
-            found[ident.index] = {"container": containers.get(ident.container, "absent"),
-                                  "health": seen.get("health") or "", "load": parse_load(seen.get("load") or ""),
-                                  "diffusion": diffusion_in_force(argv), "generation": generation_in_force(argv)}
+            argv = decoded(seen.get("argv", ""), f"{ident.unit}'s command line").split("\0") if seen.get("argv") else []
+            found[index] = {"container": containers.get(ident.container, "absent"),
+                            "health": seen.get("health") or "", "load": parse_load(seen.get("load") or ""),
+                            "diffusion": diffusion_in_force(argv), "generation": generation_in_force(argv)}
         return found
 
 
@@ -90,10 +116,11 @@ SERVING_HOST = Protocol("a serving host's figures", result={
     "targets": "its scrape targets (base64)", "replicas": "each replica unit -> its /metrics (base64)",
     "frontdoor": "its front door's stats page (base64)", "gpu": "the GPU collector's textfile (base64)"})
 SERVING_HOST_PROGRAM = Program((PROGRAMS / "units.sh", PROGRAMS / "serving_host.sh"), SERVING_HOST)
+PAGES = PROGRAMS / "pages.sh"
 GATEWAY_READING = Protocol("a gateway's stats and usage", result={
-    "stats_rc": "curl's exit status", "stats": "its stats page, CSV (base64)",
-    "usage_rc": "curl's exit status", "usage": "its usage service's /metrics (base64)"})
-GATEWAY_PROGRAM = Program((PROGRAMS / "gateway.sh",), GATEWAY_READING)
+    "stats": "its stats page, CSV: curl's rc and body (base64)",
+    "usage": "its usage service's /metrics: curl's rc and body (base64)"})
+GATEWAY_PROGRAM = Program((PAGES,), GATEWAY_READING)
 
 
 def host_script(v: dict) -> str:
@@ -107,20 +134,18 @@ def host_script(v: dict) -> str:
 def gateway_script() -> str:
     """The gateway's stats page (each pool's front doors and their states) and its usage
     service's counts per key: `invoke status` reads the first, `invoke top` both."""
-    return GATEWAY_PROGRAM.script({"STATS_URL": f"http://127.0.0.1:{GATEWAY.metrics_port}/stats;csv",
-                                   "USAGE_URL": f"http://127.0.0.1:{USAGE_PORT}/metrics"})
+    return pages_script(GATEWAY_PROGRAM, {"stats": (5, f"http://127.0.0.1:{GATEWAY.metrics_port}/stats;csv"),
+                                          "usage": (3, f"http://127.0.0.1:{USAGE_PORT}/metrics")})
 
 
 def read_gateway(output: str) -> dict:
     """What `gateway_script` found: ``stats`` and ``usage`` (text; empty when it got none),
     ``error`` (why the stats page did not answer, None when it did)."""
     try:
-        found = GATEWAY_READING.result_of(output)
+        pages = read_pages(GATEWAY_READING, output)
     except ProgramResultError as exc:
         return {"stats": "", "usage": "", "error": str(exc)}
-    stats, usage = decoded(found["stats"], "the stats page"), decoded(found["usage"], "the usage page")
-    return {"stats": stats if found["stats_rc"] == 0 else "", "usage": usage if found["usage_rc"] == 0 else "",
-            "error": None if found["stats_rc"] == 0 else (stats.strip()[-200:] or f"curl exit {found['stats_rc']}")}
+    return {"stats": pages["stats"][0], "usage": pages["usage"][0], "error": pages["stats"][1]}
 
 
 @dataclass
@@ -139,11 +164,8 @@ def read_host(output: str, at: float, v: dict) -> HostReading:
         found = SERVING_HOST.result_of(output)
     except ProgramResultError:
         found = {"targets": "", "replicas": {}, "frontdoor": "", "gpu": ""}
-    metrics = {}
-    for unit, text in (found["replicas"] or {}).items():
-        ident = from_unit(v, unit)
-        if ident is not None:
-            metrics[ident.index] = decoded(text, f"{unit}'s /metrics")
+    metrics = {index: decoded(text, f"{ident.unit}'s /metrics")
+               for index, (ident, text) in by_replica(v, found["replicas"]).items()}
     groups = {int(r["index"]): r for r in
               scrape_targets.replicas_of(scrape_targets.parse(decoded(found["targets"], "the scrape targets")))}
     replicas = {i: (groups[i], exposition.parse(metrics.get(i, ""))) for i in groups}
@@ -184,9 +206,8 @@ class GatewayServers(Fact):
 
 # ---------------------------------------------------------------- the alerts that fire
 
-ALERTS = Protocol("Alertmanager's firing alerts", result={"rc": "curl's exit status",
-                                                          "body": "Alertmanager's answer, or curl's error (base64)"})
-ALERTS_PROGRAM = Program((PROGRAMS / "alerts.sh",), ALERTS)
+ALERTS = Protocol("Alertmanager's firing alerts", result={"alerts": "its answer: curl's rc and body (base64)"})
+ALERTS_PROGRAM = Program((PAGES,), ALERTS)
 
 
 class FiringAlerts(Fact):
@@ -195,17 +216,16 @@ class FiringAlerts(Fact):
 
     def __init__(self, v: dict):
         port = int(v.get("alertmanager_port", 9093))
-        self.command = ALERTS_PROGRAM.script(
-            {"URL": f"http://127.0.0.1:{port}/api/v2/alerts?active=true&silenced=false&inhibited=false"})
+        self.command = pages_script(ALERTS_PROGRAM, {"alerts": (
+            5, f"http://127.0.0.1:{port}/api/v2/alerts?active=true&silenced=false&inhibited=false")})
 
     def process(self, output, rc):
         try:
-            found = ALERTS.result_of(output)
-            body = decoded(found["body"], "Alertmanager's answer")
+            body, error = read_pages(ALERTS, output)["alerts"]
         except ProgramResultError as exc:
             return {"error": str(exc), "alerts": []}
-        if found["rc"] != 0:
-            return {"error": body.strip()[-200:] or f"curl exit {found['rc']}", "alerts": []}
+        if error is not None:
+            return {"error": error, "alerts": []}
         try:
             alerts = json.loads(body)
         except ValueError:

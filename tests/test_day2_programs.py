@@ -87,7 +87,8 @@ def run(script: str, env: dict | None = None) -> str:
 
 def test_the_gateway_reading_carries_its_stats_and_usage_pages_whole(pages, monkeypatch):
     gateway = pages({"/stats;csv": (200, STATS), "/metrics": (200, ODD)})
-    script = readings.GATEWAY_PROGRAM.script({"STATS_URL": gateway.url("/stats;csv"), "USAGE_URL": gateway.url("/metrics")})
+    script = readings.pages_script(readings.GATEWAY_PROGRAM, {"stats": (5, gateway.url("/stats;csv")),
+                                                              "usage": (3, gateway.url("/metrics"))})
     found = readings.read_gateway(run(script))
     assert found == {"stats": STATS.rstrip("\n"), "usage": ODD, "error": None}  # (the shell drops a last \n)
     monkeypatch.setattr(readings.GatewayServers, "command", script)
@@ -97,8 +98,8 @@ def test_the_gateway_reading_carries_its_stats_and_usage_pages_whole(pages, monk
 
 def test_a_gateway_that_does_not_answer_is_said_so_with_curls_words():
     port = closed_port()
-    out = run(readings.GATEWAY_PROGRAM.script({"STATS_URL": f"http://127.0.0.1:{port}/stats;csv",
-                                               "USAGE_URL": f"http://127.0.0.1:{port}/metrics"}))
+    out = run(readings.pages_script(readings.GATEWAY_PROGRAM, {"stats": (5, f"http://127.0.0.1:{port}/stats;csv"),
+                                                               "usage": (3, f"http://127.0.0.1:{port}/metrics")}))
     servers = readings.GatewayServers().process(out, 0)
     assert not servers["ok"] and servers["servers"] == [] and "Failed to connect" in servers["error"], servers
     assert readings.read_gateway(out)["usage"] == ""
@@ -212,7 +213,8 @@ def test_a_result_line_missing_or_not_as_declared_is_refused_by_name():
         readings.GATEWAY_READING.result_of('@result {"rc": 0}\n')
     with pytest.raises(ProgramResultError, match="not JSON"):
         readings.GATEWAY_READING.result_of('@result {"stats_rc": 0, \n')
-    last = '@result {"rc": 1, "body": ""}\n@result {"rc": 0, "body": "%s"}\n' % base64.b64encode(b"[]").decode()
+    last = '@result {"alerts": {"rc": 1, "body": ""}}\n@result {"alerts": {"rc": 0, "body": "%s"}}\n' % \
+        base64.b64encode(b"[]").decode()
     assert readings.FiringAlerts({}).process(last, 0) == {"error": None, "alerts": []}  # the last line counts
 
 

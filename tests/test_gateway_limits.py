@@ -171,7 +171,10 @@ class Fleet:
         self.keys = {name: f"sk-{name}-key" for name in KEYS}
         names = ("gateway01", "gateway02")
         self.peer_ports = peer_ports = {n: _free_port() for n in names}
-        self.gateways = {n: Gateway(n, tmp / n, _free_port(), _free_port()) for n in names}
+        # the gateways' files in a short folder: a unix socket's path is at most 97 characters, and
+        # pytest's own folders grow with the test's name and its run's number (pytest-of-root/pytest-118/...)
+        self.files = Path(tempfile.mkdtemp(prefix="gateways-"))
+        self.gateways = {n: Gateway(n, self.files / n, _free_port(), _free_port()) for n in names}
         dead = _free_port()
         for i, (name, gw) in enumerate(self.gateways.items()):
             gw.dir.mkdir()
@@ -263,6 +266,7 @@ class Fleet:
                     proc.wait(10)
         self.door.shutdown()
         self.upstream.shutdown()
+        shutil.rmtree(self.files, ignore_errors=True)
 
 
 def _until(check, what: str, timeout: float = 15):

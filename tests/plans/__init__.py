@@ -13,18 +13,25 @@ The roles run in their order up to the role under test, through the runner's own
 executor (converge.runner.HostRun.converge) in check mode, as ``deploy --check`` runs
 them: a step needed or not, a change and the handlers it notifies, the steps that
 changed before it (a new environment file restarting the front door), the values steps
-produce or decide. A probe is answered with the case's recorded output. The case states
-the intent of each step of its role (its status, what it notifies, what it produces, a
-digest of its script or content); the text behind each digest is in the case's snapshot
-(``snapshots/<role>/<name>.txt``), so that a script change reads as one diff there.
+produce or decide. A probe is answered with the case's recorded output. What the role does
+is the case's snapshot (``snapshots/<role>/<name>.txt``): a line a step (its status, what it
+notifies, produces or says it would do), and below it the text behind it, a file's content
+or a command's script. A program file a script holds whole is named by its path and digest,
+not shown (its own tests read it); a file it writes is shown as its text, not its base64; a
+text the same as, or close to, one shown before it (above, or in an earlier case of the
+role) is shown as that, or as a diff from it, changes marked word by word. A case holds
+only what is its own: what most of its role's cases share is in ``defaults/<role>.json``.
 """
 from __future__ import annotations
 
+import base64
+import difflib
 import fnmatch
 import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -56,7 +63,11 @@ def _sets(obj):
 
 
 def load(path: Path) -> dict:
-    return json.loads(path.read_text(), object_hook=_sets)
+    """A case, over its role's defaults (``defaults/<role>.json``: what most of its cases share, as
+    an Ansible role's defaults are; a key the case sets replaces the default's whole)."""
+    defaults = HERE / "defaults" / f"{path.parent.name}.json"
+    base = json.loads(defaults.read_text(), object_hook=_sets) if defaults.exists() else {}
+    return {**base, **json.loads(path.read_text(), object_hook=_sets)}
 
 
 def _merged(base, change, depth: int):
@@ -216,35 +227,70 @@ def _program_files() -> tuple:
     return tuple(sorted((t for t in texts if len(t[1]) >= SMALLEST_NAMED), key=lambda t: -len(t[1])))
 
 
+# a file a script writes (converge.changes' atomic write): shown as its text, not its base64
+BASE64_HEREDOC = re.compile(r"(base64 -d >\S+ <<'(__CONVERGE_EOF__)'\n)([A-Za-z0-9+/=\n]*?)(__CONVERGE_EOF__\n)")
+
+
+def _decoded(match: re.Match) -> str:
+    try:
+        text = base64.b64decode(match.group(3), validate=False).decode()
+    except (ValueError, UnicodeDecodeError):
+        return match.group(0)
+    return f"{match.group(1)}@base64 of:\n{text}{'' if text.endswith(chr(10)) else chr(10)}{match.group(4)}"
+
+
+# a line longer than this is shown broken before each of its options (a command line in a unit), so
+# that a diff shows the option that changed
+LONGEST_LINE = 160
+OPTION = re.compile(r" (?=--[A-Za-z])")
+
+
+def _broken(line: str) -> str:
+    return OPTION.sub(" \\\n    ", line) if len(line) > LONGEST_LINE else line
+
+
 def as_shown(text: str) -> str:
-    """A script or file as its snapshot shows it: each program file it holds whole named by its
-    path and digest."""
+    """A script or file as its snapshot shows it: a file it writes as its text, a long command line
+    broken before its options, and each program file it holds whole named by its path and digest."""
+    text = BASE64_HEREDOC.sub(_decoded, text)
     for path, body in _program_files():
         if body in text:
             lines = body.count("\n")
             text = text.replace(body, f"@file {path} {_digest(body)} ({lines} lines)\n")
-    return text
+    return "".join(_broken(line) for line in text.splitlines(keepends=True))
 
 
-def describe(taken: Taken) -> tuple[dict, list[tuple[str, str]]]:
-    """A step as the case writes it, and the texts (title, text) its snapshot keeps."""
+@dataclass
+class Shown:
+    """A step as its case's snapshot shows it: what it is (``head``), the rest of its line (its
+    status and what else it declares, ``fields``), and the text behind it (a file's content, a
+    command's script) when the step is needed."""
+    head: str
+    fields: dict
+    text: str | None = None
+
+    @property
+    def line(self) -> str:
+        return "== " + self.head + "".join(f" | {k}: {v if isinstance(v, str) else json.dumps(v)}"
+                                           for k, v in self.fields.items())
+
+
+def describe(taken: Taken) -> Shown:
     step, result = taken.step, taken.result
     status = result.status if result is not None else "ok"
     if isinstance(step, Decision):
-        return {"decision": step.name, "produces": step.produces.name}, []
+        return Shown(f"decision {step.name}", {"produces": step.produces.name})
     if isinstance(step, Check):
-        return {"check": step.name, "status": status, "message": step.message}, []
+        return Shown(f"check {step.name}", {"status": status, "message": step.message})
     kind = "handler" if taken.handler else "file" if isinstance(step, File) else "command"
-    out = {kind: step.name, "status": status}
+    shown = Shown(f"{kind} {step.name}", {"status": status})
+    out = shown.fields
     if step.notify:
         out["notify"] = list(step.notify)
-    texts = []
     if isinstance(step, File):
         out.update(path=step.path, mode=step.mode, owner=f"{step.owner}:{step.group}")
         if step.needed():
-            text = mask_secret(step.content, step.is_env()) if step.secret else step.content
-            out["content"] = _digest(text)
-            texts.append((f"{taken.role} | {step.name}: {step.path}", text))
+            shown.text = mask_secret(step.content, step.is_env()) if step.secret else step.content
     elif isinstance(step, Command):
         out.update({k: True for k in ("background", "probe", "maybe") if getattr(step, k)})
         if not step.changes:
@@ -257,11 +303,10 @@ def describe(taken: Taken) -> tuple[dict, list[tuple[str, str]]]:
             out["satisfies"] = list(step.satisfies)
         if step.needed():
             out["describe"] = step.describe  # what check mode says it would do, and why
-            out["script"] = _digest(step.script)
-            texts.append((f"{taken.role} | {'handler: ' if taken.handler else ''}{step.name}", step.script))
+            shown.text = step.script
     if result is not None and status in ("failed", "skipped") and result.message:
         out["message"] = result.message
-    return out, texts
+    return shown
 
 
 def _file_facts(case: dict, v: dict) -> tuple[dict, dict]:
@@ -331,21 +376,90 @@ def settle(case: dict) -> Facts:
     raise AssertionError(f"{case['role']}: the host does not settle: each plan wants other files than the last")
 
 
-def plan(case: dict) -> tuple[list[dict], str]:
-    """The steps of the case's role as the executor took them (check mode), and its snapshot."""
+def plan(case: dict, earlier: tuple = ()) -> tuple[list[Shown], str]:
+    """The steps of the case's role as the executor took them (check mode), and its snapshot: a line
+    a step, with the text behind it shown whole, or as the same as, or a diff from, a text shown
+    before it (above in this snapshot, or in ``earlier``: (case name, steps) of the role's cases
+    before this one)."""
+    steps = taken(case)
+    return steps, snapshot_of(steps, earlier)
+
+
+def taken(case: dict) -> list[Shown]:
+    """The steps of the case's role, each as its snapshot shows it."""
     done = run(case, settle(case) if case.get("settled") else None)
-    steps, texts = [], []
-    for taken in done.taken:
-        if taken.role != case["role"]:
-            continue
-        described, shown = describe(taken)
-        steps.append(described)
-        texts += shown
+    steps = [describe(step) for step in done.taken if step.role == case["role"]]
     # what stopped the host before its role, or the role's own plan
     for task in done.report.tasks:
         if task.status == "failed" and (task.role != case["role"] or task.task == "plan"):
-            steps.append({"stopped" if task.role != case["role"] else "failed": f"{task.role} | {task.task}: "
-                                                                                  f"{task.message}"})
-    snapshot = "".join(f"==== {title} ({_digest(text)})\n{as_shown(text)}{'' if text.endswith(chr(10)) else chr(10)}"
-                       for title, text in texts)
-    return steps, snapshot
+            kind = "stopped" if task.role != case["role"] else "failed"
+            steps.append(Shown(f"{kind} {task.role} | {task.task}", {"message": task.message}))
+    return steps
+
+
+# a text is shown as a diff from one shown before when that diff is this much of it or less
+DIFF_AT_MOST = 0.6
+
+
+WORD = re.compile(r"\w+|\s+|.")
+
+
+def _changed_line(before: str, after: str) -> str:
+    """A line changed in place, its changes marked word by word as ``git diff --word-diff`` does."""
+    a, b = WORD.findall(before), WORD.findall(after)
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            out.append("".join(a[i1:i2]))
+            continue
+        if i2 > i1:
+            out.append("[-" + "".join(a[i1:i2]) + "-]")
+        if j2 > j1:
+            out.append("{+" + "".join(b[j1:j2]) + "+}")
+    return "~" + "".join(out) + "\n"
+
+
+def _diff(before: str, after: str) -> str:
+    """What changed from ``before`` to ``after``: each hunk headed by its line in ``after``
+    (``@@ N``); a line changed in place once, marked word by word (``~``), else the lines taken out
+    (``-``) and put in (``+``)."""
+    a, b = before.splitlines(), after.splitlines()
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        out.append(f"@@ {j1 + 1}\n")
+        if op == "replace" and i2 - i1 == j2 - j1:
+            out += [_changed_line(x, y) for x, y in zip(a[i1:i2], b[j1:j2])]
+            continue
+        out += [f"-{line}\n" for line in a[i1:i2]] + [f"+{line}\n" for line in b[j1:j2]]
+    return "".join(out)
+
+
+def _closest(shown: str, before: list[tuple[str, str]]) -> str | None:
+    """``shown`` as the same as, or a diff from, the text of ``before`` (where, text) it is closest to."""
+    best = None
+    for where, other in before:
+        if other == shown:
+            return f"@same as {where}\n"
+        matcher = difflib.SequenceMatcher(None, other.splitlines(), shown.splitlines(), autojunk=False)
+        if matcher.quick_ratio() < 1 - DIFF_AT_MOST:
+            continue
+        text = f"@diff from {where}\n{_diff(other, shown)}"
+        if len(text) <= DIFF_AT_MOST * len(shown) and (best is None or len(text) < len(best)):
+            best = text
+    return best
+
+
+def snapshot_of(steps: list[Shown], earlier: tuple = ()) -> str:
+    before = [(f"{name}: {step.head}", as_shown(step.text)) for name, shown in earlier for step in shown
+              if step.text is not None]
+    out = []
+    for step in steps:
+        out.append(step.line + "\n")
+        if step.text is None:
+            continue
+        shown = as_shown(step.text)
+        out.append(_closest(shown, before) or (shown if shown.endswith("\n") else shown + "\n"))
+        before.append((f"above: {step.head}", shown))
+    return "".join(out)

@@ -2,7 +2,7 @@
 and the cases' hosts' certificates, valid for a century so that the cases' expected
 files never change with the date, a user's key hash, the gateway's key and the monitoring key. Test
 fixtures only: no real host trusts this CA. ``python3 -m tests.plans.make_credentials``
-(rerun only to replace them; the cases' steps then change: PLAN_CASES_WRITE=1)."""
+(rerun only to replace them; the cases' snapshots then change: PLAN_CASES_WRITE=1)."""
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@ with the gateway's own configuration, Lua and usage service: two gateways that s
 counts (peers over TLS), before a stand-in front door that answers as vLLM does (usage in
 each answer, in every chunk of a stream). The lab's tests (tests/lab/test_lab_limits.py) do
 the same through the shared address, the real front doors and the OpenAI SDK."""
+import io
 import json
 import os
 import shutil
@@ -738,3 +739,87 @@ def test_the_usage_service_reads_records_it_can_and_skips_the_rest():
     api._ask = lambda commands: sent.extend(commands) or ""
     api.set_counts("tokens_day", [("k:1", 2 ** 32 + 5), ("k:2", 7)])
     assert sent == ["set table tokens_day key k:1 data.gpc0 4294967295", "set table tokens_day key k:2 data.gpc0 7"]
+
+
+def _usage_service():
+    sys.path.insert(0, str(SERVICE.parent))
+    try:
+        import usage_service
+    finally:
+        sys.path.remove(str(SERVICE.parent))
+    return usage_service
+
+
+def _process(proc: Path, pid: int, cgroup: str, started: int, command: str = "haproxy"):
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "cgroup").write_text(cgroup)
+    fields = ["S"] + ["0"] * 18 + [str(started)] + ["0"] * 10
+    (proc / str(pid) / "stat").write_text(f"{pid} ({command} with) spaces) " + " ".join(fields) + "\n")
+    (proc / str(pid) / "cmdline").write_text(command.replace(" ", "\0") + "\0")
+
+
+def test_a_record_is_taken_from_haproxys_processes_alone(tmp_path):
+    """Who may send records: the processes in the control group of the one that opened HAProxy's
+    runtime API (SO_PEERCRED; here this test's own listening socket), found in a /proc laid out
+    for the test: a worker in that group is taken, a process in another is not, a worker's pid used
+    again by a stranger is checked again, and a worker that sent and then ended is still taken."""
+    usage_service = _usage_service()
+    api_dir = Path(tempfile.mkdtemp(prefix="api", dir="/tmp"))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(api_dir / "admin.sock"))
+        listener.listen(8)
+        proc = tmp_path / "proc"
+        _process(proc, os.getpid(), "0::/machine.slice/libpod-gateway.scope\n", 100)  # the master
+        _process(proc, 4242, "0::/machine.slice/libpod-gateway.scope\n", 200)  # a worker
+        _process(proc, 4343, "0::/user.slice/user-1000.slice/session-3.scope\n", 300, "python3 forge.py")
+        senders = usage_service.Senders(str(api_dir / "admin.sock"), proc=str(proc))
+        assert senders.allows(4242)
+        assert not senders.allows(4343), "a local process outside HAProxy's group"
+        assert not senders.allows(99999), "a pid that is not there"
+        _process(proc, 4242, "0::/user.slice/user-1000.slice/session-3.scope\n", 400, "python3 forge.py")
+        assert not senders.allows(4242), "the worker's pid, used again by another process"
+        _process(proc, 4244, "0::/machine.slice/libpod-gateway.scope\n", 500)
+        assert senders.allows(4244)
+        shutil.rmtree(proc / "4244")
+        assert senders.allows(4244), "a worker that sent its records, then ended (a reload)"
+    finally:
+        listener.close()
+        shutil.rmtree(api_dir)
+
+
+def test_the_usage_service_counts_no_record_from_a_stranger(tmp_path):
+    """Real datagrams over a real socket with SO_PASSCRED: from a process in HAProxy's control group
+    (this test's, HAProxy's being this test's too) each is counted; with HAProxy's group elsewhere
+    (a stranger's records) none is, each refused is counted in dgemma_usage_records_refused_total,
+    and the service goes on."""
+    usage_service = _usage_service()
+    folder = Path(tempfile.mkdtemp(prefix="usage", dir="/tmp"))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(folder / "admin.sock"))
+    listener.listen(8)
+    records = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    records.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    records.bind(str(folder / "usage.sock"))
+    usage = usage_service.Usage(str(tmp_path / "state"), 30)
+    senders = usage_service.Senders(str(folder / "admin.sock"))
+    out = io.StringIO()
+    threading.Thread(target=usage_service.receive, args=(records, usage, out, senders), daemon=True).start()
+    line = ('x @record {"t_ms": "%d", "key": "k", "status": "200", "prompt_tokens": "10", '
+            '"completion_tokens": "990", "path": "/v1/chat/completions"}' % (time.time() * 1000))
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sender.sendto(line.encode(), str(folder / "usage.sock"))
+        _until(lambda: "dgemma_key_tokens_today{key=\"k\",user=\"\"} 1000" in usage.metrics({}), "the record counted")
+        senders.RELEARN_S = 3600  # HAProxy's group is now elsewhere: every record here is a stranger's
+        senders.group, senders.known = "0::/elsewhere\n", {}
+        for _ in range(3):
+            sender.sendto(line.encode(), str(folder / "usage.sock"))
+        _until(lambda: "dgemma_usage_records_refused_total 3" in usage.metrics({}), "three records refused")
+        assert "dgemma_key_tokens_today{key=\"k\",user=\"\"} 1000" in usage.metrics({}), "nothing charged"
+        assert out.getvalue().count('"key":"k"') == 1, "a refused record is not written as one"
+    finally:
+        sender.close()
+        records.close()
+        listener.close()
+        shutil.rmtree(folder)

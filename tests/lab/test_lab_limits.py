@@ -7,6 +7,7 @@ and the request records agree with what the clients received, each record with t
 settings of the replica that answered; a front end's users count apart. (The external
 upstream refused to a key that may not spend: tests/lab/test_lab_models.py.)"""
 import json
+import re
 import secrets
 import shlex
 import ssl
@@ -345,6 +346,47 @@ def test_a_stranger_on_the_lab_network_neither_reads_nor_sets_a_count(deployed, 
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+FORGE = """import json, socket, sys, time
+record = {"t_ms": str(int(time.time() * 1000)), "key": sys.argv[1], "status": "200", "prompt_tokens": "999999",
+          "completion_tokens": "0", "path": "/v1/chat/completions"}
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+for _ in range(3):
+    s.sendto(("127.0.0.1:1 [x] api~ b/s 0/0/0/0/0 200 @record " + json.dumps(record)).encode(), "/run/dgemma-gateway/usage.sock")
+"""
+
+
+def test_a_local_process_on_a_gateway_cannot_charge_a_key(deployed, keys):
+    """Root on the gateway that holds the shared address sends the usage service three records that
+    charge a key 999,999 tokens each, as HAProxy's would: none is counted (the service takes records
+    from HAProxy's processes alone), each is counted refused, the journal names the sender, and the
+    key is answered as before; HAProxy's own records are still counted."""
+    spent = keys("forged", "--tokens-per-day", "1000000")
+    name = keys.names["forged"]
+    assert post(spent)[0] == 200
+    day, gateway = int(time.time()) // 86400, holder()
+    spent_now = lambda: int(re.search(r"gpc0=(\d+)", _table(gateway, f"{name}:{day}")).group(1))  # noqa: E731
+    before = spent_now()
+    assert before > 0
+    refused = lambda: int(next(line.split()[1] for line in ssh(gateway, "curl -sS http://127.0.0.1:9466/metrics").stdout.splitlines()  # noqa: E731
+                               if line.startswith("dgemma_usage_records_refused_total ")))
+    was = refused()
+    ssh(gateway, f"python3 -c {shlex.quote(FORGE)} {shlex.quote(name)}")
+    deadline = time.monotonic() + 10
+    while refused() < was + 3:
+        assert time.monotonic() < deadline, "the forged records were not refused"
+        time.sleep(0.3)
+    time.sleep(1)  # the table is told of a charge within 0.1 s
+    assert spent_now() == before, "a forged record reached the count"
+    assert "refused a record from pid" in ssh(gateway, "journalctl -u dgemma-usage.service -n 50 --no-pager").stdout
+    status, data, _ = post(spent)
+    assert status == 200, data
+    deadline = time.monotonic() + 5
+    while spent_now() == before:
+        assert time.monotonic() < deadline, "HAProxy's own record was not counted"
+        time.sleep(0.2)
+    assert spent_now() < 999999
 
 
 def test_a_key_limited_to_one_model_gets_no_other_models_answer_whatever_it_sends(deployed, keys):

@@ -17,6 +17,7 @@ import http.server
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -106,6 +107,7 @@ class Usage:
         # records HAProxy could not deliver (its DroppedLogs: a full socket queue drops a datagram, and
         # its tokens go uncharged): the workers that ended, and the one that runs (pid, count)
         self.lost_before, self.lost_now = 0, (None, 0)
+        self.refused = 0  # records from a process that is not HAProxy's (Senders): not counted
         self.charged = threading.Event()  # tokens to tell the table: it is told at once, not at the next tick
         os.makedirs(folder, mode=0o750, exist_ok=True)
         oldest = day_of(time.time() - retention_days * DAY_S)
@@ -160,6 +162,10 @@ class Usage:
                     self.pending[(day, subject)] = self.pending.get((day, subject), 0) + tokens
                 self.charged.set()
             self.dirty.add(day)
+
+    def note_refused(self):
+        with self.lock:
+            self.refused += 1
 
     def note_lost(self, pid: int, dropped: int):
         """HAProxy's DroppedLogs as its worker ``pid`` counts them (from 0 for each new worker)."""
@@ -258,6 +264,7 @@ class Usage:
                             into[name] += counts.get(name, 0)
             spent = dict(self._day(today)["spent"]) if today in self.days else {}
             lost = self.lost_before + self.lost_now[1]
+            refused = self.refused
         label = lambda **kv: ",".join(f'{k}="{esc(v)}"' for k, v in kv.items())  # noqa: E731
         lines = []
         for name in COUNTS:
@@ -271,6 +278,9 @@ class Usage:
         lines += ["# HELP dgemma_usage_records_lost_total Request records HAProxy could not deliver to the usage "
                   "service (its DroppedLogs): their tokens were not charged", "# TYPE dgemma_usage_records_lost_total counter",
                   f"dgemma_usage_records_lost_total {lost}"]
+        lines += ["# HELP dgemma_usage_records_refused_total Records sent to the usage service by a local process "
+                  "that is not the gateway's HAProxy: not counted", "# TYPE dgemma_usage_records_refused_total counter",
+                  f"dgemma_usage_records_refused_total {refused}"]
         wholes = {s: n for s, n in spent.items() if s.endswith(f"/{ALL_USERS}")}
         for subject, n in sorted(spent.items()):
             key, _, user = subject.partition("/")
@@ -372,9 +382,80 @@ def read_limits(path: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def receive(sock: socket.socket, usage: Usage, records):
+UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid (SO_PASSCRED's message, SO_PEERCRED's answer)
+
+
+class Senders:
+    """Who may send a record: HAProxy's own processes, those in the control group of the process
+    that opened its runtime API (its master; SO_PEERCRED names it: the workers are its children,
+    in its container or its unit). Every datagram carries its sender's pid (SO_PASSCRED, set by
+    the kernel, translated to this pid namespace), so that no other local process can charge a
+    key (the socket's mode lets HAProxy's workers, another user, write to it). A pid found to be
+    HAProxy's is remembered with its start time: a pid used again by another process is checked
+    again, and a worker that sent and then ended (a reload) is still the one that sent."""
+
+    REMEMBERED = 4096
+    RELEARN_S = 1.0
+
+    def __init__(self, runtime_api: str, proc: str = "/proc"):
+        self.runtime_api, self.proc = runtime_api, proc
+        self.group: str | None = None  # HAProxy's control group
+        self.learned = -self.RELEARN_S
+        self.known: dict[int, str] = {}  # pid -> its start time
+        self.last_refused = (None, None)  # (pid, its command line), for the log
+
+    def _read(self, pid: int, name: str) -> str | None:
+        try:
+            with open(f"{self.proc}/{pid}/{name}", "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return None
+
+    def _started(self, pid: int) -> str | None:
+        stat = self._read(pid, "stat")
+        return None if stat is None else stat.rpartition(")")[2].split()[19]  # field 22, starttime
+
+    def _haproxy_group(self) -> str | None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(self.runtime_api)
+            pid, _, _ = UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+        return self._read(pid, "cgroup")
+
+    def allows(self, pid: int) -> bool:
+        started = self._started(pid)
+        if pid in self.known and (started is None or started == self.known[pid]):
+            return True
+        group = self._read(pid, "cgroup") if started is not None else None
+        if group is not None and group != self.group and time.monotonic() - self.learned >= self.RELEARN_S:
+            # not HAProxy's as last known: a restarted HAProxy may be in another group now
+            self.learned = time.monotonic()
+            try:
+                self.group = self._haproxy_group()
+            except OSError:
+                pass
+        if group is not None and group == self.group:
+            if len(self.known) >= self.REMEMBERED:
+                self.known.clear()
+            self.known[pid] = started
+            return True
+        command = (self._read(pid, "cmdline") or "").replace("\0", " ").strip() or "?"
+        if (pid, command) != self.last_refused:
+            log(f"usage: refused a record from pid {pid} ({command[:120]}): not one of HAProxy's processes "
+                f"(those of {self.runtime_api}'s); it is not counted")
+            self.last_refused = (pid, command)
+        return False
+
+
+def receive(sock: socket.socket, usage: Usage, records, senders: Senders | None = None):
     while True:
-        data = sock.recv(65536)
+        data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(UCRED.size))
+        if senders is not None:
+            sender = next((UCRED.unpack(d[:UCRED.size])[0] for level, kind, d in ancillary
+                           if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
+            if sender is None or not senders.allows(sender):
+                usage.note_refused()
+                continue
         record = record_of(data.decode(errors="replace"))
         if record is None:
             continue
@@ -487,19 +568,21 @@ def main(argv=None) -> int:
         deepen_records_queue(args.records_queue)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # each datagram's sender (Senders)
     os.makedirs(os.path.dirname(args.socket), exist_ok=True)
     try:
         os.unlink(args.socket)
     except FileNotFoundError:
         pass
     sock.bind(args.socket)
-    # HAProxy's workers (its own user, in their container) write here; no one reads it but this service
+    # HAProxy's workers (its own user, in their container) write here; no one reads it but this service,
+    # and it takes records from HAProxy's processes alone (Senders)
     os.chmod(args.socket, 0o622)
     api = RuntimeApi(args.runtime_api)
     threading.Thread(target=keep_table, args=(usage, api, args.interval, args.merge_every), daemon=True).start()
     threading.Thread(target=serve_metrics, args=(args.listen, usage, args.limits), daemon=True).start()
     log(f"usage: records from {args.socket}, counts in {args.state}, /metrics on {args.listen}")
-    receive(sock, usage, sys.stdout)
+    receive(sock, usage, sys.stdout, Senders(args.runtime_api))
     return 0
 
 

@@ -10,6 +10,8 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from .errors import StepFailed
@@ -91,6 +93,11 @@ class File(Step):
         return atomic_write_script(self.path, self.content.encode(), self.mode, self.owner, self.group,
                                    self.keep_previous)
 
+    def write_call(self) -> str:
+        """The write alone, for a program that has write_file.sh's library (WRITE_FILE)."""
+        return write_file_call(self.path, self.content.encode(), self.mode, self.owner, self.group,
+                               self.keep_previous)
+
 
 ENV_LINE = re.compile(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -114,30 +121,31 @@ def mask_secret(text: str, env: bool = False) -> str:
     return "".join(line + "\n" for line in out)
 
 
+WRITE_FILE = Path(__file__).parent / "host_scripts" / "write_file.sh"
+
+
+@lru_cache(maxsize=1)
+def _write_file_library() -> str:
+    return WRITE_FILE.read_text()
+
+
 def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:
-    """Write ``data`` to ``path`` so that no reader ever sees half a file.
+    """Write ``data`` to ``path`` so that no reader ever sees half a file (host_scripts/write_file.sh).
 
     The content travels base64-encoded inside a heredoc on the script's stdin,
     so a secret in it never reaches any command line. The new file is complete,
     with its final mode and owner, before ``mv`` puts it in place; the previous
     version is kept as ``PATH.previous`` (a hard link, so same mode).
     """
-    q = shlex.quote(path)
+    return _write_file_library() + write_file_call(path, data, mode, owner, group, keep_previous)
+
+
+def write_file_call(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:
+    """The call of host_scripts/write_file.sh's ``write_file`` (its library defined before it) that
+    writes ``data`` to ``path``: its content in base64, as the call's heredoc."""
     payload = base64.encodebytes(data).decode()
-    keep = f"[ -f {q} ] && ln -f {q} {shlex.quote(path + '.previous')}\n" if keep_previous else ""
-    return (
-        "set -e\n"
-        f"d=$(dirname {q}); mkdir -p \"$d\"\n"
-        f"tmp=$(mktemp \"$d/.$(basename {q}).XXXXXX\")\n"
-        "trap 'rm -f \"$tmp\"' EXIT\n"
-        f"chmod {shlex.quote(mode)} \"$tmp\"; chown {shlex.quote(owner)}:{shlex.quote(group)} \"$tmp\"\n"
-        "base64 -d >\"$tmp\" <<'__CONVERGE_EOF__'\n"
-        f"{payload}__CONVERGE_EOF__\n"
-        "sync \"$tmp\" 2>/dev/null || true\n"
-        f"{keep}"
-        f"mv -f \"$tmp\" {q}\n"
-        "trap - EXIT\n"
-    )
+    call = " ".join(shlex.quote(str(a)) for a in ("write_file", path, mode, owner, group, int(keep_previous)))
+    return f"{call} <<'__CONVERGE_EOF__'\n{payload}__CONVERGE_EOF__\n"
 
 
 @dataclass(frozen=True)

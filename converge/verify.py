@@ -12,6 +12,7 @@ import contextlib
 import io
 import re
 import secrets
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,30 +48,12 @@ class CheckShell:
     exit status, its standard error, the boundary's end line (both read as the held
     script's markers are, with their bound on the output)."""
 
-    SCRIPT = r"""
-_ck_dir=$(mktemp -d) || exit 1
-trap 'rm -rf "$_ck_dir"' EXIT
-trap 'exit 1' HUP INT TERM PIPE
-_ck_serve() {
-  _ck_nl='
-'
-  printf '%s ready\n' "$1"
-  while :; do
-    _ck_cmd=""
-    while IFS= read -r _ck_line; do [ "$_ck_line" = "$1" ] && break; _ck_cmd="$_ck_cmd$_ck_line$_ck_nl"; done
-    [ "$_ck_line" = "$1" ] || return 0
-    ( set --; eval "$_ck_cmd" ) </dev/null 2>"$_ck_dir/err"
-    printf '\n%s out\n%s\n' "$1" "$?"
-    if [ -s "$_ck_dir/err" ]; then cat "$_ck_dir/err"; fi
-    printf '\n%s end\n' "$1"
-  done
-}
-_ck_serve BOUNDARY
-"""
+    SCRIPT = Path(__file__).parent / "host_scripts" / "check_shell.sh"
 
     def __init__(self, transport: Transport):
         self.boundary = "@@check-" + secrets.token_hex(8)
-        self.held = transport.hold(self.SCRIPT.replace("BOUNDARY", self.boundary), timeout=COMMAND_TIMEOUT_S)
+        self.held = transport.hold(f"BOUNDARY={shlex.quote(self.boundary)}\n{self.SCRIPT.read_text()}",
+                                   timeout=COMMAND_TIMEOUT_S)
         ready, complete = self.held.read_until(f"{self.boundary} ready", 60)
         if not complete:
             self.held.close()

@@ -12,7 +12,6 @@ emergency, when waiting for one replica at a time costs more than the requests
 that fail."""
 from __future__ import annotations
 
-import shlex
 
 from converge.changes import Command, Role
 from converge.errors import StepFailed
@@ -22,6 +21,7 @@ from roles.fleet import is_serving
 from roles.replicas import Replica, chosen, installed
 from roles.service.rollout import at_once, command as roll_command, fleet_throttle, plan_roll
 from roles.serving_host import UNITS_FACT, is_running, step_name, units_fact
+from roles.systemd import systemctl
 
 
 def _unit_facts(v):
@@ -90,7 +90,7 @@ def stop_role(resume: bool = False, replica: int | None = None, now: bool = Fals
         yield from _rolls(ctx, "stop", running, "drain and stop", "systemctl stop", now, len(picked))
         if resume:
             for other in ctx.vars.get("conflicts") or []:
-                yield Command(f"resume {other}", script=f"systemctl start {shlex.quote(other)}\n",
+                yield Command(f"resume {other}", script=systemctl(other, "start"),
                               describe=f"systemctl start {other} (displaced by vLLM)")
     return Role("stop", _unit_facts, plan, hosts=is_serving)
 

@@ -8,28 +8,26 @@ import threading
 
 from converge.group import stream
 
-from roles.replicas import families, from_unit, replica, unit_globs
+from day2.readings import PROGRAMS, replica_units
+from roles.host_programs import Program, Protocol
+from roles.replicas import families, from_unit, replica
 
 NO_REPLICA = 3  # the exit status of a host that has no replica of the index asked for
 
 
+JOURNAL = Protocol("the replicas' journal", exits={"no_replica": NO_REPLICA})
+JOURNAL_PROGRAM = Program((PROGRAMS / "units.sh", PROGRAMS / "journal.sh"), JOURNAL)
+
+
 def journal_command(lines: int, follow: bool, index: int | None = None):
-    """Every replica unit the host has (or the one of index ``index``) in one journalctl;
-    with several, each line names its unit (``-o with-unit``). A host without that replica
-    lists the units it has on stderr and exits NO_REPLICA."""
+    """Every replica unit the host has (or the one of index ``index``) in one journalctl
+    (host_programs/journal.sh); with several, each line names its unit (``-o with-unit``). A host
+    without that replica lists the units it has on stderr and exits NO_REPLICA."""
     def command(hostvars: dict) -> str:
-        every = " ".join(unit_globs(hostvars))
-        # the replica's unit under each family's name: whichever the host has (names are schema-checked)
-        wanted = every if index is None else " ".join(replica(hostvars, index, f).unit_path for f in families())
-        found = f"units=$(for f in {wanted}; do [ -f \"$f\" ] && printf '%s ' \"${{f##*/}}\"; done); "
-        if index is None:
-            missing = f"[ -n \"$units\" ] || units={replica(hostvars, 0).unit}; "
-        else:
-            missing = (f"[ -n \"$units\" ] || {{ for f in {every}; do [ -f \"$f\" ] && printf '%s\\n' "
-                       f"\"${{f##*/}}\"; done >&2; exit {NO_REPLICA}; }}; ")
-        return (f"{found}{missing}set --; for u in $units; do set -- \"$@\" -u \"$u\"; done; "
-                f"format=short-iso; [ $# -gt 2 ] && format=with-unit; "
-                f"exec journalctl \"$@\" -n {int(lines)} --no-pager -o $format" + (" -f" if follow else "") + "\n")
+        # the replica's unit under each family's name: whichever the host has
+        wanted = "" if index is None else " ".join(replica(hostvars, index, f).unit_path for f in families())
+        return JOURNAL_PROGRAM.script({**replica_units(hostvars), "WANTED": wanted, "LINES": int(lines),
+                                       "FOLLOW": int(follow)})
     return command
 
 

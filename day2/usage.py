@@ -9,13 +9,16 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import shlex
 import threading
 from dataclasses import dataclass, field
 
 from converge.errors import ConvergeError
+from day2.readings import PROGRAMS
 from roles.gateway.accounting import RECORDS_IDENTIFIER, STATE_DIR
+from roles.host_programs import Program
 
+USAGE_DAYS_PROGRAM = Program((PROGRAMS / "usage_days.sh",))
+RECORDS_PROGRAM = Program((PROGRAMS / "records.sh",))
 DAY = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 # what journalctl's --since takes that we pass on: a date, a time, "today", "2 hours ago"
 SINCE = re.compile(r"^[0-9A-Za-z :+-]{1,40}$")
@@ -46,9 +49,7 @@ def since_day(text: str | None, today: datetime.date) -> str:
 def usage_command(since: str) -> str:
     """Each day file from ``since`` on, one JSON document a line."""
     assert DAY.match(since)
-    return (f"cd {shlex.quote(STATE_DIR)} 2>/dev/null || exit 0\n"
-            f"ls -1 | awk -v s={shlex.quote(since + '.json')} '/^[0-9-]+[.]json$/ && $0 >= s' | "
-            f"while read -r f; do tr -d '\\n' < \"$f\"; echo; done\n")
+    return USAGE_DAYS_PROGRAM.script({"STATE_DIR": STATE_DIR, "SINCE": since})
 
 
 @dataclass
@@ -128,11 +129,8 @@ def records_command(since: str | None, key: str | None, lines: int) -> str:
     if short:  # 30m, 2h, 7d: journalctl's own relative form (-30m), which a bare 30m is not
         since = f"-{short.group(1)}{short.group(2)}"
     needle = '"key":' + json.dumps(key) + "," if key else ""
-    grep = f" | grep -F {shlex.quote(needle)}" if key else ""
-    window = f"--since {shlex.quote(since)}" if since else ""
-    tail = "" if since else f" | tail -n {int(lines)}"
-    return (f"journalctl -t {RECORDS_IDENTIFIER} {window} --no-pager -o cat 2>/dev/null | grep '^{{'"
-            f"{grep}{tail}; true\n")
+    return RECORDS_PROGRAM.script({"RECORDS_ID": RECORDS_IDENTIFIER, "SINCE": since or "", "KEY_NEEDLE": needle,
+                                   "LINES": int(lines)})
 
 
 def records_of(output: str, key: str | None) -> list[dict]:

@@ -3,13 +3,15 @@ it, once per host, before the first fetch. A host that cannot reach it (behind a
 bastion, a firewall) fetches from upstream itself, and says so."""
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 
 from converge.changes import Command, Output, Produced
+from roles.host_programs import Program
 
 from .server import RelayView
 
 RELAY = Output("the run's artifact relay", RelayView)
+PING_PROGRAM = Program((Path(__file__).parent / "files" / "ping.sh",))
 
 
 def relay_steps(ctx):
@@ -28,7 +30,7 @@ def relay_steps(ctx):
         return Produced(None, f"the run's relay on the control machine ({offered.address}) is not reachable from "
                               f"this host: fetching from upstream itself")
 
-    yield Command("artifact relay", script=f"curl -fsS --max-time 3 {shlex.quote(offered.ping_url())} 2>&1\n",
+    yield Command("artifact relay", script=PING_PROGRAM.script({"URL": offered.ping_url()}),
                   changes=False, probe=True, timeout=30, interpret=interpret, produces=RELAY,
                   describe="ask whether the run's relay answers")
 

@@ -20,8 +20,7 @@ QUALIFIED = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
 ])
 def test_the_store_index_is_read_only_where_it_names_the_image_as_the_runtime_would(runtime, ref, reads_index):
     command = ImagePresent(runtime, ref).command
-    assert ("images.json" in command) == reads_index
-    assert f"{runtime} image" in command  # the runtime is always the fallback
+    assert command.startswith("fact_image_indexed " if reads_index else f"fact_image_asked {runtime} ")
 
 
 @pytest.mark.parametrize("output, present", [
@@ -72,3 +71,35 @@ def test_unit_files_of_a_family_read_from_a_real_capture():
     assert fact.process("", 0) == {}
     with pytest.raises(ValueError):
         UnitFiles("/etc/x-*.service; rm -rf /")
+
+
+def test_the_store_index_is_read_on_the_host_and_podman_asked_when_storage_conf_moves_the_store(tmp_path):
+    """fact_image_indexed (converge/facts/files/containers.sh) run for real: the index of a store laid out
+    for the test, storage.conf saying its defaults; then storage.conf naming another graphroot, where
+    podman (a stand-in that says it has the image) is asked instead."""
+    import os
+    import subprocess
+    from converge.facts.containers import PODMAN_STORE
+    index = tmp_path / "overlay-images"
+    index.mkdir()
+    (index / "images.lock").write_text("")
+    (index / "images.json").write_text('[{"id": "a", "names": ["%s"]}]' % QUALIFIED)
+    conf = tmp_path / "storage.conf"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text("#!/bin/sh\n[ \"$1 $2\" = 'image exists' ]\n")
+    (bin_dir / "podman").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CONTAINERS_STORAGE_CONF": str(conf)}
+
+    def present(ref: str) -> bool:
+        fact = ImagePresent("podman", ref)
+        script = fact.standalone().replace(f"{PODMAN_STORE}/overlay-images", str(index))
+        out = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, env=env, timeout=30).stdout
+        present.said = out.strip()
+        return fact.process(out, 0)
+
+    conf.write_text('[storage]\ndriver = "overlay"\ngraphroot = "/var/lib/containers/storage"\n')
+    assert present(QUALIFIED) and present.said == "@index 0"
+    assert not present("registry.lab:5000/a/b:c") and present.said == "@index 1"
+    conf.write_text('[storage]\ndriver = "overlay"\ngraphroot = "/srv/containers"\n')
+    assert present(QUALIFIED) and present.said == "@rc 0", "storage.conf moved the store: podman is asked"

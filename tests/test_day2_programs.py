@@ -245,3 +245,70 @@ def test_the_status_probe_reads_each_replica_from_what_runs(pages, tmp_path):
     assert found[0]["diffusion"]["max_denoising_steps"] == 48  # rtx01's command line, as it runs
     assert found[2] == {"container": "exited", "health": "", "load": None, "diffusion": None, "generation": None}
     assert vllm.asked == ["/health", "/metrics"]
+
+
+def _stub(tmp_path, name: str, body: str) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text("#!/bin/sh\n" + body)
+    (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def _journal(tmp_path, units: list[str], index: int | None):
+    from day2 import logs
+    folder = tmp_path / "units"
+    folder.mkdir(exist_ok=True)
+    for unit in units:
+        (folder / unit).write_text("[Service]\n")
+    env = _stub(tmp_path, "journalctl", 'echo "journalctl $*"\n')
+    script = logs.journal_command(20, False, index)({}).replace("/etc/systemd/system", str(folder))
+    return subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, timeout=30, env=env)
+
+
+def test_the_journal_of_every_replica_unit_or_the_one_asked_for_or_none_there(tmp_path):
+    both = ["podman-vllm-diffusiongemma.service", "podman-vllm-gemma4-1.service"]
+    proc = _journal(tmp_path, both, None)
+    assert proc.stdout.split() == ["journalctl", "-u", both[0], "-u", both[1], "-n", "20", "--no-pager", "-o",
+                                   "with-unit"]
+    proc = _journal(tmp_path, both, 1)  # replica 1, under its family's name
+    assert proc.stdout.split() == ["journalctl", "-u", both[1], "-n", "20", "--no-pager", "-o", "short-iso"]
+    from day2.logs import NO_REPLICA
+    proc = _journal(tmp_path, both, 2)
+    assert proc.returncode == NO_REPLICA and proc.stderr.split() == both and proc.stdout == ""
+
+
+def test_usage_reads_each_day_file_from_the_first_asked_as_a_line(tmp_path):
+    from day2.usage import usage_command
+    state = tmp_path / "usage"
+    state.mkdir()
+    for day in ("2026-11-24", "2026-11-25", "2026-11-26"):
+        (state / f"{day}.json").write_text('{\n "day": "%s"\n}\n' % day)
+    (state / ".2026-11-26.json.tmp").write_text("{}")
+    script = usage_command("2026-11-25").replace(STATE_DIR_Q, f"STATE_DIR={state}")
+    assert run_plain(script) == '{ "day": "2026-11-25"}\n{ "day": "2026-11-26"}\n'
+    assert run_plain(usage_command("2026-11-25").replace(STATE_DIR_Q, f"STATE_DIR={tmp_path}/none")) == ""
+
+
+def test_request_records_of_one_key_since_a_time_or_the_last_lines(tmp_path):
+    from day2.usage import records_command
+    lines = ['{"key":"alice","n":1}', "usage: a line that is not a record", '{"key":"bob","n":2}',
+             '{"key":"alice","n":3}']
+    env = _stub(tmp_path, "journalctl", f'echo "$*" > {tmp_path}/asked\nprintf "%s\\n" ' +
+                " ".join(f"'{line}'" for line in lines) + "\n")
+    out = subprocess.run(["sh", "-s"], input=records_command("2h", "alice", 50), capture_output=True, text=True,
+                         env=env, timeout=30).stdout
+    assert out.splitlines() == [lines[0], lines[3]]
+    assert "--since -2h" in (tmp_path / "asked").read_text()
+    out = subprocess.run(["sh", "-s"], input=records_command(None, None, 2), capture_output=True, text=True,
+                         env=env, timeout=30).stdout
+    assert out.splitlines() == [lines[2], lines[3]] and "--since" not in (tmp_path / "asked").read_text()
+
+
+def run_plain(script: str) -> str:
+    proc = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+STATE_DIR_Q = "STATE_DIR=/var/lib/dgemma/usage"

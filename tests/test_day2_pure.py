@@ -162,7 +162,7 @@ def test_the_status_probe_reads_each_replicas_command_line():
 
 def test_request_records_take_journalctls_since_and_a_short_one():
     from day2.usage import UsageError, records_command
-    assert "--since -30m " in records_command("30m", None, 50)  # journalctl reads a bare 30m as nothing
-    assert "--since '2 hours ago' " in records_command("2 hours ago", None, 50)
+    assert "SINCE=-30m\n" in records_command("30m", None, 50)  # journalctl reads a bare 30m as nothing
+    assert "SINCE='2 hours ago'\n" in records_command("2 hours ago", None, 50)
     with pytest.raises(UsageError, match="write what journalctl takes"):
         records_command("yesterday; rm -rf /", None, 50)

@@ -280,7 +280,7 @@ def test_an_http_header_fact_asks_again_when_the_answer_is_slow_but_not_when_ref
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     fact = HttpHeader(f"http://127.0.0.1:{port}/health", "X-Anything")
-    traced = subprocess.run(["sh", "-xc", fact.command], capture_output=True, text=True)
+    traced = subprocess.run(["sh", "-xc", fact.standalone()], capture_output=True, text=True)
     assert traced.stderr.count("+ curl ") == 1, traced.stderr
 
 

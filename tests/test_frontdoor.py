@@ -324,12 +324,16 @@ def _roll_shell(door, index: int, command: str) -> str:
 
 
 def reload_as_the_deploy_does(proxy, config: str, state_dir, proc) -> None:
-    """proxy.reload_action on a test's HAProxy: the servers' states dumped through its runtime
-    API into ``state_dir``, then SIGUSR2 to its master."""
-    from roles.haproxy.steps import reload_action
-    script = (reload_action(proxy, "u", config).replace(proxy.socket_dir, str(state_dir))
-              .replace("systemctl reload u", f"kill -USR2 {proc.pid}"))
-    subprocess.run(["bash", "-c", script], check=True, timeout=30)
+    """The deploy's reload on a test's HAProxy (files/keep_states.sh, then the signal systemctl's
+    reload sends): the servers' states dumped through its runtime API into ``state_dir``, then
+    SIGUSR2 to its master."""
+    from roles.haproxy.instance import runtime_socket
+    from roles.haproxy.steps import KEEP_STATES, kept_servers
+    from roles.host_programs import Program
+    script = Program((KEEP_STATES,)).script({
+        "STATE_FILE": f"{state_dir}/servers.state", "KEPT_SERVERS": "\n".join(kept_servers(config)),
+        "RUNTIME_SOCKET": runtime_socket(proxy).replace(proxy.socket_dir, str(state_dir))})
+    subprocess.run(["dash", "-c", script + f"keep_states\nkill -USR2 {proc.pid}\n"], check=True, timeout=30)
 
 
 def until_reloaded(proc, taken, said=lambda: "the reload did not take") -> None:

@@ -2,7 +2,9 @@
 converge/host_scripts/*.sh) with a declared protocol (roles/host_programs.py): each passes shellcheck as dash; every marker a program's
 files can print is declared by its protocol and read by its reader (taking the marker's
 lines out of an output changes what the reader says); every declared marker is printed."""
+import ast
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,14 +13,20 @@ from types import SimpleNamespace
 import pytest
 
 from converge import hostlock
+from converge.changes import WRITE_FILE
+from converge.facts import GATHER
+from converge.verify import CheckShell
+from relay.probe import PING_PROGRAM
 from converge.errors import StepFailed
 from converge.transport import Result
-from day2 import readings, top
+from day2 import logs, readings, top, usage
 from roles.frontdoor.back import BACK, BACK_PROGRAM
 from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
 from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
 from roles.haproxy.instance import FRONTDOOR
-from roles import container_unit
+from roles import container_unit, systemd
+from roles.exporters import role as exporters
+from roles.shared_address import role as shared_address
 from roles.host_programs import Program
 from roles.image.role import INSPECT_PROGRAM, PULL_PROGRAM
 from roles.weights.cache import CACHE_PROGRAM
@@ -30,22 +38,36 @@ from roles.weights.download import (FETCH, FETCH_PROGRAM, MANIFEST, MANIFEST_PRO
                                     parse_manifest, progress_reader)
 from tests.conftest import ROOT
 
+FACT_LIBRARIES = sorted([*(ROOT / "converge" / "facts" / "files").glob("*.sh"), *(ROOT / "roles").glob("*/files/facts.sh")])
 COLLECTOR = Program((ROOT / "roles" / "exporters" / "collector.sh",))
+SYSTEMD = Program((systemd.SYSTEMD_FILE,))
+FOLDERS = systemd.FOLDERS_PROGRAM
+
 HOST_LOCK = Program((hostlock.SCRIPT,))  # the engine's own
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
             "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK,
             "weights-manifest": MANIFEST_PROGRAM, "weights-fetch": FETCH_PROGRAM,
             "image-pull": PULL_PROGRAM, "image-inspect": INSPECT_PROGRAM, "weights-cache": CACHE_PROGRAM,
             "container-pull": container_unit.PULL_PROGRAM, "container-answering": container_unit.ANSWERING_PROGRAM,
+            "systemd": SYSTEMD, "folders": FOLDERS, "collector-running": exporters.COLLECTOR_RUNNING_PROGRAM,
+            "shared-address-answering": shared_address.ANSWERING_PROGRAM,
+            "keepalived-install": shared_address.INSTALL_PROGRAM,
+            # libraries of facts' functions, the engine's (converge/facts/files) and the roles'
+            **{f"facts-{p.parent.parent.name}-{p.stem}": Program((p,)) for p in FACT_LIBRARIES},
+            "write-file": Program((WRITE_FILE,)), "relay-ping": PING_PROGRAM, "gather": Program((GATHER,)),
+            "check-shell": Program((CheckShell.SCRIPT,)),
             # day 2's readings: each ends in one result line (tests/test_day2_programs.py runs and reads them)
             "day2-replicas": readings.REPLICAS_PROGRAM, "day2-serving-host": readings.SERVING_HOST_PROGRAM, "day2-gateway": readings.GATEWAY_PROGRAM,
-            "day2-alerts": readings.ALERTS_PROGRAM, "day2-prometheus": top.PROMETHEUS_PROGRAM}
+            "day2-alerts": readings.ALERTS_PROGRAM, "day2-prometheus": top.PROMETHEUS_PROGRAM,
+            "day2-journal": logs.JOURNAL_PROGRAM, "day2-usage-days": usage.USAGE_DAYS_PROGRAM,
+            "day2-records": usage.RECORDS_PROGRAM}
 
 
 def test_every_host_program_file_belongs_to_a_program():
-    files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | {ROOT / "roles" / "exporters" / "collector.sh"} \
+    files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | set((ROOT / "roles" / "exporters").glob("*.sh")) \
         | set((ROOT / "roles").glob("*.sh")) \
-        | set((ROOT / "converge" / "host_scripts").glob("*.sh")) | set((ROOT / "day2" / "host_programs").glob("*.sh"))
+        | set((ROOT / "converge" / "host_scripts").glob("*.sh")) | set((ROOT / "day2" / "host_programs").glob("*.sh")) \
+        | set((ROOT / "converge" / "facts" / "files").glob("*.sh")) | set((ROOT / "relay" / "files").glob("*.sh"))
     used = {Path(f) for program in PROGRAMS.values() for f in program.files}
     assert files - used == set(), "a host program that no test checks"
 
@@ -62,7 +84,10 @@ def test_the_program_passes_shellcheck_as_dash(name, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("name", sorted(set(PROGRAMS) - {"collector", "hostlock"}))
+@pytest.mark.parametrize("name", sorted(set(PROGRAMS) - {"collector", "hostlock", "systemd", "folders",
+                                                          "keepalived-install", "day2-usage-days", "day2-records",
+                                                          "write-file", "relay-ping", "gather", "check-shell"}
+                                             - {n for n in PROGRAMS if n.startswith("facts-")}))
 def test_what_a_program_prints_is_what_its_protocol_declares(name):
     program = PROGRAMS[name]
     assert program.printed_markers() == program.protocol.declared()
@@ -164,6 +189,11 @@ def _cases():
     for rc, lines in [(0, ["@ready 1"]), (3, ["@failed failed after 2 s", "  | Traceback"]),
                       (4, ["@timeout 30 activating"])]:
         yield USAGE_RUNNING, usage_reader("was inactive", waited=True), rc, lines
+    for rc, lines in [(0, ["@ready 2"]), (3, ["@failed", "  | collector.sh: nvidia-smi: not found"]),
+                      (4, ["@timeout 60"])]:
+        yield exporters.COLLECTOR_RUNNING, exporters._collector_running("was inactive", 60), rc, lines
+    for rc, lines in [(0, ["@answers 200 yes"]), (0, ["@answers 404 no"]), (3, ["@silent"])]:
+        yield shared_address.ANSWERING, shared_address._interpret("10.0.0.200", 8000, 60), rc, lines
     for rc, lines in FETCHES:
         yield FETCH, _fetch_reader(relayed="@relay-failed" in lines[0]), rc, lines
     for lines in MANIFESTS:
@@ -208,7 +238,8 @@ def _manifest_reader(result):
     return f"{manifest.commit} {[f.path for f in manifest.files]}"
 
 
-@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK, USAGE_RUNNING, FETCH, MANIFEST],
+@pytest.mark.parametrize("protocol", [ROLL, START, ANSWERING, BACK, USAGE_RUNNING, FETCH, MANIFEST,
+                                      exporters.COLLECTOR_RUNNING, shared_address.ANSWERING],
                          ids=lambda p: p.name)
 def test_every_marker_changes_what_its_reader_says(protocol):
     """For each declared marker, an output that carries it, read with and without its lines:
@@ -259,3 +290,68 @@ def test_the_replica_table_is_read_on_the_host_by_name_as_it_is_written(shell):
         assert lines[3:] == [f"{r['unit']}={r['port']}" for r in rows]
     with pytest.raises(ValueError, match="blank"):
         shell_table([replica({"service_name": "a b"}, 0)])
+
+
+# ---------------------------------------------------------------- no host shell in Python
+
+# what looks like shell a host runs, in a Python string
+# (its structure: words for a person may name a command, a program's script is checked by its plan cases)
+SHELL = re.compile(r"; then|\$\(|&&|\|\||printf '|2>/dev/null|\| ?(awk|sed|grep|tail|head|cut)\b|"
+                   r"\[ -[a-zA-Z] |\bfor \w+ in |; do\b|\bmktemp\b|>/dev/null|<<'|\bsh -[sc]\b")
+SOURCES = ("converge", "roles", "day2", "relay", "credentials", "kubernetes_manifests", "lab_tasks", "tasks.py")
+# (file, how the string begins): the shell that stays in Python, and why
+ALLOWED = {
+    ("converge/transport/__init__.py", "sh -c "): "the exec request's command line that starts our shell",
+    ("converge/transport/__init__.py", "sh -s"): "the exec request's command line that starts our shell",
+    ("converge/become.py", "sh -s"): "sudo's command line, which starts our shell as the become user",
+    ("converge/become.py", "sh -c "): "sudo's command line, which starts our shell as the become user",
+    ("converge/become.py", "while IFS= read -r l; do"): "sudo's command line: the password line skipped",
+    ("converge/become.py", "LC_ALL=C sudo -S"): "sudo's command line, which starts our shell as the become user",
+    ("converge/hostlock.py", "while l=$(timeout "): "the held script's last line, which also ends a script "
+                                                    "held without the lock (the lab's transport tests)",
+    ("roles/serving_host.py", "mkdir -p "): "a replica unit's ExecStartPre= line, which systemd runs at each start",
+    ("converge/changes.py", " <<'__CONVERGE_EOF__'"): "a file's content, as the heredoc of write_file's call",
+    # words for a person that read as shell
+    ("roles/preflight/role.py", "docker has no nvidia runtime"): "the fix a failed check names",
+    ("kubernetes_manifests/monitoring.py", "raise the replicaCount"): "the fix an alert names",
+}
+
+
+def _strings(node, skip):
+    for child in ast.iter_child_nodes(node):
+        if id(child) in skip:
+            continue
+        if isinstance(child, ast.JoinedStr):
+            yield child, "".join(v.value for v in child.values if isinstance(v, ast.Constant))
+            continue
+        if isinstance(child, ast.Constant) and isinstance(child.value, str):
+            yield child, child.value
+        yield from _strings(child, skip)
+
+
+def test_no_shell_a_host_runs_is_built_in_a_python_string():
+    """Every program a host runs is a file (this module's PROGRAMS, the facts' libraries): a string
+    in our Python that looks like shell is one of ALLOWED, a docstring, or words for a person (a
+    step's describe, a message, an error)."""
+    found = []
+    for source in SOURCES:
+        base = ROOT / source
+        for path in ([base] if base.is_file() else sorted(base.rglob("*.py")) if base.exists() else []):
+            rel = str(path.relative_to(ROOT))
+            if "/tests/" in rel or path.name == "conftest.py":
+                continue
+            tree = ast.parse(path.read_text())
+            skip = set()
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body and \
+                        isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    skip.add(id(body[0].value))
+                if isinstance(node, ast.keyword) and node.arg in ("describe", "message", "why"):
+                    skip.add(id(node.value))
+                if isinstance(node, ast.Raise) and node.exc is not None:
+                    skip.add(id(node.exc))
+            for node, text in _strings(tree, skip):
+                if SHELL.search(text) and not any(rel == f and text.startswith(start) for f, start in ALLOWED):
+                    found.append(f"{rel}:{node.lineno}: {text[:80]!r}")
+    assert found == [], "shell a host runs, built in Python: make it a program file\n" + "\n".join(found)

@@ -38,8 +38,8 @@ def _run(tmp_path, takes_at: int, restart_takes: bool = True, timeout: int = 20)
     log = tmp_path / "calls.log"
     ctx = SimpleNamespace(name="rtx01", vars={"ansible_host": "127.0.0.1", "api_port": 8443})
     unit = FRONTDOOR.unit_name(ctx.vars)
-    script = wait_script(ctx, FRONTDOOR, f"systemctl reload {unit}", "new", timeout,
-                         fallback=f"systemctl restart {unit}", grace=4, again=1)
+    script = wait_script(ctx, FRONTDOOR, "reload", "new", timeout, fallback=True, enable=False, grace=4, again=1,
+                         state_file=str(tmp_path / "servers.state"))
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=timeout + 10,
                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log),
                                  "TAKES_AT": str(takes_at), "RESTART_TAKES": str(int(restart_takes))})

@@ -11,11 +11,20 @@ slowly (an emulated one, or one whose container CLIs take most of a second each)
 waited for them one after another: on the lab's aarch64 host under qemu, 13.6 s
 one by one, 9.3 s side by side. Where no temporary folder can be made (a full or
 read-only /tmp), they run one after another, straight to the output, as before.
+
+A fact whose command is more than a word or two calls a function of a library of shell
+functions (``files/*.sh``, its ``library``); the gathering sends each library once, before
+the facts, so that a host with 40 file facts is not sent 40 copies of one program.
 """
 from __future__ import annotations
 
 import secrets
+import shlex
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+LIBRARIES = Path(__file__).parent / "files"
 
 
 class FactError(Exception):
@@ -23,9 +32,25 @@ class FactError(Exception):
 
 
 class Fact:
-    """Subclasses set ``command`` (a shell snippet) and implement ``process``."""
+    """Subclasses set ``command`` (a shell snippet, or a `call` of a function of their
+    ``library``, a file of shell functions) and implement ``process``."""
 
     command: str = "true"
+    library: Path | None = None
+
+    def standalone(self) -> str:
+        """The fact's command with its library before it: the fact run on its own."""
+        return (_library(self.library) if self.library else "") + self.command + "\n"
+
+
+def call(function: str, *args) -> str:
+    """A fact's command: ``function`` of its library, with ``args``, each quoted."""
+    return " ".join((function, *(shlex.quote(str(a)) for a in args)))
+
+
+@lru_cache(maxsize=None)
+def _library(path: Path) -> str:
+    return path.read_text()
 
     def process(self, output: str, rc: int):
         raise NotImplementedError
@@ -45,22 +70,16 @@ class Facts:
         return self.values.get(name, default)
 
 
+GATHER = Path(__file__).parent.parent / "host_scripts" / "gather.sh"
+
+
 def script(facts: dict[str, Fact], boundary: str) -> str:
-    parts = ["exec 2>&1", "LC_ALL=C; export LC_ALL"]
-    names = list(facts)
-    for number, name in enumerate(names):
-        # a function per fact, framed by its markers; a subshell so that one fact's `exit`
-        # or `set -e` cannot end the others
-        parts.append(f"_fact{number}() {{\nprintf '%s begin {name}\\n' {boundary}\n( {facts[name].command}\n) </dev/null\n"
-                     f"printf '\\n%s end {name} %s\\n' {boundary} $?\n}}")
-    side_by_side = " ".join(f'_fact{n} >"$_facts/{n}" 2>&1 </dev/null &' for n in range(len(names)))
-    files = " ".join(f'"$_facts/{n}"' for n in range(len(names)))
-    one_by_one = "; ".join(f"_fact{n}" for n in range(len(names))) or ":"
-    # the folder goes with the subshell, however it ends (a lost link: its `cat` gets SIGPIPE)
-    parts.append(f"if _facts=$(mktemp -d 2>/dev/null); then (\n"
-                 f"trap 'rm -rf \"$_facts\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
-                 f"{side_by_side or ':'}\nwait\n{'cat ' + files if names else ':'}\n)\nelse {one_by_one}; fi")
-    return "\n".join(parts) + "\n"
+    """The facts' libraries (each once), a function per fact (``_fact_N``: its command), then
+    host_scripts/gather.sh, which runs them and frames what each prints."""
+    libraries = dict.fromkeys(f.library for f in facts.values() if f.library is not None)
+    functions = "".join(f"_fact_{n}() {{\n{fact.command}\n}}\n" for n, fact in enumerate(facts.values()))
+    return (f"BOUNDARY={shlex.quote(boundary)}\nNAMES={shlex.quote(' '.join(facts))}\n"
+            + "".join(_library(path) for path in libraries) + functions + _library(GATHER))
 
 
 def split(output: str, boundary: str) -> dict[str, tuple[str, int]]:
@@ -107,7 +126,7 @@ class Gathering:
         self.facts = facts
         self.boundary = "@@fact-" + secrets.token_hex(8)
         self.done = f"{self.boundary} done"
-        self.script = script(facts, self.boundary) + f"printf '%s done\\n' {self.boundary}\n"
+        self.script = script(facts, self.boundary)  # it ends with the line ``done``
 
     def parse(self, output: str) -> Facts:
         return process_all(self.facts, split(output, self.boundary))

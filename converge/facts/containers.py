@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 
-from . import Fact, FactError
+from . import LIBRARIES, Fact, FactError, call
+
+LIBRARY = LIBRARIES / "containers.sh"
 
 
 class Runtimes(Fact):
@@ -17,18 +18,7 @@ class Runtimes(Fact):
     CDI spec naming ``nvidia.com/gpu`` in /etc/cdi or /var/run/cdi.
     """
 
-    command = r"""
-if command -v podman >/dev/null 2>&1; then echo "@podman $(podman --version 2>&1)"; fi
-if command -v docker >/dev/null 2>&1; then
-  echo "@docker $(docker --version 2>&1)"
-  echo "@docker-runtimes $(timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null || echo unreachable)"
-  echo "@nvidia-hook $(command -v nvidia-container-runtime-hook || echo -)"
-fi
-for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do
-  [ -f "$f" ] && grep -q 'nvidia.com/gpu' "$f" && echo "@cdi $f"
-done
-true
-"""
+    library, command = LIBRARY, "fact_runtimes"
 
     def process(self, output, rc):
         return parse_runtimes(output)
@@ -65,11 +55,8 @@ class Images(Fact):
         if runtime not in ("podman", "docker"):
             raise ValueError(runtime)
         self.runtime = runtime
-        rt = shlex.quote(runtime)
         fmt = "{{.Id}}\t{{.Architecture}}\t{{json .RepoTags}}\t{{json .RepoDigests}}"
-        self.command = (f"command -v {rt} >/dev/null 2>&1 || {{ echo '@absent'; exit 0; }}; "
-                        f"ids=$({rt} images -q --no-trunc 2>/dev/null | sort -u); "
-                        f"[ -z \"$ids\" ] || {rt} image inspect --format {shlex.quote(fmt)} $ids")
+        self.library, self.command = LIBRARY, call("fact_images", runtime, fmt)
 
     def process(self, output, rc):
         return parse_images(output)
@@ -134,22 +121,12 @@ class ImagePresent(Fact):
         if runtime not in ("podman", "docker"):
             raise ValueError(runtime)
         self.runtime, self.ref = runtime, ref
-        q = shlex.quote(ref)
-        ask = f"{runtime} image {'exists' if runtime == 'podman' else 'inspect'} {q} >/dev/null 2>&1; echo \"@rc $?\""
+        self.library = LIBRARY
         if runtime == "docker" or not read_index or not _QUALIFIED_REF.match(ref):
-            self.command = ask
+            self.command = call("fact_image_asked", runtime, ref)
             return
-        settings = "|".join(_STORE_SETTINGS)
-        allowed = "|".join(shlex.quote(s) for s in _DEFAULT_SETTINGS)
-        index = f"{PODMAN_STORE}/overlay-images"
-        self.command = (
-            f"conf=$(sed -nE 's/^[[:space:]]*({settings})[[:space:]]*=[[:space:]]*/\\1=/p' "
-            f"${{CONTAINERS_STORAGE_CONF:-/etc/containers/storage.conf /usr/share/containers/storage.conf "
-            f"/etc/containers/storage.conf.d/*.conf}} 2>/dev/null); fast=yes\n"
-            f"for kv in $conf; do case $kv in {allowed}) ;; *) fast=no ;; esac; done\n"
-            f"if [ $fast = yes ] && [ -r {index}/images.lock ]; then\n"
-            f"  grep -qsF {shlex.quote(json.dumps(ref))} {index}/images.json; echo \"@index $?\"\n"
-            f"else {ask}; fi")
+        self.command = call("fact_image_indexed", ref, f"{PODMAN_STORE}/overlay-images", json.dumps(ref),
+                            "|".join(_STORE_SETTINGS), " ".join(_DEFAULT_SETTINGS))
 
     def process(self, output, rc):
         word, _, code = output.strip().rpartition("\n")[-1].partition(" ")

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import base64
-import shlex
 
-from . import Fact, FactError
+from . import LIBRARIES, Fact, FactError, call
+
+LIBRARY = LIBRARIES / "host.sh"
 
 
 class Arch(Fact):
-    command = "uname -m"
+    library, command = LIBRARY, "fact_arch"
 
     def process(self, output, rc):
         return output.strip()
@@ -24,7 +25,7 @@ def parse_os_release(text: str) -> dict:
 
 
 class OsRelease(Fact):
-    command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release"
+    library, command = LIBRARY, "fact_os_release"
 
     def process(self, output, rc):
         return parse_os_release(output)
@@ -43,7 +44,7 @@ def parse_meminfo(text: str) -> dict:
 
 
 class MemInfo(Fact):
-    command = "cat /proc/meminfo"
+    library, command = LIBRARY, "fact_meminfo"
 
     def process(self, output, rc):
         info = parse_meminfo(output)
@@ -57,9 +58,7 @@ class DiskFree(Fact):
 
     def __init__(self, path: str):
         self.path = path
-        q = shlex.quote(path)
-        self.command = (f"p={q}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
-                        f"df -Pk \"$p\" | tail -n 1")
+        self.library, self.command = LIBRARY, call("fact_disk_free", path)
 
     def process(self, output, rc):
         fields = output.split()
@@ -73,15 +72,14 @@ class Directory(Fact):
 
     def __init__(self, path: str):
         self.path = path
-        self.command = f"[ -d {shlex.quote(path)} ] && echo yes || echo no"
+        self.library, self.command = LIBRARY, call("fact_directory", path)
 
     def process(self, output, rc):
         return output.strip() == "yes"
 
 
 class Systemd(Fact):
-    command = ("if [ -d /run/systemd/system ]; then printf 'running '; systemctl --version | head -n 1; "
-               "systemctl is-system-running 2>/dev/null; else echo absent; fi")
+    library, command = LIBRARY, "fact_systemd"
 
     def process(self, output, rc):
         lines = output.splitlines()
@@ -97,8 +95,7 @@ class Commands(Fact):
 
     def __init__(self, *names):
         self.names = names
-        self.command = "; ".join(
-            f"printf '%s %s\\n' {shlex.quote(n)} \"$(command -v {shlex.quote(n)} || echo -)\"" for n in names)
+        self.library, self.command = LIBRARY, call("fact_commands", *names)
 
     def process(self, output, rc):
         found = {}
@@ -106,18 +103,6 @@ class Commands(Fact):
             name, _, path = line.partition(" ")
             found[name] = None if path in ("-", "") else path
         return found
-
-
-def file_state_command(q: str, secret: bool = False) -> str:
-    """FileState's shell for a path already quoted for the shell (``q``)."""
-    content = "" if secret else f"; base64 {q}"
-    return f"if [ -f {q} ]; then stat -c '%a %U %G %s' {q}; sha256sum < {q}{content}; else echo absent; fi"
-
-
-def unit_state_command(q: str) -> str:
-    """UnitState's shell for a unit name already quoted for the shell (``q``)."""
-    return (f"systemctl show {q} -p LoadState -p ActiveState -p SubState -p UnitFileState -p NRestarts "
-            f"-p MainPID -p ActiveEnterTimestampMonotonic -p ExecMainStatus -p NeedDaemonReload -p Result")
 
 
 class FileState(Fact):
@@ -131,7 +116,7 @@ class FileState(Fact):
     def __init__(self, path: str, secret: bool = False):
         self.path = path
         self.secret = secret
-        self.command = file_state_command(shlex.quote(path), secret)
+        self.library, self.command = LIBRARY, call("fact_file_state", path, "secret" if secret else "")
 
     def process(self, output, rc):
         lines = output.splitlines()
@@ -150,7 +135,7 @@ class UnitState(Fact):
 
     def __init__(self, unit: str):
         self.unit = unit
-        self.command = unit_state_command(shlex.quote(unit))
+        self.library, self.command = LIBRARY, call("fact_unit_state", unit)
 
     def process(self, output, rc):
         props = {}
@@ -178,8 +163,7 @@ class TextFiles(Fact):
     def __init__(self, *patterns: str, max_bytes: int = 256 * 1024):
         pattern = plain_globs(patterns)
         self.pattern = pattern
-        self.command = (f"for f in {pattern}; do [ -f \"$f\" ] || continue; printf '@file %s\\n' \"$f\"; "
-                        f"head -c {int(max_bytes)} \"$f\" | base64; done; true")
+        self.library, self.command = LIBRARY, call("fact_text_files", int(max_bytes), *patterns)
 
     def process(self, output, rc):
         files: dict[str, list[str]] = {}
@@ -206,9 +190,7 @@ class HttpHeader(Fact):
 
     def __init__(self, url: str, header: str):
         self.header = header.lower()
-        self.command = (f"for try in {' '.join(str(n) for n in range(self.TRIES))}; do "
-                        f"curl -sk -D - -o /dev/null --max-time 2 {shlex.quote(url)} 2>/dev/null; "
-                        f"[ $? -eq 28 ] || break; done; true")
+        self.library, self.command = LIBRARY, call("fact_http_headers", url, self.TRIES)
 
     def process(self, output, rc):
         for line in output.splitlines():
@@ -226,9 +208,7 @@ class UnitFiles(Fact):
     def __init__(self, *patterns: str):
         pattern = plain_globs(patterns)
         self.pattern = pattern
-        self.command = (f"for f in {pattern}; do [ -f \"$f\" ] || continue; printf '@unit %s\\n' \"$f\"; "
-                        f"{file_state_command(chr(34) + '$f' + chr(34))}; printf '@state\\n'; "
-                        f"{unit_state_command(chr(34) + '${f##*/}' + chr(34))}; done; true")
+        self.library, self.command = LIBRARY, call("fact_unit_files", *patterns)
 
     def process(self, output, rc):
         found: dict[str, dict] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from . import Fact, FactError
+from . import LIBRARIES, Fact, FactError, call
 
 GPU_FIELDS = ["index", "name", "uuid", "memory.total", "memory.used", "memory.free",
               "driver_version", "compute_cap", "pci.bus_id", "mig.mode.current"]
@@ -105,20 +105,7 @@ class NvidiaSmi(Fact):
 
     def __init__(self, timeout: int = 15):
         self.timeout = int(timeout)
-        t = f"timeout -k 2 {self.timeout}"
-        # output goes to a file, not a pipe: a wedged nvidia-smi must not hold our pipe open
-        self.command = f"""
-if ! command -v nvidia-smi >/dev/null 2>&1; then echo '@missing'; exit 0; fi
-f=$(mktemp); trap 'rm -f "$f"' EXIT
-{t} nvidia-smi {QUERY} >"$f" 2>&1; rc=$?
-echo "@query $rc"; cat "$f"
-[ $rc -eq 124 ] || [ $rc -eq 137 ] && exit 0
-{t} nvidia-smi --version >"$f" 2>&1; rc=$?
-if [ $rc -ne 0 ] || ! grep -qiE 'CUDA (UMD )?Version' "$f"; then {t} nvidia-smi >"$f" 2>&1; rc=$?; fi
-echo "@version $rc"; cat "$f"
-{t} nvidia-smi {APPS_QUERY} >"$f" 2>&1; rc=$?
-echo "@apps $rc"; cat "$f"
-"""
+        self.library, self.command = LIBRARIES / "nvidia.sh", call("fact_nvidia_smi", self.timeout, QUERY, APPS_QUERY)
 
     def process(self, output, rc):
         return parse_nvidia_smi_sections(output, self.timeout)
@@ -163,9 +150,7 @@ class Dcgm(Fact):
     """Whether the host runs NVIDIA's DCGM host engine (DGX OS and data-centre installs
     start ``nvidia-dcgm.service``): ``{"hostengine": bool, "dcgmi": path or None}``."""
 
-    command = ("printf 'dcgmi %s\\n' \"$(command -v dcgmi || echo -)\"; "
-               "printf 'service %s\\n' \"$(systemctl is-active nvidia-dcgm.service 2>/dev/null || true)\"; "
-               "printf 'process %s\\n' \"$(pgrep -x nv-hostengine >/dev/null 2>&1 && echo yes || echo no)\"")
+    library, command = LIBRARIES / "nvidia.sh", "fact_dcgm"
 
     def process(self, output, rc):
         seen = dict(line.partition(" ")[::2] for line in output.splitlines() if " " in line)

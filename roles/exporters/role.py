@@ -17,10 +17,10 @@ needs nothing on the host but nvidia-smi and awk, and writes DCGM's names, so on
 rules and dashboards covers both kinds of host."""
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from converge.changes import Command, Decision, File, Role
+from converge.errors import StepFailed
 from converge.facts.containers import Images
 from converge.facts.host import Directory, FileState, OsRelease, UnitState
 from converge.facts.nvidia import Dcgm
@@ -30,11 +30,17 @@ from roles.fleet import is_serving
 from roles.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
 from roles.exporter_containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, TEXTFILES,
                                        collector_unit, dcgm_counters, dcgm_exporter, node_exporter)
+from roles.host_programs import Program, Protocol
 from roles.serving_host import STATE_DIR
+from roles.systemd import SYSTEMD_FILE, folders_script, systemd_parameters
 
 from . import textfiles
 
 HERE = Path(__file__).parent
+COLLECTOR_RUNNING = Protocol("the metrics collector running", markers={
+    "ready": "S: its textfile written S seconds after the start", "failed": "its unit failed",
+    "timeout": "S: no textfile within S seconds"}, exits={"failed": 3, "timeout": 4})
+COLLECTOR_RUNNING_PROGRAM = Program((SYSTEMD_FILE, HERE / "collector_running.sh"), COLLECTOR_RUNNING)
 
 
 def facts(v):
@@ -56,7 +62,7 @@ def plan(ctx):
     v, f = ctx.vars, ctx.facts
     nixos = (f.get("os") or {}).get("ID") == "nixos"
     # the node exporter's textfile collector reads it, files or none
-    yield Command("metrics folder", script=f"mkdir -p {TEXTFILES}\n", when=not f.get("textfiles_dir"),
+    yield Command("metrics folder", script=folders_script(TEXTFILES), when=not f.get("textfiles_dir"),
                   describe=f"mkdir -p {TEXTFILES}")
     yield from _textfiles(ctx)
     serving = is_serving(v)
@@ -112,29 +118,37 @@ def _collector(ctx, nixos: bool, dcgm: bool):
                          mode="0644", current=f.get("collector_unit_file"))
         yield unit_file
     state = f.get("collector_unit") or {}
-    q = shlex.quote(COLLECTOR_UNIT)
-    textfile = shlex.quote(f"{TEXTFILES}/replicas.prom")
     if state.get("ActiveState") != "active":
-        action, why = f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}", \
-            f"was {state.get('ActiveState', 'absent')}"
+        action, why = "start", f"was {state.get('ActiveState', 'absent')}"
     elif script.needed() or (unit_file is not None and unit_file.needed()):
-        action, why = f"systemctl daemon-reload\nsystemctl restart {q}", "its script or unit changed"
+        action, why = "restart", "its script or unit changed"
     else:
-        action, why = "", ""
+        action, why = "none", ""
     enabled = nixos or state.get("UnitFileState") == "enabled"
-    # it has written once when its textfile is newer than the start
-    wait = (f"began=$(date +%s)\nwhile :; do\n"
-            f"  [ -f {textfile} ] && [ $(stat -c %Y {textfile}) -ge $began ] && break\n"
-            f"  [ \"$(systemctl is-active {q})\" = failed ] && {{ journalctl -u {q} -n 10 --no-pager -o cat; exit 3; }}\n"
-            f"  [ $(( $(date +%s) - began )) -ge 60 ] && {{ echo 'no reading within 60 s'; exit 4; }}\n"
-            f"  sleep 0.5\ndone\n")
-    yield Command("metrics collector running", when=bool(action) or not enabled,
-                  script=("" if nixos else f"systemctl enable {q} 2>/dev/null\n")
-                  + (f"{action}\n{wait}" if action else ""),
-                  describe=f"systemctl {'start' if 'start' in action else 'restart' if action else 'enable'} "
-                           f"{COLLECTOR_UNIT} ({why or 'not enabled at boot'})",
-                  timeout=120, interpret=lambda result: f"{COLLECTOR_UNIT} writes its textfiles in {TEXTFILES} "
-                                                        f"({why or 'enabled at boot'})")
+    timeout = 60
+    yield Command("metrics collector running", when=action != "none" or not enabled,
+                  script=COLLECTOR_RUNNING_PROGRAM.script({
+                      **systemd_parameters(COLLECTOR_UNIT, action, daemon_reload=action != "none", enable=not nixos),
+                      "TEXTFILE": f"{TEXTFILES}/replicas.prom", "TIMEOUT_S": timeout}),
+                  describe=f"systemctl {action if action != 'none' else 'enable'} {COLLECTOR_UNIT} "
+                           f"({why or 'not enabled at boot'})",
+                  timeout=timeout + 60, interpret=_collector_running(why or "enabled at boot", timeout))
+
+
+def _collector_running(why: str, timeout: int):
+    def interpret(result):
+        out = result.stdout
+        ready = COLLECTOR_RUNNING.first(out, "ready")
+        if result.rc == 0:
+            took = f", its first {ready[0]} s after the start" if ready else ""
+            return f"{COLLECTOR_UNIT} writes its textfiles in {TEXTFILES} ({why}{took})"
+        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
+        what = ("its unit failed" if COLLECTOR_RUNNING.first(out, "failed") is not None else
+                f"no reading within {timeout} s" if COLLECTOR_RUNNING.first(out, "timeout") is not None else
+                f"exit {result.rc}: {(out + result.stderr).strip()[-200:]}")
+        raise StepFailed(f"{COLLECTOR_UNIT} wrote no textfile in {TEXTFILES} ({what}). Last log lines:\n{journal}\n"
+                         f"See: journalctl -u {COLLECTOR_UNIT}")
+    return interpret
 
 
 def summary(ctx) -> dict:

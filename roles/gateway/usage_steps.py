@@ -3,7 +3,6 @@ from and its Lua (a change is a reload of the gateway), and the usage service (i
 and unit; a change is a restart, before the gateway's HAProxy, which sends it records)."""
 from __future__ import annotations
 
-import shlex
 
 from converge.changes import Check, Command, File
 from converge.errors import StepFailed
@@ -11,6 +10,7 @@ from converge.facts.host import Commands, FileState, UnitState
 
 from roles.haproxy.instance import GATEWAY, runtime_socket
 from roles.host_programs import Program, Protocol
+from roles.systemd import SYSTEMD_FILE, systemd_parameters
 
 from roles import key_limits as limits
 
@@ -21,7 +21,7 @@ USAGE_RUNNING = Protocol("the usage service running", markers={
     "failed": "STATE after S s: its unit failed (its last log lines follow)",
     "timeout": "S STATE: it had not bound its socket in time"},
     exits={"failed": 3, "timeout": 4})
-USAGE_RUNNING_PROGRAM = Program((acc.FILES / "usage_running.sh",), USAGE_RUNNING)
+USAGE_RUNNING_PROGRAM = Program((SYSTEMD_FILE, acc.FILES / "usage_running.sh"), USAGE_RUNNING)
 READY_TIMEOUT_S = 30
 
 
@@ -70,22 +70,20 @@ def service_steps(ctx):
     yield program
     yield unit
     state = f.get("usage_unit") or {}
-    q = shlex.quote(acc.UNIT)
     if state.get("ActiveState") != "active":
-        action, verb, why = (f"systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\nsystemctl start {q}",
-                             "start", f"was {state.get('ActiveState', 'absent')}")
+        action, why = "start", f"was {state.get('ActiveState', 'absent')}"
     elif program.needed() or unit.needed():
-        action, verb, why = f"systemctl daemon-reload\nsystemctl restart {q}", "restart", "its program or unit changed"
+        action, why = "restart", "its program or unit changed"
     else:
-        action, verb, why = "", "", ""
+        action, why = "none", ""
     enabled = state.get("UnitFileState") == "enabled"
-    script = f"systemctl enable {q} 2>/dev/null\n"
-    if action:
-        script += USAGE_RUNNING_PROGRAM.script({"UNIT": acc.UNIT, "SOCKET": acc.SOCKET, "TIMEOUT_S": READY_TIMEOUT_S},
-                                               before=f"act() {{\n{action}\n}}\n")
-    yield Command("usage service running", script=script, when=bool(action) or not enabled,
-                  describe=f"systemctl {verb or 'enable'} {acc.UNIT} ({why or 'not enabled at boot'})",
-                  timeout=READY_TIMEOUT_S + 30, interpret=_interpret(why or "enabled at boot", waited=bool(action)))
+    script = USAGE_RUNNING_PROGRAM.script({**systemd_parameters(acc.UNIT, action, daemon_reload=action != "none",
+                                                                enable=True),
+                                           "SOCKET": acc.SOCKET, "TIMEOUT_S": READY_TIMEOUT_S})
+    yield Command("usage service running", script=script, when=action != "none" or not enabled,
+                  describe=f"systemctl {action if action != 'none' else 'enable'} {acc.UNIT} "
+                           f"({why or 'not enabled at boot'})",
+                  timeout=READY_TIMEOUT_S + 30, interpret=_interpret(why or "enabled at boot", waited=action != "none"))
 
 
 def _interpret(why: str, waited: bool):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
-import shlex
+from pathlib import Path
 
-from converge.facts import Fact
+from converge.facts import Fact, call
 
 # the backends of a model family's pool, front door and gateway alike (templates/haproxy.cfg.j2):
 # a front door's pool servers track its replicas', a gateway's are the front doors
@@ -33,8 +33,7 @@ class ServerStates(Fact):
 
     def __init__(self, socket: str, backend: str = "servers"):
         self.backend = backend
-        self.command = (f"[ -S {shlex.quote(socket)} ] && curl -sS --max-time 2 --unix-socket {shlex.quote(socket)} "
-                        f"'http://proxy/;csv' 2>/dev/null; true")
+        self.library, self.command = Path(__file__).parent / "files" / "facts.sh", call("fact_server_states", socket)
 
     def process(self, output, rc):
         # a server's requests also go through the backends whose servers track it (a front

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,8 @@ from roles.serving_host import connect_address
 
 from . import tls
 from .config import Server, render_config, render_keys
-from .instance import Proxy, image_ref, render_unit, runtime_socket, state_file
+from .instance import Proxy, image_ref, render_unit, runtime_socket
+from .instance import state_file as state_file_of
 
 
 @dataclass(frozen=True)
@@ -89,27 +89,32 @@ ANSWERING = Protocol("an HAProxy instance answering", markers={
     "reload-signalled-again": "GOT: the reload had not taken after AGAIN_S s: signalled once more",
     "reload-did-not-take": "GOT: the reload had not taken after GRACE_S s: restarted instead"},
     exits={"failed": 3, "timeout": 4})
-ANSWERING_PROGRAM = Program((Path(__file__).parent / "files" / "answering.sh",), ANSWERING)
+FILES = Path(__file__).parent / "files"
+KEEP_STATES = FILES / "keep_states.sh"
+ANSWERING_PROGRAM = Program((KEEP_STATES, FILES / "answering.sh"), ANSWERING)
 
 
-def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: str | None = None,
-                grace: int = 10, again: int = 3) -> str:
-    """Run ``action``, then wait until https /health on this host answers with ``generation``
-    (files/answering.sh). ``fallback`` (a restart): run once when ``action`` (a reload) has not
-    taken after ``grace`` seconds: the running instance reads files other than those written
-    (a container that still sees a directory replaced or remounted since it started). Before
-    that, after ``again`` seconds, the reload is signalled once more: HAProxy 2.6's master now
-    and then acts on no SIGUSR2 (on a loaded machine, 13 in about 100 reloads of a unit test's
-    gateway; a second signal took it each time, and one that comes during a reload merges into
-    it), and a reload keeps the connections in flight where a restart would cut them."""
+def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: bool = False,
+                kept: tuple = (), enable: bool = True, grace: int = 10, again: int = 3,
+                state_file: str | None = None) -> str:
+    """Start, restart or reload (``action``) the instance, then wait until https /health on this
+    host answers with ``generation`` (files/answering.sh). A reload keeps the states of the servers
+    ``kept`` (`kept_servers`). ``fallback``: a reload that has not taken after ``grace`` seconds
+    becomes a restart: the running instance reads files other than those written (a container that
+    still sees a directory replaced or remounted since it started). Before that, after ``again``
+    seconds, the reload is signalled once more: HAProxy 2.6's master now and then acts on no SIGUSR2
+    (on a loaded machine, 13 in about 100 reloads of a unit test's gateway; a second signal took it
+    each time, and one that comes during a reload merges into it), and a reload keeps the
+    connections in flight where a restart would cut them."""
     v = ctx.vars
     port = int(v.get("api_port", 8000))
-    actions = f"act() {{\n{action.strip() or ':'}\n}}\nfall_back() {{\n{(fallback or ':').strip()}\n}}\n"
     return ANSWERING_PROGRAM.script(
-        {"UNIT": proxy.unit_name(v), "URL": f"https://{ctx.name}:{port}/health",
+        {"UNIT": proxy.unit_name(v), "ACTION": action, "ENABLE": int(enable),
+         "STATE_FILE": state_file or state_file_of(proxy), "RUNTIME_SOCKET": runtime_socket(proxy),
+         "KEPT_SERVERS": "\n".join(kept), "URL": f"https://{ctx.name}:{port}/health",
          "RESOLVE": f"{ctx.name}:{port}:{connect_address(v)}", "CA_FILE": f"{proxy.dir}/ca.crt",
-         "GENERATION": generation, "TIMEOUT_S": int(timeout), "FALLBACK": int(fallback is not None),
-         "GRACE_S": int(grace), "AGAIN_S": int(again), "CONFIG": f"{proxy.dir}/haproxy.cfg"}, before=actions)
+         "GENERATION": generation, "TIMEOUT_S": int(timeout), "FALLBACK": int(fallback),
+         "GRACE_S": int(grace), "AGAIN_S": int(again), "CONFIG": f"{proxy.dir}/haproxy.cfg"})
 
 
 def kept_servers(config: str) -> list[str]:
@@ -126,28 +131,6 @@ def kept_servers(config: str) -> list[str]:
         if backend and server and re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+", server.group(2)):
             out.append(f"{backend} {server.group(1)} {server.group(2)} {server.group(3)}")
     return out
-
-
-def reload_action(proxy: Proxy, unit: str, config: str) -> str:
-    """A reload that keeps what the running instance knows of its servers: their states,
-    dumped through its runtime API (curl speaks telnet to the unix socket: no socat needed
-    on the host) to the file the new instance reads, for the servers whose address and port
-    ``config`` keeps. Without it, a pool whose servers are all down would be called up, and
-    sent requests, until the new instance's first checks."""
-    sock, state = shlex.quote(runtime_socket(proxy)), shlex.quote(state_file(proxy))
-    keep = "\n".join(kept_servers(config))
-    # fields of `show servers state` (version 1): 2 be_name, 4 srv_name, 5 srv_addr, 19 srv_port
-    return (f"keep=$(mktemp)\ncat > \"$keep\" <<'DGEMMA_KEPT_SERVERS'\n{keep}\nDGEMMA_KEPT_SERVERS\n"
-            f"echo 'show servers state' | curl -sS --max-time 5 --unix-socket {sock} telnet://localhost 2>/dev/null \\\n"
-            f"  | awk 'NR == FNR {{ k[$0] = 1; next }} /^#/ || NF < 19 {{ print; next }} "
-            f"(($2 \" \" $4 \" \" $5 \" \" $19) in k)' \"$keep\" - > {state}.new "
-            f"&& mv -f {state}.new {state} || rm -f {state}.new\nrm -f \"$keep\"\n"
-            f"systemctl reload {shlex.quote(unit)}")
-
-
-def fresh_start(proxy: Proxy) -> str:
-    """Before a start or restart: no state of an earlier instance (its checks find the servers' own)."""
-    return f"rm -f {shlex.quote(state_file(proxy))}\n"
 
 
 def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
@@ -216,31 +199,28 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
         yield unit_file
     active = state.get("ActiveState") == "active"
     served = ctx.facts.get(f"{prefix}_served")
-    q = shlex.quote(unit)
-    restart = f"{fresh_start(proxy)}systemctl daemon-reload\nsystemctl restart {q}"
-    fallback = None
+    fallback = False
     if not active:
-        action, verb, why = (f"{fresh_start(proxy)}systemctl daemon-reload\nsystemctl reset-failed {q} 2>/dev/null\n"
-                             f"systemctl start {q}", "start", f"was {state.get('ActiveState', 'absent')}")
+        action, why = "start", f"was {state.get('ActiveState', 'absent')}"
     elif unit_changed or env_changed:
-        action, verb, why = restart, "restart", "its unit or environment changed"
+        action, why = "restart", "its unit or environment changed"
     elif reload:
-        action, verb, why = (reload_action(proxy, unit, want.config), "reload",
-                             "keys, certificate or servers changed: reloaded, not restarted")
-        fallback = restart
+        action, why = "reload", "keys, certificate or servers changed: reloaded, not restarted"
+        fallback = True
     elif served != want.generation:
         # its files are right but it serves something else: a reload would read the same
         # stale view (a container started while its directory was replaced or remounted)
-        action, verb, why = restart, "restart", (f"its files are current but it answers as {served}"
-                                                 if served else "active, but https /health does not answer")
+        action, why = "restart", (f"its files are current but it answers as {served}"
+                                  if served else "active, but https /health does not answer")
     else:
-        action, verb, why = "", "", ""
-    enable = "" if nixos else f"systemctl enable {q} 2>/dev/null\n"
+        action, why = "", ""
     timeout = int(v.get("frontdoor_ready_timeout", 60))
     yield Command(f"{proxy.kind} answering",
-                  script=enable + wait_script(ctx, proxy, action, want.generation, timeout, fallback=fallback),
+                  script=wait_script(ctx, proxy, action or "none", want.generation, timeout, fallback=fallback,
+                                     kept=tuple(kept_servers(want.config)) if action == "reload" else (),
+                                     enable=not nixos),
                   when=bool(action),
-                  describe=(f"systemctl {verb} {unit}; wait for https /health ({why})" if action else
+                  describe=(f"systemctl {action} {unit}; wait for https /health ({why})" if action else
                             f"{unit} answers as its files say ({want.generation})"),
                   timeout=timeout + 30,
                   interpret=_interpret(proxy, unit, timeout,
@@ -265,8 +245,8 @@ def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted, extra_files: tupl
     unit = proxy.unit_name(ctx.vars)
     timeout = int(ctx.vars.get("frontdoor_ready_timeout", 60))
     yield Command(f"{proxy.kind} reloaded",
-                  script=wait_script(ctx, proxy, reload_action(proxy, unit, want.config), want.generation, timeout,
-                                     fallback=f"{fresh_start(proxy)}systemctl restart {shlex.quote(unit)}"),
+                  script=wait_script(ctx, proxy, "reload", want.generation, timeout, fallback=True,
+                                     kept=tuple(kept_servers(want.config)), enable=False),
                   when=needed, describe=f"systemctl reload {unit}; wait for the new keys to answer",
                   timeout=timeout + 30, interpret=_interpret(proxy, unit, timeout, "reloaded: the new keys answer"))
 

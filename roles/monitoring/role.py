@@ -13,11 +13,11 @@ A monitoring host is not on the serving path: a deploy that cannot reach it, or 
 there, reports so and fails none of the serving hosts (roles.advisory)."""
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 
 from converge.changes import Check, Command, Decision, File, Role
 from converge.errors import SecretError, StepFailed
-from converge.facts import Fact
+from converge.facts import Fact, call
 from converge.facts.containers import Images
 from converge.facts.host import Directory, FileState, OsRelease, UnitState
 from converge.secrets import read_secret_file
@@ -31,6 +31,7 @@ from roles.haproxy import tls
 from roles.handoffs import MONITORING
 from roles.catalog import monitoring_image
 from roles.serving_host import STATE_DIR
+from roles.systemd import folders_script
 
 from . import alertmanager, prometheus, rules
 
@@ -45,7 +46,7 @@ class Nobody(Fact):
     """The names of uid and gid 65534 on the host (nobody, nogroup or nobody): the owner of
     the files the containers' user reads."""
 
-    command = f"getent passwd {CONTAINER_UID} | cut -d: -f1; getent group {CONTAINER_UID} | cut -d: -f1"
+    library, command = Path(__file__).parent / "files" / "facts.sh", call("fact_names_of_id", CONTAINER_UID)
 
     def process(self, output, rc):
         lines = [line.strip() for line in output.splitlines()]
@@ -135,8 +136,7 @@ def plan(ctx):
     missing = [d for d, fact in ((PROMETHEUS_DATA, "prometheus_data"), (ALERTMANAGER_DATA, "alertmanager_data"))
                if not f.get(fact)]
     yield Command("monitoring data folders", when=bool(missing),
-                  script="".join(f"install -d -o {CONTAINER_UID} -g {CONTAINER_UID} -m 0750 {shlex.quote(d)}\n"
-                                 for d in missing),
+                  script=folders_script(*missing, mode="0750", owner=str(CONTAINER_UID), group=str(CONTAINER_UID)),
                   describe=f"install -d -o {CONTAINER_UID} -g {CONTAINER_UID} {' '.join(missing)}")
 
     def secret(name, path, content, fact):

@@ -23,6 +23,7 @@ from roles.haproxy.instance import nixos_container
 from roles.nixos_module import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
 from roles.replicas import Replica, Served, name_globs, units_of
 from roles.scrape_targets import uses_dcgm
+from roles.systemd import folders_script, systemctl
 from roles.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, is_running,
                                 restart, start_notes_command, step_name, unit_file, unit_state, units_fact)
 
@@ -112,7 +113,7 @@ def plan(ctx):
     replicas = [p.replica for p in plans]
     current = ctx.facts.get("nixos_module") if nixos else (unit_file(ctx, replicas[0]) if replicas else None)
     dirs = [v.get("model_cache", "/srv/models/hf-cache"), v.get("compile_cache", "/var/cache/vllm"), "/etc/dgemma"]
-    yield Command("directories", script="mkdir -p " + " ".join(shlex.quote(d) for d in dirs) + "\n",
+    yield Command("directories", script=folders_script(*dirs),
                   when=current is None, describe="mkdir -p " + " ".join(dirs))
     env = File("environment file", path=env_path(v), content=render_env(api_key, hf_token), mode="0600",
                secret=True, current=ctx.facts.get("env_file"), notify=tuple(restart(r.unit) for r in replicas))
@@ -153,8 +154,7 @@ def plan(ctx):
         enabled = unit_state(ctx, replica).get("UnitFileState") == "enabled"
         absent = unit_state(ctx, replica).get("LoadState") in (None, "not-found")
         yield Command(step_name("enabled at boot" if want else "not enabled at boot", index),
-                      script=f"systemctl daemon-reload\nsystemctl {'enable' if want else 'disable'} "
-                             f"{shlex.quote(unit)}\n",
+                      script=systemctl(unit, "enable" if want else "disable", daemon_reload=True),
                       when=enabled != want and not (not want and absent),
                       describe=f"systemctl {'enable' if want else 'disable'} {unit}")
 
@@ -271,11 +271,11 @@ def handlers(ctx):
     replicas = [plan.replica for plan in declared.replicas] if declared else []
     # only a running replica restarts here; a stopped one is started (or not) by the start role
     restarts = {restart(r.unit): Command("restart" if r.index == 0 else f"restart {r.unit}",
-                                         script=f"systemctl try-restart "
-                                         f"{shlex.quote(r.unit)}\n", describe=f"systemctl try-restart {r.unit}")
+                                         script=systemctl(r.unit, "try-restart"),
+                                         describe=f"systemctl try-restart {r.unit}")
                 for r in replicas}
     return {
-        "daemon-reload": Command("daemon-reload", script="systemctl daemon-reload\n",
+        "daemon-reload": Command("daemon-reload", script=systemctl("", daemon_reload=True),
                                  describe="systemctl daemon-reload"),
         # NixOS applies its own configuration: it restarts the units whose definition changed
         "nixos-rebuild": Command("nixos-rebuild switch", script="nixos-rebuild switch\n",

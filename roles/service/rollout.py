@@ -35,7 +35,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from converge.changes import Command, File, Produced, Throttle
+from converge.changes import WRITE_FILE, Command, File, Produced, Throttle
 from converge.errors import StepFailed
 
 from roles.handoffs import UNITS, gated
@@ -70,7 +70,7 @@ ROLL = Protocol("the roll", markers={
     "rolled-back": "MS: back on what it ran, ready and in service",
     "rollback-failed": "WHY: going back failed too",
     **READY_MARKERS}, exits={"failed": 4, "rolled_back": 5, "rollback_failed": 6, "write_failed": 7})
-PROGRAM = Program((PRELUDE, *TABLE_READER, ADMIN_LIBRARY, READY, FILES / "roll.sh"), ROLL)
+PROGRAM = Program((PRELUDE, *TABLE_READER, ADMIN_LIBRARY, READY, WRITE_FILE, FILES / "roll.sh"), ROLL)
 
 THROTTLE = "rollout"
 ACTIONS = ("restart", "start", "stop", "recover", "remove")
@@ -163,9 +163,8 @@ def script(roll: Roll) -> str:
               "REF": roll.image if roll.same_image_ref else "",
               "BEFORE_REPLICAS": shell_table([roll.replaces.with_gpus(roll.replicas[0].gpus)]) if roll.replaces else "",
               "REMOVE_PATHS": " ".join(roll.remove_paths)}
-    # the new unit, written atomically (in a subshell: its set -e and traps stay there)
-    write = (f"write_unit() (\n{roll.unit_file.script().strip()}\n)\n" if roll.unit_file is not None
-             else "write_unit() { return 1; }\n")
+    # the new unit, written atomically by write_file.sh's write_file (roll.sh calls it when WRITE=1)
+    write = f"write_unit() {{\n{roll.unit_file.write_call()}}}\n" if roll.unit_file is not None else ""
     return PROGRAM.script(params, before=write, grouped=True)
 
 

@@ -11,6 +11,7 @@ missing, apt-get or dnf installs it."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from converge.changes import Check, Command, Decision, File, Role
 from converge.facts import Fact
@@ -20,14 +21,24 @@ from roles.fleet import is_gateway
 from roles.haproxy.instance import GATEWAY
 from roles.handoffs import KEEPALIVED
 
+from roles.host_programs import Program, Protocol
+from roles.systemd import SYSTEMD_FILE, systemctl, systemd_parameters
+
 from . import keepalived
 from .keepalived import CHECK, CONF, UNIT
+
+FILES = Path(__file__).parent / "files"
+ANSWERING = Protocol("the shared address answering", markers={
+    "answers": "CODE HOLDER: the address answered HTTP CODE; HOLDER yes when this gateway holds it",
+    "silent": "it did not answer in time"}, exits={"silent": 3})
+ANSWERING_PROGRAM = Program((SYSTEMD_FILE, FILES / "answering.sh"), ANSWERING)
+INSTALL_PROGRAM = Program((FILES / "install.sh",))
 
 
 class Ipv4Addresses(Fact):
     """The host's IPv4 addresses, by interface."""
 
-    command = "ip -o -4 addr show"
+    library, command = FILES / "facts.sh", "fact_ipv4_addresses"
 
     def process(self, output, rc):
         return keepalived.parse_addresses(output)
@@ -82,45 +93,35 @@ def plan(ctx):
     changed = any(step.needed() for step in files)
     yield from files
     state = f.get("keepalived_unit") or {}
-    q = shlex.quote(UNIT)
     if state.get("ActiveState") != "active":
-        action, verb, why = (f"systemctl reset-failed {q} 2>/dev/null\nsystemctl restart {q}", "start",
-                             f"was {state.get('ActiveState', 'absent')}")
+        action, why = "restart", f"was {state.get('ActiveState', 'absent')}"
     elif changed:
         # keepalived reads its configuration again on SIGHUP and keeps the address where it is
-        action, verb, why = f"systemctl reload {q}", "reload", "its configuration changed"
+        action, why = "reload", "its configuration changed"
     else:
-        action, verb, why = "", "enable", "not enabled at boot"
+        action, why = "none", "not enabled at boot"
     enabled = state.get("UnitFileState") == "enabled"
     wait = int(v.get("frontdoor_ready_timeout", 60))
-    yield Command("shared address answering", when=bool(action) or not enabled,
-                  script=f"systemctl enable {q} 2>/dev/null\n{action}\n" + _wait_script(shared, port, wait),
-                  describe=f"systemctl {verb} {UNIT}; wait until https://{shared}:{port}/health answers ({why})",
+    yield Command("shared address answering", when=action != "none" or not enabled,
+                  script=ANSWERING_PROGRAM.script({**systemd_parameters(UNIT, action, enable=True),
+                                                   "SHARED": shared, "URL": f"https://{shared}:{port}/health",
+                                                   "CA_FILE": f"{GATEWAY.dir}/ca.crt", "TIMEOUT_S": wait}),
+                  describe=f"systemctl {'start' if action == 'restart' else 'enable' if action == 'none' else action} "
+                           f"{UNIT}; wait until https://{shared}:{port}/health answers ({why})",
                   timeout=wait + 30, interpret=_interpret(shared, port, wait))
-
-
-def _wait_script(shared: str, port: int, timeout: int) -> str:
-    """Until the shared address answers https (any HTTP status), whichever gateway holds it."""
-    # by the address itself, which every gateway's certificate names (the holder may be another)
-    return (f"end=$(( $(date +%s) + {timeout} ))\n"
-            f"while :; do\n"
-            f"  code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 --cacert {GATEWAY.dir}/ca.crt "
-            f"{shlex.quote(f'https://{shared}:{port}/health')})\n"
-            f"  [ \"$code\" != 000 ] && {{ holder=no; ip -o -4 addr show | grep -q {shlex.quote(' ' + shared + '/')} "
-            f"&& holder=yes; echo \"@answers $code $holder\"; exit 0; }}\n"
-            f"  [ $(date +%s) -ge $end ] && {{ echo \"@silent\"; exit 3; }}\n"
-            f"  sleep 0.5\n"
-            f"done\n")
 
 
 def _interpret(shared: str, port: int, timeout: int):
     from converge.errors import StepFailed
 
     def interpret(result):
-        lines = [line for line in result.stdout.splitlines() if line.startswith("@answers ")]
-        if result.rc == 0 and lines:
-            _, code, holder = lines[-1].split()
+        answers = ANSWERING.first(result.stdout, "answers")
+        if result.rc == 0 and answers:
+            code, holder = answers[:2]
             return f"{shared}:{port} answers (HTTP {code}); {'held here' if holder == 'yes' else 'held by another gateway'}"
+        if ANSWERING.first(result.stdout, "silent") is None:
+            raise StepFailed(f"waiting for the shared address {shared}:{port} failed (exit {result.rc}): "
+                             f"{(result.stdout + result.stderr).strip()[-300:]}")
         raise StepFailed(f"the shared address {shared}:{port} did not answer within {timeout} s: "
                          f"`journalctl -u {UNIT}` on the gateways says why (another VRRP router with id "
                          f"gateway_vrrp_id on that network, VRRP blocked between the gateways, HAProxy not answering)")
@@ -131,20 +132,15 @@ def _install(ctx):
     found = ctx.facts.get("keepalived_commands") or {}
     if found.get("keepalived"):
         return
-    if found.get("apt-get"):
-        script = ("export DEBIAN_FRONTEND=noninteractive\n"
-                  "apt-get install -y --no-install-recommends keepalived || "
-                  "{ apt-get update && apt-get install -y --no-install-recommends keepalived; }")
-        describe = "apt-get install keepalived"
-    elif found.get("dnf"):
-        script, describe = "dnf install -y keepalived", "dnf install keepalived"
-    else:
+    tool = "apt-get" if found.get("apt-get") else "dnf" if found.get("dnf") else None
+    if tool is None:
         os_name = (ctx.facts.get("os") or {}).get("PRETTY_NAME") or "this system"
         yield Check("keepalived installed", ok=False,
                     message=f"keepalived is not installed and {os_name} has neither apt-get nor dnf: install "
                             f"its keepalived package (NixOS: services.keepalived.enable), then deploy again")
         return
-    yield Command("keepalived installed", script=script, describe=f"{describe} (not installed)", timeout=900)
+    yield Command("keepalived installed", script=INSTALL_PROGRAM.script({"TOOL": tool}),
+                  describe=f"{tool} install keepalived (not installed)", timeout=900)
 
 
 def _removal(ctx):
@@ -152,9 +148,7 @@ def _removal(ctx):
     conf = ctx.facts.get("keepalived_conf") or {}
     if not conf.get("content", "").startswith(keepalived.MANAGED):
         return
-    q = shlex.quote(UNIT)
-    yield Command("shared address removed", script=f"systemctl disable --now {q} 2>/dev/null\n"
-                                                    f"rm -f {shlex.quote(CONF)} {shlex.quote(CHECK)}",
+    yield Command("shared address removed", script=systemctl(UNIT, "remove", remove=(CONF, CHECK)),
                   describe=f"systemctl disable --now {UNIT}; remove {CONF} (gateway_address is no longer set)")
 
 

@@ -2,7 +2,6 @@
 /v1/models, or stopped (state: stopped). Reports the time to ready."""
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from converge.changes import Command, Role
@@ -14,6 +13,7 @@ from roles.host_programs import Program, Protocol
 from roles.replica_ready import (PRELUDE, READY, READY_MARKERS, failed_unit, late_units, ready_seconds,
                                  replica_ready)
 from roles.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
+from roles.systemd import systemctl
 from roles.serving_host import env_path, is_running, record_path, restart, step_name, unit_state
 
 START = Protocol("start and wait", markers={"start-failed": "systemctl start failed", **READY_MARKERS},
@@ -41,7 +41,7 @@ def plan(ctx):
     states = {r.index: unit_state(ctx, r) for r in replicas}
     if v.get("state", "started") == "stopped":
         for replica in replicas:
-            yield Command(step_name("stopped", replica.index), script=f"systemctl stop {shlex.quote(replica.unit)}\n",
+            yield Command(step_name("stopped", replica.index), script=systemctl(replica.unit, "stop"),
                           when=is_running(states[replica.index]), describe=f"systemctl stop {replica.unit}")
         return
     timeout = int(v.get("ready_timeout", 600))

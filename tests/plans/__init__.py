@@ -215,28 +215,30 @@ def _digest(text: str) -> str:
 # the files of the programs a host runs (and of the files the roles copy there as they are): a
 # snapshot names each by its path and digest where a script or file holds it whole, so that it holds
 # a program's parameters, not its body (the file's own tests read the body: tests/test_host_programs.py)
-PROGRAM_FILES = ("roles/*/files/*", "roles/*.sh", "roles/exporters/*.sh", "converge/host_scripts/*")
+PROGRAM_FILES = ("roles/*/files/*", "roles/*.sh", "roles/exporters/*.sh", "converge/host_scripts/*",
+                 "converge/facts/files/*", "day2/host_programs/*", "relay/files/*")
 SMALLEST_NAMED = 200  # a shorter file is shown as it is: its name would be no shorter
 
 
-@functools.lru_cache(maxsize=1)
-def _program_files() -> tuple:
+@functools.lru_cache(maxsize=2)
+def _program_files(smallest: int = SMALLEST_NAMED) -> tuple:
+    """(path, text) of each program file of at least ``smallest`` characters, the longest first."""
     root = HERE.parent.parent
     found = {path for pattern in PROGRAM_FILES for path in root.glob(pattern) if path.is_file()}
     texts = [(str(path.relative_to(root)), path.read_text()) for path in sorted(found)]
-    return tuple(sorted((t for t in texts if len(t[1]) >= SMALLEST_NAMED), key=lambda t: -len(t[1])))
+    return tuple(sorted((t for t in texts if len(t[1]) >= smallest), key=lambda t: -len(t[1])))
 
 
 # a file a script writes (converge.changes' atomic write): shown as its text, not its base64
-BASE64_HEREDOC = re.compile(r"(base64 -d >\S+ <<'(__CONVERGE_EOF__)'\n)([A-Za-z0-9+/=\n]*?)(__CONVERGE_EOF__\n)")
+BASE64_HEREDOC = re.compile(r"(<<'__CONVERGE_EOF__'\n)([A-Za-z0-9+/=\n]*?)(__CONVERGE_EOF__\n)")
 
 
 def _decoded(match: re.Match) -> str:
     try:
-        text = base64.b64decode(match.group(3), validate=False).decode()
+        text = base64.b64decode(match.group(2), validate=False).decode()
     except (ValueError, UnicodeDecodeError):
         return match.group(0)
-    return f"{match.group(1)}@base64 of:\n{text}{'' if text.endswith(chr(10)) else chr(10)}{match.group(4)}"
+    return f"{match.group(1)}@base64 of:\n{text}{'' if text.endswith(chr(10)) else chr(10)}{match.group(3)}"
 
 
 # a line longer than this is shown broken before each of its options (a command line in a unit), so

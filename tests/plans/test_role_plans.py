@@ -2,6 +2,7 @@
 executor (tests/plans/__init__.py). ``PLAN_CASES_WRITE=1`` rewrites the snapshots from the
 code, to be read before committing."""
 import functools
+import re
 import os
 from pathlib import Path
 
@@ -74,3 +75,25 @@ def test_a_text_close_to_one_shown_before_is_a_diff_from_it_word_by_word():
     assert body == "@diff from above: file unit\n@@ 4\n~Line3=value [-3-]{+33+}\n@@ 10\n-Line9=value 9\n"
     assert plans._closest(unit, [("fresh-host: file unit", unit)]) == "@same as fresh-host: file unit\n"
     assert plans._closest("other\n" * 20, [("above: file unit", unit)]) is None  # shown whole
+
+
+ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=(?:'[^']*'|\S*)\n", re.M)
+# a file a program writes: write_file.sh's call with the file's content as its heredoc, in a function
+# the program calls (roll.sh's write_unit)
+WRITE = re.compile(r"^(write_unit\(\) \{\n)?write_file [^\n]*<<'__CONVERGE_EOF__'\n.*?^__CONVERGE_EOF__\n(\}\n)?",
+                   re.M | re.S)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
+def test_every_script_a_role_sends_is_program_files_and_their_parameters(path: Path):
+    """What each step sends a host: its parameters (NAME=value), program files whole (the host
+    programs under roles/, converge/ and day2/), a file to write as write_file's call; or `true`."""
+    for step in steps_of(path):
+        if step.text is None or not step.head.startswith(("command", "handler")):
+            continue
+        rest = step.text
+        for _, body in plans._program_files(smallest=1):
+            rest = rest.replace(body, "")
+        rest = ASSIGNMENT.sub("", WRITE.sub("", rest))
+        left = [line for line in rest.splitlines() if line.strip() not in ("", "{", "}", "true")]
+        assert left == [], f"{step.head}: shell that is no program file: {left[:3]}"

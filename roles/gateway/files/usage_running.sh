@@ -1,9 +1,9 @@
 # shellcheck shell=dash
-# The gateway's usage service told to start or restart (`act`), then waited for until it has
-# bound its socket again (HAProxy sends it every request's record there). Parameters: UNIT,
-# SOCKET, TIMEOUT_S.
+# After systemd.sh: the gateway's usage service, started or restarted (ACTION; none: enabled alone,
+# not waited for), waited for until it has bound its socket again (HAProxy sends it every request's
+# record there). Parameters: UNIT, ACTION, SOCKET, TIMEOUT_S.
 
-act
+[ "$ACTION" != none ] || exit 0
 start=$(date +%s)
 while :; do
   elapsed=$(( $(date +%s) - start ))

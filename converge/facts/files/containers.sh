@@ -1,0 +1,54 @@
+# shellcheck shell=dash
+# The engine's facts of a host's container runtimes (converge/facts/containers.py), a function
+# each, called with its fact's arguments. A gathering sends this file once, before the facts that
+# call it.
+
+# podman and docker: their versions, docker's runtimes and NVIDIA's hook, the CDI specs that name
+# nvidia.com/gpu; each "@name what" a line
+fact_runtimes() {
+  if command -v podman >/dev/null 2>&1; then echo "@podman $(podman --version 2>&1)"; fi
+  if command -v docker >/dev/null 2>&1; then
+    echo "@docker $(docker --version 2>&1)"
+    echo "@docker-runtimes $(timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null || echo unreachable)"
+    echo "@nvidia-hook $(command -v nvidia-container-runtime-hook || echo -)"
+  fi
+  for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do
+    if [ -f "$f" ] && grep -q 'nvidia.com/gpu' "$f"; then echo "@cdi $f"; fi
+  done
+  true
+}
+
+# every local image of the runtime $1 (podman, docker) as FORMAT $2 says, a line each; "@absent"
+# when the runtime is not there
+fact_images() {
+  command -v "$1" >/dev/null 2>&1 || { echo '@absent'; return 0; }
+  ids=$("$1" images -q --no-trunc 2>/dev/null | sort -u)
+  # shellcheck disable=SC2086 # the image ids, one word each
+  [ -z "$ids" ] || "$1" image inspect --format "$2" $ids
+}
+
+# whether the runtime $1 has an image tagged $2: "@rc 0" (yes) or "@rc 1" (no), as the runtime says
+fact_image_asked() {
+  if [ "$1" = podman ]; then podman image exists "$2" >/dev/null 2>&1; else docker image inspect "$2" >/dev/null 2>&1; fi
+  echo "@rc $?"
+}
+
+# whether podman has an image tagged $1, read from its store's own index ($2/images.json, "$3": the
+# tag as the index writes it) where storage.conf sets none of the settings $4 (a regular expression)
+# to other than its defaults $5 (blank-separated): "@index 0" (yes), 1 (no), 2 (no index yet);
+# anything else asks podman
+fact_image_indexed() {
+  files=${CONTAINERS_STORAGE_CONF:-/etc/containers/storage.conf /usr/share/containers/storage.conf /etc/containers/storage.conf.d/*.conf}
+  # shellcheck disable=SC2086 # storage.conf's files: blank-separated, the last a glob
+  conf=$(sed -nE "s/^[[:space:]]*($4)[[:space:]]*=[[:space:]]*/\\1=/p" $files 2>/dev/null)
+  fast=yes
+  for kv in $conf; do
+    case " $5 " in *" $kv "*) ;; *) fast=no ;; esac
+  done
+  if [ $fast = yes ] && [ -r "$2/images.lock" ]; then
+    grep -qsF "$3" "$2/images.json"
+    echo "@index $?"
+  else
+    fact_image_asked podman "$1"
+  fi
+}

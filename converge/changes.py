@@ -126,7 +126,8 @@ WRITE_FILE = Path(__file__).parent / "host_scripts" / "write_file.sh"
 
 @lru_cache(maxsize=1)
 def _write_file_library() -> str:
-    return WRITE_FILE.read_text()
+    """write_file.sh without its comment lines (every file write carries it)."""
+    return "".join(line for line in WRITE_FILE.read_text().splitlines(keepends=True) if not line.lstrip().startswith("#"))
 
 
 def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:

@@ -104,6 +104,17 @@ class Protocol:
         return "".join(f"EXIT_{name.upper()}={code}\n" for name, code in self.exits.items())
 
 
+def ended(protocol: Protocol, result, unit: str) -> tuple[dict, str]:
+    """How a program that waits for ``unit`` ended: its result (a StepFailed naming the unit and
+    the exit status when it has none), and the log lines it printed before it (``  | ``)."""
+    from converge.errors import StepFailed
+    try:
+        said = protocol.result_of(result.stdout)
+    except ProgramResultError as exc:
+        raise StepFailed(f"{unit}: exit {result.rc}: {exc}") from None
+    return said, "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
+
+
 def decoded(field_value: str, what: str = "a field") -> str:
     """A result field a program wrote in base64 (``base64 -w0``), as text."""
     try:
@@ -114,6 +125,8 @@ def decoded(field_value: str, what: str = "a field") -> str:
 
 # the library that reads a NAME=VALUE table's rows by name (a program that is handed one includes it first)
 NAME_VALUE_TABLE = Path(__file__).parent / "name_value_table.sh"
+# the library that prints a program's result line (`result NAME=VALUE...`)
+RESULT_LIBRARY = Path(__file__).parent / "result.sh"
 
 
 @lru_cache(maxsize=None)

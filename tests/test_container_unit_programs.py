@@ -4,6 +4,7 @@ log what they are asked; curl and the HTTP servers it asks are real."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -54,13 +55,13 @@ def test_a_reload_is_waited_for_until_the_program_says_it_read_its_files_since(t
         h = host(tmp_path)
         # its last reload is older than the step: not ready, until the timeout
         out = run(answering_script(UNIT, prometheus(pages), "reload", 1), h["env"])
-        assert out.returncode == 4 and "@timeout" in out.stdout and "  | level=error" in out.stdout, out.stdout
+        assert out.returncode == 4 and '"state": "timeout"' in out.stdout and "  | level=error" in out.stdout, out.stdout
         assert calls(h)[:2] == [f"systemctl enable {UNIT}", f"systemctl reload {UNIT}"]
         reloaded_at["t"] = int(time.time()) + 5  # now it says it reloaded after the step began
         out = run(answering_script(UNIT, prometheus(pages), "reload", 10), h["env"])
-        assert out.returncode == 0 and out.stdout.startswith("@ready "), out.stdout
+        assert out.returncode == 0 and out.stdout.startswith('@result {"state": "ready"'), out.stdout
         with_reason = _interpret(UNIT, 10, "its files changed")(Result(out.returncode, out.stdout, ""))
-        assert with_reason == f"{UNIT} answers (its files changed)"
+        assert re.fullmatch(rf"{UNIT} answers( after \d+ s)? \(its files changed\)", with_reason), with_reason
     finally:
         pages.close()
 
@@ -72,7 +73,7 @@ def test_a_unit_that_fails_is_said_so_with_its_last_log_lines(tmp_path):
     out = run(answering_script("podman-dgemma-node-exporter.service", exporter, "start", 30), h["env"])
     assert out.returncode == 3, out.stdout
     assert [c for c in calls(h) if not c.startswith("systemctl is-active")] == [
-        "systemctl enable podman-dgemma-node-exporter.service", "systemctl daemon-reload",
+        "systemctl daemon-reload", "systemctl enable podman-dgemma-node-exporter.service",
         "systemctl reset-failed podman-dgemma-node-exporter.service",
         "systemctl start podman-dgemma-node-exporter.service"]
     try:

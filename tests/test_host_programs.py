@@ -166,12 +166,17 @@ STARTS = [
     (3, [f"@failed {U2} failed/failed 3000", "  | exited"]),
     (4, [f"@replica-ready {U1} 900", f"@timeout 600000 {U2}"]),
 ]
+def _answered(state: str, seconds: int, unit_state: str = "active", answered: str = "new", files: str = "") -> str:
+    return "@result " + json.dumps({"state": state, "seconds": seconds, "unit_state": unit_state,
+                                    "answered": answered, "files": files})
+
+
 ANSWERS = [
-    (0, ["@ready 1"]),
-    (0, ["@reload-signalled-again old", "@ready 4"]),
-    (0, ["@reload-signalled-again old", "@reload-did-not-take old", "@ready 11"]),
-    (3, ["@failed failed after 2 s", "  | [ALERT] bad config"]),
-    (4, ["@timeout 60 active old (files: new)"]),
+    (0, [_answered("ready", 1)]),
+    (0, ["@reload-signalled-again old", _answered("ready", 4)]),
+    (0, ["@reload-signalled-again old", "@reload-did-not-take old", _answered("ready", 11)]),
+    (3, ["  | [ALERT] bad config", _answered("failed", 2, "failed", "")]),
+    (4, [_answered("timeout", 60, "active", "old", "new")]),
 ]
 
 
@@ -186,14 +191,23 @@ def _cases():
     from converge.changes import HostContext
     ctx = HostContext("rtx01", {}, {"frontdoor_servers": {"replica1": {"status": "DRAIN", "in_flight": 0}}})
     yield BACK, back_in_service(ctx).interpret, 1, ["@still-drained replica1"]
-    for rc, lines in [(0, ["@ready 1"]), (3, ["@failed failed after 2 s", "  | Traceback"]),
-                      (4, ["@timeout 30 activating"])]:
+    for rc, lines in [(0, ['@result {"state": "ready", "seconds": 1, "unit_state": "active"}']),
+                      (3, ["  | Traceback", '@result {"state": "failed", "seconds": 2, "unit_state": "failed"}']),
+                      (4, ['@result {"state": "timeout", "seconds": 30, "unit_state": "activating"}'])]:
         yield USAGE_RUNNING, usage_reader("was inactive", waited=True), rc, lines
-    for rc, lines in [(0, ["@ready 2"]), (3, ["@failed", "  | collector.sh: nvidia-smi: not found"]),
-                      (4, ["@timeout 60"])]:
+    for rc, lines in [(0, ['@result {"state": "ready", "seconds": 2}']),
+                      (3, ["  | collector.sh: nvidia-smi: not found", '@result {"state": "failed", "seconds": 1}']),
+                      (4, ['@result {"state": "timeout", "seconds": 60}'])]:
         yield exporters.COLLECTOR_RUNNING, exporters._collector_running("was inactive", 60), rc, lines
-    for rc, lines in [(0, ["@answers 200 yes"]), (0, ["@answers 404 no"]), (3, ["@silent"])]:
+    for rc, lines in [(0, ['@result {"state": "answers", "code": 200, "holder": "yes"}']),
+                      (0, ['@result {"state": "answers", "code": 404, "holder": "no"}']),
+                      (3, ['@result {"state": "silent", "code": 0, "holder": "no"}'])]:
         yield shared_address.ANSWERING, shared_address._interpret("10.0.0.200", 8000, 60), rc, lines
+    from roles.container_unit import _interpret as container_reader
+    for rc, lines in [(0, ['@result {"state": "ready", "seconds": 0}']), (0, ['@result {"state": "ready", "seconds": 4}']),
+                      (3, ["  | level=error", '@result {"state": "failed", "seconds": 1}']),
+                      (4, ['@result {"state": "timeout", "seconds": 30}'])]:
+        yield container_unit.ANSWERING, container_reader("u.service", 30, "was inactive"), rc, lines
     for rc, lines in FETCHES:
         yield FETCH, _fetch_reader(relayed="@relay-failed" in lines[0]), rc, lines
     for lines in MANIFESTS:
@@ -253,6 +267,19 @@ def test_every_marker_changes_what_its_reader_says(protocol):
                 l == f"@{marker}" or l.startswith(f"@{marker} "))]) for read, rc, lines in with_it):
             unread.append(marker)
     assert not unread, f"{protocol.name}: its reader says the same without these markers: {unread}"
+
+
+@pytest.mark.parametrize("protocol", [USAGE_RUNNING, exporters.COLLECTOR_RUNNING, shared_address.ANSWERING,
+                                      container_unit.ANSWERING, ANSWERING], ids=lambda p: p.name)
+def test_each_result_a_program_ends_with_is_read_and_said_apart(protocol):
+    """The cases of each way the program ends (its result line): each is read (a result without the
+    line is refused by name), and no two say the same."""
+    cases = [(read, rc, lines) for proto, read, rc, lines in _cases() if proto is protocol]
+    said = [_outcome(read, rc, lines) for read, rc, lines in cases]
+    assert len(set(said)) == len(said), said
+    for read, rc, lines in cases:
+        without = _outcome(read, rc, [line for line in lines if not line.startswith("@result ")])
+        assert without[0] == "failed" and "result" in without[1], without
 
 
 def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and_the_mend():

@@ -50,7 +50,10 @@ def call(function: str, *args) -> str:
 
 @lru_cache(maxsize=None)
 def _library(path: Path) -> str:
-    return path.read_text()
+    """A library as the host gets it: without its comment lines and blank lines (every gathering
+    carries it, often as the exec request's command line; a no-op run is little more than that)."""
+    return "".join(line for line in path.read_text().splitlines(keepends=True)
+                   if line.strip() and not line.lstrip().startswith("#"))
 
     def process(self, output: str, rc: int):
         raise NotImplementedError

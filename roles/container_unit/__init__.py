@@ -17,7 +17,8 @@ from converge.facts.containers import find_image
 
 from relay.probe import fallback_note, relay_steps, usable_relay
 
-from roles.host_programs import Program, Protocol
+from roles.host_programs import RESULT_LIBRARY as RESULT_FILE, Program, Protocol, ended
+from roles.systemd import SYSTEMD_FILE, systemd_parameters
 
 RUNTIME_PATHS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
 
@@ -102,11 +103,10 @@ def render_unit(v: dict, container: Container, role: str) -> str:
 FILES = Path(__file__).parent / "files"
 PULL = Protocol("pull a container's image", markers={"relay-failed": "the run's relay failed the pull"})
 PULL_PROGRAM = Program((FILES / "pull.sh",), PULL)
-ANSWERING = Protocol("a container answering", markers={"ready": "S: it answers, S seconds after",
-                                                       "failed": "after S s: its unit failed",
-                                                       "timeout": "S: it did not answer in time"},
+ANSWERING = Protocol("a container answering", result={"state": "ready, failed (its unit) or timeout",
+                                                       "seconds": "since the action"},
                      exits={"failed": 3, "timeout": 4})
-ANSWERING_PROGRAM = Program((FILES / "answering.sh",), ANSWERING)
+ANSWERING_PROGRAM = Program((SYSTEMD_FILE, RESULT_FILE, FILES / "answering.sh"), ANSWERING)
 
 
 def pull_script(runtime: str, ref: str, relayed: str | None) -> str:
@@ -156,25 +156,29 @@ def steps(ctx, container: Container, role: str, *, unit_fact: str, unit_file_fac
                   script=answering_script(unit, container, action, timeout),
                   describe=(f"systemctl {action} {unit}; wait until it answers ({why})" if action != "none"
                             else f"systemctl enable {unit} (not enabled at boot)"),
-                  timeout=timeout + 30, interpret=_interpret(unit, timeout, why or "enabled at boot"))
+                  timeout=timeout + 30, interpret=_interpret(unit, timeout, why or "enabled at boot",
+                                                             waited=action != "none"))
 
 
 def answering_script(unit: str, container: Container, action: str, timeout: int) -> str:
     """files/answering.sh: enabled at boot, ``action`` (start, restart, reload, none), then
     waited for until it answers."""
-    return ANSWERING_PROGRAM.script({"UNIT": unit, "ACTION": action, "READY_URL": container.ready_url,
-                                     "RELOADED": container.reloaded, "METRICS_URL": container.metrics_url,
-                                     "TIMEOUT_S": int(timeout)})
+    return ANSWERING_PROGRAM.script({**systemd_parameters(unit, action, daemon_reload=action in ("start", "restart"),
+                                                          enable=True),
+                                     "READY_URL": container.ready_url, "RELOADED": container.reloaded,
+                                     "METRICS_URL": container.metrics_url, "TIMEOUT_S": int(timeout)})
 
 
-def _interpret(unit: str, timeout: int, why: str):
+def _interpret(unit: str, timeout: int, why: str, waited: bool = True):
     def interpret(result):
-        if result.rc == 0:
-            return f"{unit} answers ({why})"
-        journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
-        failed, late = ANSWERING.first(result.stdout, "failed"), ANSWERING.first(result.stdout, "timeout")
-        first = (f"its unit failed after {failed[1]} s" if failed and len(failed) > 1 else
-                 f"no answer after {late[0]} s" if late else f"exit {result.rc}")
+        if not waited and result.rc == 0:
+            return f"{unit} enabled at boot ({why})"  # ACTION none: nothing to wait for
+        said, journal = ended(ANSWERING, result, unit)
+        if result.rc == 0 and said["state"] == "ready":
+            took = f" after {said['seconds']} s" if said["seconds"] else ""
+            return f"{unit} answers{took} ({why})"
+        first = (f"its unit failed after {said['seconds']} s" if said["state"] == "failed" else
+                 f"no answer after {said['seconds']} s")
         raise StepFailed(f"{unit} did not answer within {timeout} s ({first}). Last log lines:\n{journal}\n"
                          f"See: journalctl -u {unit}")
     return interpret

@@ -30,17 +30,17 @@ from roles.fleet import is_serving
 from roles.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
 from roles.exporter_containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, TEXTFILES,
                                        collector_unit, dcgm_counters, dcgm_exporter, node_exporter)
-from roles.host_programs import Program, Protocol
+from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
 from roles.serving_host import STATE_DIR
 from roles.systemd import SYSTEMD_FILE, folders_script, systemd_parameters
 
 from . import textfiles
 
 HERE = Path(__file__).parent
-COLLECTOR_RUNNING = Protocol("the metrics collector running", markers={
-    "ready": "S: its textfile written S seconds after the start", "failed": "its unit failed",
-    "timeout": "S: no textfile within S seconds"}, exits={"failed": 3, "timeout": 4})
-COLLECTOR_RUNNING_PROGRAM = Program((SYSTEMD_FILE, HERE / "collector_running.sh"), COLLECTOR_RUNNING)
+COLLECTOR_RUNNING = Protocol("the metrics collector running", result={
+    "state": "ready (its textfile written since the start), failed (its unit; its last log lines before) or timeout",
+    "seconds": "since the start"}, exits={"failed": 3, "timeout": 4})
+COLLECTOR_RUNNING_PROGRAM = Program((SYSTEMD_FILE, RESULT_LIBRARY, HERE / "collector_running.sh"), COLLECTOR_RUNNING)
 
 
 def facts(v):
@@ -132,20 +132,18 @@ def _collector(ctx, nixos: bool, dcgm: bool):
                       "TEXTFILE": f"{TEXTFILES}/replicas.prom", "TIMEOUT_S": timeout}),
                   describe=f"systemctl {action if action != 'none' else 'enable'} {COLLECTOR_UNIT} "
                            f"({why or 'not enabled at boot'})",
-                  timeout=timeout + 60, interpret=_collector_running(why or "enabled at boot", timeout))
+                  timeout=timeout + 60, interpret=_collector_running(why or "enabled at boot", timeout,
+                                                                     waited=action != "none"))
 
 
-def _collector_running(why: str, timeout: int):
+def _collector_running(why: str, timeout: int, waited: bool = True):
     def interpret(result):
-        out = result.stdout
-        ready = COLLECTOR_RUNNING.first(out, "ready")
-        if result.rc == 0:
-            took = f", its first {ready[0]} s after the start" if ready else ""
-            return f"{COLLECTOR_UNIT} writes its textfiles in {TEXTFILES} ({why}{took})"
-        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
-        what = ("its unit failed" if COLLECTOR_RUNNING.first(out, "failed") is not None else
-                f"no reading within {timeout} s" if COLLECTOR_RUNNING.first(out, "timeout") is not None else
-                f"exit {result.rc}: {(out + result.stderr).strip()[-200:]}")
+        if not waited and result.rc == 0:
+            return f"{COLLECTOR_UNIT} enabled at boot ({why})"  # nothing started: nothing to wait for
+        said, journal = ended(COLLECTOR_RUNNING, result, COLLECTOR_UNIT)
+        if result.rc == 0 and said["state"] == "ready":
+            return f"{COLLECTOR_UNIT} writes its textfiles in {TEXTFILES} ({why}, its first {said['seconds']} s after the start)"
+        what = "its unit failed" if said["state"] == "failed" else f"no reading within {timeout} s"
         raise StepFailed(f"{COLLECTOR_UNIT} wrote no textfile in {TEXTFILES} ({what}). Last log lines:\n{journal}\n"
                          f"See: journalctl -u {COLLECTOR_UNIT}")
     return interpret

@@ -9,19 +9,17 @@ from converge.errors import StepFailed
 from converge.facts.host import Commands, FileState, UnitState
 
 from roles.haproxy.instance import GATEWAY, runtime_socket
-from roles.host_programs import Program, Protocol
+from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
 from roles.systemd import SYSTEMD_FILE, systemd_parameters
 
 from roles import key_limits as limits
 
 from . import accounting as acc
 
-USAGE_RUNNING = Protocol("the usage service running", markers={
-    "ready": "S: it has bound its socket again",
-    "failed": "STATE after S s: its unit failed (its last log lines follow)",
-    "timeout": "S STATE: it had not bound its socket in time"},
-    exits={"failed": 3, "timeout": 4})
-USAGE_RUNNING_PROGRAM = Program((SYSTEMD_FILE, acc.FILES / "usage_running.sh"), USAGE_RUNNING)
+USAGE_RUNNING = Protocol("the usage service running", result={
+    "state": "ready (it has bound its socket again), failed (its unit; its last log lines before) or timeout",
+    "seconds": "since the action", "unit_state": "systemctl is-active"}, exits={"failed": 3, "timeout": 4})
+USAGE_RUNNING_PROGRAM = Program((SYSTEMD_FILE, RESULT_LIBRARY, acc.FILES / "usage_running.sh"), USAGE_RUNNING)
 READY_TIMEOUT_S = 30
 
 
@@ -88,14 +86,13 @@ def service_steps(ctx):
 
 def _interpret(why: str, waited: bool):
     def interpret(result):
-        out = result.stdout
-        if result.rc == 0 and (USAGE_RUNNING.first(out, "ready") is not None or not waited):
+        if not waited and result.rc == 0:
             return f"{acc.UNIT} takes the gateway's records on {acc.SOCKET} ({why})"
-        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
-        why_not = (f"its unit is {USAGE_RUNNING.rest(out, 'failed')}"
-                   if USAGE_RUNNING.first(out, "failed") is not None else
-                   f"after {USAGE_RUNNING.rest(out, 'timeout')}" if USAGE_RUNNING.first(out, "timeout") is not None
-                   else f"exit {result.rc}: {(out + result.stderr).strip()[-200:]}")
+        said, journal = ended(USAGE_RUNNING, result, acc.UNIT)
+        if result.rc == 0 and said["state"] == "ready":
+            return f"{acc.UNIT} takes the gateway's records on {acc.SOCKET} ({why})"
+        why_not = (f"its unit is {said['unit_state']} after {said['seconds']} s" if said["state"] == "failed" else
+                   f"after {said['seconds']} s, {said['unit_state']}")
         raise StepFailed(f"{acc.UNIT} did not bind {acc.SOCKET} within {READY_TIMEOUT_S} s ({why_not}). "
                          f"Last log lines:\n{journal}\nSee: journalctl -u {acc.UNIT}")
     return interpret

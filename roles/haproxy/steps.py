@@ -21,7 +21,7 @@ from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
 
 from roles.container_unit import pull_steps
 from roles.handoffs import CERTIFICATES
-from roles.host_programs import Program, Protocol
+from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
 from roles.serving_host import connect_address
 
 from . import tls
@@ -83,15 +83,15 @@ def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], b
 
 
 ANSWERING = Protocol("an HAProxy instance answering", markers={
-    "ready": "S: it answers with its new generation",
-    "failed": "STATE after S s: its unit failed",
-    "timeout": "S STATE GOT (files: GENERATION): it did not answer with its new generation in time",
     "reload-signalled-again": "GOT: the reload had not taken after AGAIN_S s: signalled once more",
     "reload-did-not-take": "GOT: the reload had not taken after GRACE_S s: restarted instead"},
+    result={"state": "ready, failed (its unit; its last log lines before) or timeout", "seconds": "since the action",
+            "unit_state": "systemctl is-active", "answered": "the generation it answered as",
+            "files": "(timeout) the generation its configuration file names"},
     exits={"failed": 3, "timeout": 4})
 FILES = Path(__file__).parent / "files"
 KEEP_STATES = FILES / "keep_states.sh"
-ANSWERING_PROGRAM = Program((KEEP_STATES, FILES / "answering.sh"), ANSWERING)
+ANSWERING_PROGRAM = Program((RESULT_LIBRARY, KEEP_STATES, FILES / "answering.sh"), ANSWERING)
 
 
 def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: bool = False,
@@ -136,9 +136,9 @@ def kept_servers(config: str) -> list[str]:
 def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
     def interpret(result):
         out = result.stdout
-        ready = ANSWERING.first(out, "ready")
-        if result.rc == 0 and ready is not None:
-            took = f" in {ready[0]} s" if ready and ready[0] != "0" else ""
+        said, journal = ended(ANSWERING, result, unit)
+        if result.rc == 0 and said["state"] == "ready":
+            took = f" in {said['seconds']} s" if said["seconds"] else ""
             stale = ANSWERING.rest(out, "reload-did-not-take")
             if stale is not None:
                 return (f"{done}{took}; the reload did not take (it still answered as {stale}: the container "
@@ -146,10 +146,9 @@ def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
             if ANSWERING.first(out, "reload-signalled-again") is not None:
                 return f"{done}{took}; HAProxy acted on the second reload signal, not the first"
             return done + took
-        journal = "\n".join(line for line in out.splitlines() if line.startswith("  | "))
-        why = (f"its unit is {ANSWERING.rest(out, 'failed')}" if ANSWERING.first(out, "failed") is not None else
-               f"after {ANSWERING.rest(out, 'timeout')}" if ANSWERING.first(out, "timeout") is not None else
-               f"exit {result.rc}: {(out + result.stderr).strip()[-200:]}")
+        why = (f"its unit is {said['unit_state']} after {said['seconds']} s" if said["state"] == "failed" else
+               f"after {said['seconds']} s {said['unit_state']}, it answered as {said['answered']} "
+               f"(files: {said['files']})")
         raise StepFailed(f"{unit} did not answer with its new configuration within {timeout} s "
                          f"({why}). Last log lines:\n{journal}\nSee: journalctl -u {unit}")
     return interpret

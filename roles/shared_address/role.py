@@ -21,17 +21,17 @@ from roles.fleet import is_gateway
 from roles.haproxy.instance import GATEWAY
 from roles.handoffs import KEEPALIVED
 
-from roles.host_programs import Program, Protocol
+from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
 from roles.systemd import SYSTEMD_FILE, systemctl, systemd_parameters
 
 from . import keepalived
 from .keepalived import CHECK, CONF, UNIT
 
 FILES = Path(__file__).parent / "files"
-ANSWERING = Protocol("the shared address answering", markers={
-    "answers": "CODE HOLDER: the address answered HTTP CODE; HOLDER yes when this gateway holds it",
-    "silent": "it did not answer in time"}, exits={"silent": 3})
-ANSWERING_PROGRAM = Program((SYSTEMD_FILE, FILES / "answering.sh"), ANSWERING)
+ANSWERING = Protocol("the shared address answering", result={
+    "state": "answers, or silent (not in time)", "code": "the HTTP status it answered",
+    "holder": "yes when this gateway holds the address"}, exits={"silent": 3})
+ANSWERING_PROGRAM = Program((SYSTEMD_FILE, RESULT_LIBRARY, FILES / "answering.sh"), ANSWERING)
 INSTALL_PROGRAM = Program((FILES / "install.sh",))
 
 
@@ -115,13 +115,10 @@ def _interpret(shared: str, port: int, timeout: int):
     from converge.errors import StepFailed
 
     def interpret(result):
-        answers = ANSWERING.first(result.stdout, "answers")
-        if result.rc == 0 and answers:
-            code, holder = answers[:2]
+        said, _ = ended(ANSWERING, result, f"the shared address {shared}:{port}")
+        if result.rc == 0 and said["state"] == "answers":
+            code, holder = said["code"], said["holder"]
             return f"{shared}:{port} answers (HTTP {code}); {'held here' if holder == 'yes' else 'held by another gateway'}"
-        if ANSWERING.first(result.stdout, "silent") is None:
-            raise StepFailed(f"waiting for the shared address {shared}:{port} failed (exit {result.rc}): "
-                             f"{(result.stdout + result.stderr).strip()[-300:]}")
         raise StepFailed(f"the shared address {shared}:{port} did not answer within {timeout} s: "
                          f"`journalctl -u {UNIT}` on the gateways says why (another VRRP router with id "
                          f"gateway_vrrp_id on that network, VRRP blocked between the gateways, HAProxy not answering)")

@@ -11,7 +11,9 @@
 # master now and then acts on no SIGUSR2); one not taken after GRACE_S seconds, with FALLBACK=1,
 # becomes a restart. keep_states is keep_states.sh's. Parameters: UNIT, ACTION (start, restart or
 # reload), ENABLE, STATE_FILE, RUNTIME_SOCKET, KEPT_SERVERS, URL, RESOLVE, CA_FILE, GENERATION, TIMEOUT_S, FALLBACK, GRACE_S,
-# AGAIN_S, CONFIG (its configuration file, named when it times out).
+# AGAIN_S, CONFIG (its configuration file, named when it times out). Its result: state (ready;
+# failed: its unit failed, its last log lines before; timeout), seconds, the unit's state, the
+# generation it answered as, and (timeout) the one its files name.
 
 # what the instance said besides its access log (each line once: units older than the
 # passthrough log driver logged each line twice)
@@ -30,11 +32,15 @@ signalled=0
 while :; do
   elapsed=$(( $(date +%s) - start ))
   state=$(systemctl is-active "$UNIT")
-  if [ "$state" = failed ]; then echo "@failed $state after $elapsed s"; journal; exit "$EXIT_FAILED"; fi
+  if [ "$state" = failed ]; then
+    journal; result state=failed seconds="$elapsed" unit_state="$state" answered="" files=""; exit "$EXIT_FAILED"
+  fi
   # the certificate is checked against the fleet CA under the host's inventory name
   got=$(curl -sS -D - -o /dev/null --max-time 3 --cacert "$CA_FILE" --resolve "$RESOLVE" "$URL" 2>&1 \
         | tr -d '\r' | sed -n 's/^[Xx]-[Ff]rontdoor-[Gg]eneration: //p')
-  if [ "$got" = "$GENERATION" ]; then echo "@ready $elapsed"; exit 0; fi
+  if [ "$got" = "$GENERATION" ]; then
+    result state=ready seconds="$elapsed" unit_state="$state" answered="$got" files=""; exit 0
+  fi
   if [ "$FALLBACK" = 1 ]; then
     if [ $signalled = 0 ] && [ "$elapsed" -ge "$AGAIN_S" ]; then
       echo "@reload-signalled-again ${got:-no answer}"; signalled=1
@@ -46,8 +52,10 @@ while :; do
     fi
   fi
   if [ "$elapsed" -ge "$TIMEOUT_S" ]; then
-    echo "@timeout $elapsed $state ${got:-no answer} (files: $(sed -n 's/.*[Xx]-[Ff]rontdoor-[Gg]eneration //p' "$CONFIG"))"
-    journal; exit "$EXIT_TIMEOUT"
+    journal
+    result state=timeout seconds="$elapsed" unit_state="$state" answered="${got:-no answer}" \
+      files="$(sed -n 's/.*[Xx]-[Ff]rontdoor-[Gg]eneration //p' "$CONFIG")"
+    exit "$EXIT_TIMEOUT"
   fi
   sleep 0.3
 done

@@ -1,4 +1,5 @@
-"""`invoke logs`: the vLLM replicas' journal from each host, prefixed by host.
+"""`invoke logs`: the vLLM replicas' journal from each host, prefixed by host (a host with no
+replica, a gateway or a monitoring host: the journal of the fleet's units it has).
 The engine streams it over each host's transport (converge.group); this module
 only says what to run, and what a host that has no such replica answers."""
 from __future__ import annotations
@@ -16,18 +17,23 @@ NO_REPLICA = 3  # the exit status of a host that has no replica of the index ask
 
 
 JOURNAL = Protocol("the replicas' journal", exits={"no_replica": NO_REPLICA})
+# the fleet's units other than the replicas' (their unit files): a host with no replica shows theirs
+OTHER_UNITS = ("/etc/systemd/system/*-dgemma-*.service", "/etc/systemd/system/dgemma-*.service",
+               "/etc/systemd/system/keepalived.service", "/lib/systemd/system/keepalived.service",
+               "/usr/lib/systemd/system/keepalived.service")
 JOURNAL_PROGRAM = Program((PROGRAMS / "units.sh", PROGRAMS / "journal.sh"), JOURNAL)
 
 
 def journal_command(lines: int, follow: bool, index: int | None = None):
     """Every replica unit the host has (or the one of index ``index``) in one journalctl
     (host_programs/journal.sh); with several, each line names its unit (``-o with-unit``). A host
-    without that replica lists the units it has on stderr and exits NO_REPLICA."""
+    without that replica lists the units it has on stderr and exits NO_REPLICA; a host with no
+    replica at all (a gateway, a monitoring host) shows the fleet's other units it has."""
     def command(hostvars: dict) -> str:
         # the replica's unit under each family's name: whichever the host has
         wanted = "" if index is None else " ".join(replica(hostvars, index, f).unit_path for f in families())
-        return JOURNAL_PROGRAM.script({**replica_units(hostvars), "WANTED": wanted, "LINES": int(lines),
-                                       "FOLLOW": int(follow)})
+        return JOURNAL_PROGRAM.script({**replica_units(hostvars), "WANTED": wanted, "OTHER_UNITS": " ".join(OTHER_UNITS),
+                                       "LINES": int(lines), "FOLLOW": int(follow)})
     return command
 
 

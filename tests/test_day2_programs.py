@@ -278,6 +278,15 @@ def test_the_journal_of_every_replica_unit_or_the_one_asked_for_or_none_there(tm
     assert proc.returncode == NO_REPLICA and proc.stderr.split() == both and proc.stdout == ""
 
 
+def test_a_host_with_no_replica_shows_the_journal_of_the_fleets_units_it_has(tmp_path):
+    """A gateway: its HAProxy's and its usage service's journal (what DgemmaUsageRecordsLost's fix,
+    invoke logs --hosts GATEWAY, asks for), not an empty one of a replica it does not have."""
+    ours = ["dgemma-usage.service", "podman-dgemma-gateway.service"]
+    proc = _journal(tmp_path, [*ours, "ssh.service"], None)
+    assert proc.stdout.split() == ["journalctl", "-u", ours[1], "-u", ours[0], "-n", "20", "--no-pager", "-o",
+                                   "with-unit"]
+
+
 def test_usage_reads_each_day_file_from_the_first_asked_as_a_line(tmp_path):
     from day2.usage import usage_command
     state = tmp_path / "usage"

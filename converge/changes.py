@@ -10,11 +10,11 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from .errors import StepFailed
+from .shell_files import as_sent
 
 T = TypeVar("T")
 
@@ -124,12 +124,6 @@ def mask_secret(text: str, env: bool = False) -> str:
 WRITE_FILE = Path(__file__).parent / "host_scripts" / "write_file.sh"
 
 
-@lru_cache(maxsize=1)
-def _write_file_library() -> str:
-    """write_file.sh without its comment lines (every file write carries it)."""
-    return "".join(line for line in WRITE_FILE.read_text().splitlines(keepends=True) if not line.lstrip().startswith("#"))
-
-
 def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:
     """Write ``data`` to ``path`` so that no reader ever sees half a file (host_scripts/write_file.sh).
 
@@ -138,7 +132,7 @@ def atomic_write_script(path: str, data: bytes, mode: str, owner: str, group: st
     with its final mode and owner, before ``mv`` puts it in place; the previous
     version is kept as ``PATH.previous`` (a hard link, so same mode).
     """
-    return _write_file_library() + write_file_call(path, data, mode, owner, group, keep_previous)
+    return as_sent(WRITE_FILE) + write_file_call(path, data, mode, owner, group, keep_previous)
 
 
 def write_file_call(path: str, data: bytes, mode: str, owner: str, group: str, keep_previous: bool) -> str:

@@ -9,7 +9,6 @@ comes within HOST_PATIENCE_S and the host lets the lock go.
 """
 from __future__ import annotations
 
-import functools
 import os
 import shlex
 import socket
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 
 from .errors import ConnectionFailed, ConvergeError
+from .shell_files import as_sent
 from .transport import Held, Transport
 
 LOCK_DIR = "/run/lock"
@@ -29,16 +29,9 @@ HOST_PATIENCE_S = 45
 SCRIPT = Path(__file__).parent / "host_scripts" / "hostlock.sh"
 
 
-@functools.lru_cache(maxsize=1)
-def _body() -> str:
-    """The script without its comment lines: it is the exec request's command line of every run
-    (inline), and a no-op run is little more than that one round trip."""
-    return "".join(line for line in SCRIPT.read_text().splitlines(keepends=True) if not line.lstrip().startswith("#"))
-
-
 def _script(name: str, mode: str, wait: float = 0, holder: str = "") -> str:
     params = {"LOCK": f"{LOCK_DIR}/{name}.lock", "MODE": mode, "WAIT": int(wait), "HOLDER": holder}
-    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in params.items()) + _body()
+    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in params.items()) + as_sent(SCRIPT)
 
 
 def changing_line(host: str, holder: str, again: str) -> str:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import secrets
 import shlex
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
+
+from ..shell_files import as_sent
 
 LIBRARIES = Path(__file__).parent / "files"
 
@@ -40,23 +41,15 @@ class Fact:
 
     def standalone(self) -> str:
         """The fact's command with its library before it: the fact run on its own."""
-        return (_library(self.library) if self.library else "") + self.command + "\n"
+        return (as_sent(self.library) if self.library else "") + self.command + "\n"
+
+    def process(self, output: str, rc: int):
+        raise NotImplementedError
 
 
 def call(function: str, *args) -> str:
     """A fact's command: ``function`` of its library, with ``args``, each quoted."""
     return " ".join((function, *(shlex.quote(str(a)) for a in args)))
-
-
-@lru_cache(maxsize=None)
-def _library(path: Path) -> str:
-    """A library as the host gets it: without its comment lines and blank lines (every gathering
-    carries it, often as the exec request's command line; a no-op run is little more than that)."""
-    return "".join(line for line in path.read_text().splitlines(keepends=True)
-                   if line.strip() and not line.lstrip().startswith("#"))
-
-    def process(self, output: str, rc: int):
-        raise NotImplementedError
 
 
 @dataclass
@@ -82,7 +75,7 @@ def script(facts: dict[str, Fact], boundary: str) -> str:
     libraries = dict.fromkeys(f.library for f in facts.values() if f.library is not None)
     functions = "".join(f"_fact_{n}() {{\n{fact.command}\n}}\n" for n, fact in enumerate(facts.values()))
     return (f"BOUNDARY={shlex.quote(boundary)}\nNAMES={shlex.quote(' '.join(facts))}\n"
-            + "".join(_library(path) for path in libraries) + functions + _library(GATHER))
+            + "".join(as_sent(path) for path in libraries) + functions + as_sent(GATHER))
 
 
 def split(output: str, boundary: str) -> dict[str, tuple[str, int]]:

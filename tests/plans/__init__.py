@@ -225,14 +225,7 @@ def _program_files(smallest: int = SMALLEST_NAMED) -> tuple:
     """(path, text) of each program file of at least ``smallest`` characters, the longest first."""
     root = HERE.parent.parent
     found = {path for pattern in PROGRAM_FILES for path in root.glob(pattern) if path.is_file()}
-    texts = []
-    for path in sorted(found):
-        text = path.read_text()
-        texts.append((str(path.relative_to(root)), text))
-        # as the engine sends a library: without its comment lines (converge/facts, converge/changes)
-        bare = "".join(line for line in text.splitlines(keepends=True) if not line.lstrip().startswith("#"))
-        if bare != text:
-            texts.append((str(path.relative_to(root)), bare))
+    texts = [(str(path.relative_to(root)), path.read_text()) for path in sorted(found)]
     return tuple(sorted((t for t in texts if len(t[1]) >= smallest), key=lambda t: -len(t[1])))
 
 
@@ -264,9 +257,8 @@ def as_shown(text: str) -> str:
     text = BASE64_HEREDOC.sub(_decoded, text)
     for path, body in _program_files():
         if body in text:
-            whole = (HERE.parent.parent / path).read_text()
-            text = text.replace(body, f"@file {path} {_digest(whole)} ({whole.count(chr(10))} lines)"
-                                      f"{'' if body == whole else ', its comments left out'}\n")
+            lines = body.count("\n")
+            text = text.replace(body, f"@file {path} {_digest(body)} ({lines} lines)\n")
     return "".join(_broken(line) for line in text.splitlines(keepends=True))
 
 

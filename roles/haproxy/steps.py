@@ -22,6 +22,7 @@ from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
 from roles.container_unit import pull_steps
 from roles.handoffs import CERTIFICATES
 from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from roles.systemd import SYSTEMD_FILE, systemd_parameters
 from roles.serving_host import connect_address
 
 from . import tls
@@ -91,7 +92,8 @@ ANSWERING = Protocol("an HAProxy instance answering", markers={
     exits={"failed": 3, "timeout": 4})
 FILES = Path(__file__).parent / "files"
 KEEP_STATES = FILES / "keep_states.sh"
-ANSWERING_PROGRAM = Program((RESULT_LIBRARY, KEEP_STATES, FILES / "answering.sh"), ANSWERING)
+ANSWERING_PROGRAM = Program((RESULT_LIBRARY, KEEP_STATES, FILES / "states.sh", SYSTEMD_FILE, FILES / "answering.sh"),
+                            ANSWERING)
 
 
 def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: bool = False,
@@ -109,7 +111,8 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, f
     v = ctx.vars
     port = int(v.get("api_port", 8000))
     return ANSWERING_PROGRAM.script(
-        {"UNIT": proxy.unit_name(v), "ACTION": action, "ENABLE": int(enable),
+        {**systemd_parameters(proxy.unit_name(v), action, daemon_reload=action in ("start", "restart"),
+                              enable=enable),
          "STATE_FILE": state_file or state_file_of(proxy), "RUNTIME_SOCKET": runtime_socket(proxy),
          "KEPT_SERVERS": "\n".join(kept), "URL": f"https://{ctx.name}:{port}/health",
          "RESOLVE": f"{ctx.name}:{port}:{connect_address(v)}", "CA_FILE": f"{proxy.dir}/ca.crt",

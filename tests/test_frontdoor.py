@@ -635,3 +635,30 @@ def test_a_parameter_the_model_ignores_is_named_on_the_answer_or_refused(front_d
                  {"model": "gemma4", "messages": [], "presence_penalty": 0.5}):
         status, _, headers = door("/v1/chat/completions", key, body=body)
         assert status == 200 and headers.get("x-dgemma-ignored-parameters") is None, body
+
+
+def test_deploy_puts_back_what_a_cut_roll_left_out_and_its_result_names_what_it_could_not(front_door_of_three):
+    """files/back.sh against a real front door: two replicas drained and the roll's flag up (a roll
+    killed mid-way) are put back and the flag lowered; a server the front door does not have is
+    refused, named in the result, and the others are still put back."""
+    from roles.frontdoor.back import BACK, BACK_PROGRAM
+    from roles.haproxy.admin import admin_parameters
+    door = front_door_of_three
+    time.sleep(2.5)
+    _roll_shell(door, 0, "flag ready && admin drain")
+    _roll_shell(door, 2, "admin drain")
+    assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["0 DRAIN", "0 UP", "0 DRAIN"]
+    flag_state = "stats_csv | awk -F, -v b=\"$ROLLING_BACKEND\" -v f=\"$ROLLING_SERVER\" '$1 == b && $2 == f {print $18}'"
+    assert _roll_shell(door, 0, flag_state) == "no check"  # the roll's flag is up (in service, unchecked)
+
+    def back(servers: str):
+        script = BACK_PROGRAM.script({**admin_parameters(), "ADMIN": door.admin, "SERVERS": servers})
+        proc = subprocess.run(["dash", "-c", script], capture_output=True, text=True, timeout=30)
+        assert proc.stdout.splitlines()[-1].startswith("@result "), proc.stdout + proc.stderr
+        return proc.returncode, BACK.result_of(proc.stdout)
+    rc, said = back(f"{replica({}, 0).server} replica9 {replica({}, 2).server}")
+    assert rc == BACK.exit("refused") and said == {"in_service": "replica0 replica2", "refused": "replica9",
+                                                    "flags_refused": ""}
+    assert [_roll_shell(door, i, "fd_state") for i in range(3)] == ["0 UP"] * 3
+    assert _roll_shell(door, 0, flag_state) == "MAINT"  # and lowered
+    assert back("") == (0, {"in_service": "", "refused": "", "flags_refused": ""})

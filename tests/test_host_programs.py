@@ -3,6 +3,7 @@ converge/host_scripts/*.sh) with a declared protocol (roles/host_programs.py): e
 files can print is declared by its protocol and read by its reader (taking the marker's
 lines out of an output changes what the reader says); every declared marker is printed."""
 import ast
+import base64
 import json
 import re
 import shutil
@@ -114,37 +115,49 @@ def _roll(action="restart", replicas=1, **change) -> Roll:
 U1, U2 = replica({}, 1).unit, replica({}, 2).unit
 DEPLOY = dict(unit_file=SimpleNamespace(), unit_path="/etc/systemd/system/x.service", image="img:tag",
               same_image_ref=True)
+def _rolled(outcome: str, ms: int, why: str = "", units: str = "", failed_ms="", again: str = "", ready_ms="") -> str:
+    """roll.sh's result line."""
+    return "@result " + json.dumps({"outcome": outcome, "ms": ms, "why": why, "units": units, "failed_ms": failed_ms,
+                                    "again": again, "ready_ms": ready_ms})
+
+
 # (the roll, its exit status, what it printed): each way a roll ends, as roll.sh says it
 ROLLS = [
     (_roll(replicas=2), 0, ["@begin 0", "@drained 400 0", f"@replica-ready {U1} 1900", f"@replica-ready {U2} 2100",
-                            "@ready 2100", "@gate-passed 1 the front door", "@gate-passed 2 the front door",
-                            "@in-service 1 3000", "@in-service 2 3000", "@done 3000"]),
+                            "@gate-passed 1 the front door", "@gate-passed 2 the front door",
+                            "@in-service 1 3000", "@in-service 2 3000", _rolled("done", 3000, ready_ms=2100)]),
     (_roll(replaces=replica({}, 1, "gemma4")), 0,
-     ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@ready 2000", "@gate-passed 1 the front door",
-      "@replaced podman-vllm-gemma4-1.service", "@in-service 1 2600", "@done 2600"]),
-    (_roll(**DEPLOY), 5, ["@begin 0", "@drained 10 0", "@gate-failed 9000 a chat completion answered 500",
-                          "  | ERROR EngineCore", "@retagged", f"@replica-ready {U1} 5000", "@ready 5000",
-                          "@gate-passed 1 the front door", "@in-service 1 16000", "@rolled-back 16000"]),
-    (_roll(**DEPLOY), 6, ["@begin 0", "@no-frontdoor", "@gate-failed 100 its container exited",
-                          "@rollback-failed its container exited again"]),
-    (_roll(alone=True), 0, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 2000", "@ready 2000",
-                            "@gate-passed 1 loopback", "@done 2100"]),
-    (_roll("stop"), 0, ["@begin 0", "@drained 10 0", "@stopped 5000", "@in-service 1 5100", "@done 5100"]),
-    (_roll("remove"), 0, ["@begin 0", "@drained 10 0", "@removed 400", "@in-service 1 500", "@done 500"]),
+     ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@gate-passed 1 the front door",
+      "@replaced podman-vllm-gemma4-1.service", "@in-service 1 2600", _rolled("done", 2600, ready_ms=2000)]),
+    (_roll(**DEPLOY), 5, ["@begin 0", "@drained 10 0", "  | ERROR EngineCore", "@retagged",
+                          f"@replica-ready {U1} 5000", "@gate-passed 1 the front door", "@in-service 1 16000",
+                          _rolled("rolled-back", 16000, "a chat completion answered 500", failed_ms=9000,
+                                  ready_ms=5000)]),
+    (_roll(**DEPLOY), 6, ["@begin 0", "@no-frontdoor",
+                          _rolled("rollback-failed", 200, "its container exited", U1, 100, "its container exited again")]),
+    (_roll(alone=True), 0, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 2000",
+                            "@gate-passed 1 loopback", _rolled("done", 2100, ready_ms=2000)]),
+    (_roll("stop"), 0, ["@begin 0", "@drained 10 0", "@stopped 5000", "@in-service 1 5100", _rolled("done", 5100)]),
+    (_roll("remove"), 0, ["@begin 0", "@drained 10 0", "@removed 400", "@in-service 1 500", _rolled("done", 500)]),
     (_roll("recover"), 0, ["@begin 0", "@drained 10 0", "@cleared 1 123 456", f"@replica-ready {U1} 3000",
-                           "@ready 3000", "@gate-passed 1 the front door", "@in-service 1 3500", "@done 3500"]),
-    (_roll("recover"), 4, ["@begin 0", "@drained 10 0", "@clear-failed 1 the container is still there",
-                           "@in-service 1 900"]),
-    (_roll("stop"), 4, ["@begin 0", "@drained 10 0", "@action-failed systemctl stop failed", "@in-service 1 900"]),
-    (_roll(**DEPLOY), 7, ["@begin 0", "@drained 10 0", "@write-failed", "@in-service 1 100"]),
-    (_roll(), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@ready 2000",
-                  "@gate-passed 1 the front door", "@undrain-failed 1 replica1", "@done 2500"]),
-    (_roll(), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000", "@ready 2000",
-                  "@gate-passed 1 the front door", "@in-service 1 2500", "@unflag-failed flag", "@done 2500"]),
-    (_roll("start", replicas=2), 4, ["@begin 0", "@no-frontdoor", f"@failed {U2} failed/failed 3000",
-                                     "@gate-failed 3000 its container exited after 3 s (failed/failed)"]),
+                           "@gate-passed 1 the front door", "@in-service 1 3500", _rolled("done", 3500, ready_ms=3000)]),
+    (_roll("recover"), 4, ["@begin 0", "@drained 10 0", "@in-service 1 900",
+                           _rolled("failed", 900, "replica 1: the container is still there", failed_ms=800)]),
+    (_roll("stop"), 4, ["@begin 0", "@drained 10 0", "@in-service 1 900",
+                        _rolled("failed", 900, "systemctl stop failed", failed_ms=800)]),
+    (_roll(**DEPLOY), 7, ["@begin 0", "@drained 10 0", "@in-service 1 100", _rolled("write-failed", 100)]),
+    (_roll(), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000",
+                  "@gate-passed 1 the front door", "@undrain-failed 1 replica1", _rolled("done", 2500, ready_ms=2000)]),
+    (_roll(), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000",
+                  "@gate-passed 1 the front door", "@in-service 1 2500", "@unflag-failed flag",
+                  _rolled("done", 2500, ready_ms=2000)]),
+    (_roll("start", replicas=2), 4, ["@begin 0", "@no-frontdoor",
+                                     _rolled("failed", 3000, "its container exited after 3 s (failed/failed)", U2,
+                                             3000)]),
     (_roll("start", replicas=2), 4, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 900",
-                                     f"@timeout 600000 {U2}", "@gate-failed 600000 no answer within 600 s"]),
+                                     _rolled("failed", 600000, "no answer within 600 s", U2, 600000)]),
+    # a roll cut off before it said how it ended (its host rebooted, sh was killed)
+    (_roll(), 137, ["@begin 0", "@drained 10 0"]),
 ]
 
 
@@ -160,12 +173,20 @@ def _start_reader(units=(U1, U2)):
     return next(plan(ctx)).interpret
 
 
+def _started(state: str, ms: int, units: str = "", how: str = "") -> str:
+    return "@result " + json.dumps({"state": state, "ms": ms, "units": units, "how": how})
+
+
 STARTS = [
-    (0, [f"@replica-ready {U1} 1900", f"@replica-ready {U2} 2100", "@ready 2100"]),
-    (3, ["@start-failed", "  | no such unit"]),
-    (3, [f"@failed {U2} failed/failed 3000", "  | exited"]),
-    (4, [f"@replica-ready {U1} 900", f"@timeout 600000 {U2}"]),
+    (0, [f"@replica-ready {U1} 1900", f"@replica-ready {U2} 2100", _started("ready", 2100)]),
+    (0, [f"@replica-ready {U1} 1900", _started("ready", 1900)]),
+    (3, ["  | no such unit", _started("start-failed", 0, how="systemctl start failed")]),
+    (3, ["  | exited", _started("failed", 3000, U2, "failed/failed")]),
+    (4, [f"@replica-ready {U1} 900", _started("timeout", 600000, U2)]),
+    (4, [_started("timeout", 600000, f"{U1} {U2}")]),
 ]
+
+
 def _answered(state: str, seconds: int, unit_state: str = "active", answered: str = "new", files: str = "") -> str:
     return "@result " + json.dumps({"state": state, "seconds": seconds, "unit_state": unit_state,
                                     "answered": answered, "files": files})
@@ -190,7 +211,10 @@ def _cases():
     from roles.frontdoor.role import back_in_service
     from converge.changes import HostContext
     ctx = HostContext("rtx01", {}, {"frontdoor_servers": {"replica1": {"status": "DRAIN", "in_flight": 0}}})
-    yield BACK, back_in_service(ctx).interpret, 1, ["@still-drained replica1"]
+    for rc, said in [(0, ("replica1", "", "")), (1, ("", "replica1", "")), (1, ("replica1", "", "flag_gemma4")),
+                     (1, ("", "replica1", "flag"))]:
+        yield BACK, back_in_service(ctx).interpret, rc, ["@result " + json.dumps(dict(zip(
+            ("in_service", "refused", "flags_refused"), said)))]
     for rc, lines in [(0, ['@result {"state": "ready", "seconds": 1, "unit_state": "active"}']),
                       (3, ["  | Traceback", '@result {"state": "failed", "seconds": 2, "unit_state": "failed"}']),
                       (4, ['@result {"state": "timeout", "seconds": 30, "unit_state": "activating"}'])]:
@@ -216,18 +240,40 @@ def _cases():
 
 B1, B2, COMMIT = "a" * 64, "b" * 40, "c" * 40
 WEIGHTS = Manifest("org/m", "main", COMMIT, (HubFile("m.safetensors", 2 << 20, B1, True), HubFile("c.json", 9, B2, False)))
+def _fetched(outcome: str, commit: str = "", need: int = 2097161, free: int = 10 << 30) -> str:
+    return "@result " + json.dumps({"outcome": outcome, "commit": commit, "need": need, "free": free})
+
+
+def _listed(revision_status, revision: str, commit: str = "", pages=(), why: str = "") -> list[str]:
+    """manifest.sh's result: the revision's answer, the commit, each page of the tree (status, body)."""
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    return ["@result " + json.dumps({"revision_status": revision_status, "revision": b64(revision), "commit": commit,
+                                     "tree_status": " ".join(str(code) for code, _ in pages),
+                                     "tree": " ".join(b64(body) for _, body in pages), "why": why})]
+
+
 FETCHES = [  # (exit status, what fetch.sh printed), each way it ends
-    (0, ["@bytes 0", "@bytes 1048576", f"@corrupt {B1} {'0' * 64}", f"@bytes {(2 << 20) + 9}", f"@complete {COMMIT}"]),
-    (0, [f"@relay-failed {B1}", f"@complete {COMMIT}"]),
-    (3, [f"@partial {B1} 1048576 2097152 28 curl: (28) Operation too slow", f"@failed {B1}"]),
-    (3, [f"@partial {B1} 0 2097152 7 curl: (7) refused", f"@failed {B1}", f"@failed {B2}"]),
-    (3, [f"@busy {B1}"]),
-    (4, ["@nospace 2097161 1000"]),
+    (0, ["@bytes 0", "@bytes 1048576", f"@corrupt {B1} {'0' * 64}", f"@bytes {(2 << 20) + 9}",
+         _fetched("complete", COMMIT)]),
+    (0, [f"@relay-failed {B1}", _fetched("complete", COMMIT)]),
+    (3, [f"@partial {B1} 1048576 2097152 28 curl: (28) Operation too slow", f"@failed {B1}", _fetched("failed")]),
+    (3, [f"@partial {B1} 0 2097152 7 curl: (7) refused", f"@failed {B1}", f"@failed {B2}", _fetched("failed")]),
+    (3, [f"@busy {B1}", _fetched("failed")]),
+    (4, [_fetched("no-space", need=2097161, free=1000)]),
+    (5, ["mkdir: cannot create directory '/srv/hf/hub': Permission denied", _fetched("no-folder", need=0, free=0)]),
+    (0, ["@bytes 0", f"@bytes {(2 << 20) + 9}"]),  # cut off before its end
 ]
-MANIFESTS = [  # what manifest.sh printed: the revision, the commit, a page of the tree
-    ["@revision", "@status 200", json.dumps({"sha": COMMIT}), "@end", f"@commit {COMMIT}", "@tree", "@status 200",
-     json.dumps([{"type": "file", "path": "c.json", "size": 9, "oid": B2}]), "@end"],
-    ["@revision", "@status 404", "{}", "@end"],
+MANIFESTS = [  # what manifest.sh said: the revision, the commit, pages of the tree
+    _listed(200, json.dumps({"sha": COMMIT}), COMMIT, [(200, json.dumps([{"type": "file", "path": "c.json", "size": 9,
+                                                                          "oid": B2}]))]),
+    _listed(200, json.dumps({"sha": COMMIT}), COMMIT,
+            [(200, json.dumps([{"type": "file", "path": "c.json", "size": 9, "oid": B2}])),
+             (200, json.dumps([{"type": "file", "path": "m.safetensors", "size": 2 << 20, "oid": B2,
+                                "lfs": {"oid": B1, "size": 2 << 20}}]))]),
+    _listed(404, "{}"),
+    _listed("error", "", why="curl: (6) Could not resolve host: hub.test"),
+    _listed(200, json.dumps({"sha": COMMIT}), COMMIT, [(200, "[]"), (500, "oops")]),
+    ["curl: (7) refused"],  # no result: cut off
 ]
 
 
@@ -248,7 +294,10 @@ def _fetch_reader(relayed: bool):
 
 
 def _manifest_reader(result):
-    manifest = parse_manifest(result.stdout, "org/m", "main", "https://hub.test")
+    try:
+        manifest = parse_manifest(result.stdout, "org/m", "main", "https://hub.test")
+    except StepFailed as exc:
+        return f"failed: {exc}"
     return f"{manifest.commit} {[f.path for f in manifest.files]}"
 
 
@@ -270,7 +319,8 @@ def test_every_marker_changes_what_its_reader_says(protocol):
 
 
 @pytest.mark.parametrize("protocol", [USAGE_RUNNING, exporters.COLLECTOR_RUNNING, shared_address.ANSWERING,
-                                      container_unit.ANSWERING, ANSWERING], ids=lambda p: p.name)
+                                      container_unit.ANSWERING, ANSWERING, ROLL, START, BACK, FETCH, MANIFEST],
+                         ids=lambda p: p.name)
 def test_each_result_a_program_ends_with_is_read_and_said_apart(protocol):
     """The cases of each way the program ends (its result line): each is read (a result without the
     line is refused by name), and no two say the same."""
@@ -279,7 +329,8 @@ def test_each_result_a_program_ends_with_is_read_and_said_apart(protocol):
     assert len(set(said)) == len(said), said
     for read, rc, lines in cases:
         without = _outcome(read, rc, [line for line in lines if not line.startswith("@result ")])
-        assert without[0] == "failed" and "result" in without[1], without
+        # (the weights' readers in these tests say a failure as text: "failed: ...")
+        assert (without[0] == "failed" or str(without[1]).startswith("failed: ")) and "result" in without[1], without
 
 
 def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and_the_mend():
@@ -382,3 +433,74 @@ def test_no_shell_a_host_runs_is_built_in_a_python_string():
                 if SHELL.search(text) and not any(rel == f and text.startswith(start) for f, start in ALLOWED):
                     found.append(f"{rel}:{node.lineno}: {text[:80]!r}")
     assert found == [], "shell a host runs, built in Python: make it a program file\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_a_result_line_is_json_whatever_its_values_hold(shell):
+    """result.sh: numbers stay numbers; a text with quotes, backslashes, tabs, line breaks and other
+    control characters is still one line of JSON, each of them made harmless, the rest kept."""
+    from roles.host_programs import RESULT_LIBRARY, Protocol
+    hostile = 'it said "no"\\ then\tstopped\nhere \x01(500: {"error": 1}) 100% $HOME `id`'
+    script = RESULT_LIBRARY.read_text() + 'result state=failed ms=1200 zero=0 lead=007 why="$WHY" empty=\n'
+    out = subprocess.run([shell, "-c", script], env={"WHY": hostile, "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=30).stdout
+    assert out.count("\n") == 1
+    said = Protocol("p", result=dict.fromkeys(["state", "ms", "zero", "lead", "why", "empty"], "")).result_of(out)
+    assert said == {"state": "failed", "ms": 1200, "zero": 0, "lead": "007", "empty": "",
+                    "why": "it said 'no'/ then stopped here (500: {'error': 1}) 100% $HOME `id`"}
+
+
+# ---------------------------------------------------------------- the facts' markers
+
+def _fact_cases():
+    """A marker the facts' libraries print -> what reads it, and an output (a capture where there is
+    one) that carries it."""
+    from converge.facts import FactError
+    from converge.facts.containers import ImagePresent, Images, parse_runtimes
+    from converge.facts.host import TextFiles, UnitFiles
+    from converge.facts.nvidia import parse_nvidia_smi_sections
+    from tests.conftest import FIXTURES
+
+    def reading(process):
+        def read(output):
+            try:
+                return process(output)
+            except FactError as exc:
+                return f"FactError: {exc}"
+        return read
+    h100 = FIXTURES / "nvidia-smi" / "h100"
+    smi = (f"@query 0\n{(h100 / 'busy-query.csv').read_text()}@version 0\n{(h100 / 'idle-version.txt').read_text()}"
+           f"@apps 0\n{(h100 / 'busy-compute-apps.csv').read_text()}")
+    docker = '@docker Docker version 24.0.7\n@docker-runtimes {"nvidia":{},"runc":{}}\n@nvidia-hook /usr/bin/hook\n'
+    units = (FIXTURES / "systemd" / "unit-files-hgx01.txt").read_text()
+    return {"podman": (reading(parse_runtimes), "@podman podman version 4.3.1\n"),
+            "docker": (reading(parse_runtimes), docker), "docker-runtimes": (reading(parse_runtimes), docker),
+            "nvidia-hook": (reading(parse_runtimes), docker),
+            "cdi": (reading(parse_runtimes), "@podman podman version 4.3.1\n@cdi /etc/cdi/nvidia.yaml\n"),
+            "absent": (reading(lambda o: Images("podman").process(o, 0)), "@absent\n"),
+            "index": (reading(lambda o: ImagePresent("podman", "10.0.0.1:5000/v/v:t").process(o, 0)), "@index 0\n"),
+            "rc": (reading(lambda o: ImagePresent("docker", "v/v:t").process(o, 0)), "@rc 0\n"),
+            "file": (reading(lambda o: TextFiles("/etc/nixos/*.nix").process(o, 0)), "@file /etc/nixos/a.nix\nYQ==\n"),
+            "unit": (reading(lambda o: UnitFiles("/etc/systemd/system/*.service").process(o, 0)), units),
+            "state": (reading(lambda o: UnitFiles("/etc/systemd/system/*.service").process(o, 0)), units),
+            **{marker: (reading(parse_nvidia_smi_sections), smi) for marker in ("query", "version", "apps")},
+            "missing": (reading(parse_nvidia_smi_sections), "@missing\n")}
+
+
+def test_every_marker_a_fact_library_prints_is_declared_beside_its_readers_and_read():
+    """The facts' libraries print their tools' own output between markers, which the facts' pure
+    parsers read: each library's markers are declared in its module (MARKERS), and each changes
+    what its reader makes of a capture when its lines are taken out."""
+    from converge.facts import LIBRARIES, containers, host, nvidia
+    cases = _fact_cases()
+    for module in (containers, host, nvidia):
+        library = LIBRARIES / f"{module.__name__.rsplit('.', 1)[-1]}.sh"
+        assert Program((library,)).printed_markers() == set(module.MARKERS), library
+        for marker in module.MARKERS:
+            read, output = cases[marker]
+            without = "".join(line for line in output.splitlines(keepends=True)
+                              if not (line.rstrip("\n") == f"@{marker}" or line.startswith(f"@{marker} ")))
+            assert without != output, f"the case for @{marker} does not print it"
+            assert read(output) != read(without), f"{library.name}: its reader says the same without @{marker}"
+    for library in sorted((ROOT / "roles").glob("*/files/facts.sh")):
+        assert Program((library,)).printed_markers() == set(), f"{library}: declare its markers"

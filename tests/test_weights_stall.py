@@ -63,6 +63,10 @@ def test_a_stalled_blob_is_given_up_after_download_stall_s_and_resumed(tmp_path)
     snapshot = tmp_path / "hub" / "models--org--model" / "snapshots" / ("c" * 40)
     assert (snapshot / "copies" / "a b.bin").read_bytes() == BLOB and (snapshot / "model.safetensors").is_symlink()
     assert (tmp_path / "hub" / "models--org--model" / "refs" / "main").read_text() == "c" * 40
+    from roles.weights.download import FETCH
+    assert out.stdout.splitlines()[-1].startswith("@result ")  # how it ended, last
+    said = FETCH.result_of(out.stdout)
+    assert (said["outcome"], said["commit"], said["need"]) == ("complete", "c" * 40, len(BLOB) * 2)
 
 
 class Hub(BaseHTTPRequestHandler):

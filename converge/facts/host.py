@@ -6,6 +6,9 @@ import base64
 from . import LIBRARIES, Fact, FactError, call
 
 LIBRARY = LIBRARIES / "host.sh"
+# what files/host.sh prints, a marker a line, and what follows each (read by the facts below)
+MARKERS = {"file": "PATH: a file's text follows, in base64", "unit": "PATH: a unit file's state follows",
+           "state": "its unit's state follows (systemctl show)"}
 
 
 class Arch(Fact):

@@ -100,6 +100,11 @@ def cuda_tuple(version: str | None) -> tuple[int, int] | None:
     return int(major), int(minor or 0)
 
 
+# what files/nvidia.sh prints, a marker a line, and what follows each (parse_nvidia_smi_sections)
+MARKERS = {"query": "RC: the GPUs' query (CSV) follows", "version": "RC: `nvidia-smi --version` follows",
+           "apps": "RC: the compute apps' query follows", "missing": "nvidia-smi is not installed"}
+
+
 class NvidiaSmi(Fact):
     """Everything the roles need from nvidia-smi, each call bounded by ``timeout`` seconds."""
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from roles.haproxy.admin import ADMIN_LIBRARY
-from roles.host_programs import Program, Protocol
+from roles.host_programs import RESULT_LIBRARY, Program, Protocol
 
-BACK = Protocol("replicas in service", markers={"still-drained": "SERVER: the front door refused to put it back"},
-                exits={"refused": 1})
-BACK_PROGRAM = Program((ADMIN_LIBRARY, Path(__file__).parent / "files" / "back.sh"), BACK)
+BACK = Protocol("replicas in service", exits={"refused": 1}, result={
+    "in_service": "the servers put back in service", "refused": "the servers the front door refused to put back",
+    "flags_refused": "the roll's flags it refused to lower"})
+BACK_PROGRAM = Program((RESULT_LIBRARY, ADMIN_LIBRARY, Path(__file__).parent / "files" / "back.sh"), BACK)

@@ -23,6 +23,7 @@ from roles.haproxy.config import Server
 from roles.haproxy.instance import FRONTDOOR
 from roles.haproxy.pools import frontdoor_pools, pools_in_config, queue_rule
 from roles.haproxy.stats import ServerStates
+from roles.host_programs import ProgramResultError
 from roles.replicas import installed, replica, server_index
 from roles.serving_host import UNITS_FACT, env_path, units_fact
 from roles.vllm_serve import diffusion_wanted
@@ -144,13 +145,17 @@ def back_in_service(ctx) -> Command:
     left = drained + [f"the roll's flag {name}" for name in raised]
 
     def interpret(result):
-        refused = BACK.first(result.stdout, "still-drained")
-        if refused is not None:
-            raise StepFailed(f"the front door refused to put {refused[0]} back in service: see journalctl -u "
-                             f"{FRONTDOOR.unit_name(ctx.vars)}")
-        if result.rc != 0:
-            raise StepFailed(f"putting {', '.join(left)} back in service failed (exit {result.rc}): "
-                             f"{(result.stdout + result.stderr).strip()[-300:]}")
+        try:
+            said = BACK.result_of(result.stdout)
+        except ProgramResultError as exc:
+            raise StepFailed(f"putting {', '.join(left)} back in service failed (exit {result.rc}): {exc}") from None
+        servers, flags = str(said["refused"]).split(), str(said["flags_refused"]).split()
+        if servers or flags:
+            what = [f"to put {', '.join(servers)} back in service"] if servers else []
+            what += [f"to lower the roll's flag{'s' if len(flags) > 1 else ''} {', '.join(flags)}"] if flags else []
+            put_back = f" ({said['in_service']} put back)" if said["in_service"] else ""
+            raise StepFailed(f"the front door refused {' and '.join(what)}{put_back}: see journalctl -u "
+                             f"{FRONTDOOR.unit_name(ctx.vars)}, then invoke deploy --hosts {ctx.name} again")
         return f"{', '.join(drained)} back in service" if not raised else \
             f"{', '.join(drained) + ' back in service, ' if drained else ''}the roll's flags lowered ({', '.join(raised)})"
     return Command("replicas in service", when=bool(left), interpret=interpret,

@@ -41,8 +41,8 @@ from converge.errors import StepFailed
 from roles.handoffs import UNITS, gated
 from roles.haproxy.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
 from roles.haproxy.instance import GATEWAY_SEES_FLAG_S
-from roles.host_programs import Program, Protocol
-from roles.replica_ready import PRELUDE, READY, READY_MARKERS, failed_unit, late_units, replica_ready
+from roles.host_programs import RESULT_LIBRARY, Program, ProgramResultError, Protocol
+from roles.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
 from roles.replicas import TABLE_READER, Replica, installed, shell_table
 from roles.serving_host import UNITS_FACT, connect_address, env_path, unit_file
 
@@ -57,20 +57,18 @@ ROLL = Protocol("the roll", markers={
     "undrain-failed": "INDEX SERVER: its front door refused to put it back in service",
     "unflag-failed": "FLAG: its front door refused to lower the roll's flag",
     "gate-passed": "INDEX VIA: its gate passed (through the front door, or on loopback)",
-    "gate-failed": "MS WHY: the gate (or the start) failed",
-    "done": "MS: the roll ended well",
     "stopped": "MS: stopped, and seen down by its front door",
     "removed": "MS: disabled and removed",
     "replaced": "UNIT...: the units it ran under before, removed",
     "cleared": "INDEX PID...|none: unit reset, processes killed, container removed",
-    "clear-failed": "INDEX WHY: the container could not be removed",
-    "action-failed": "WHY: the action failed (systemctl stop)",
-    "write-failed": "the new unit could not be written: nothing changed",
     "retagged": "the image tag was pointed back at the image that ran",
-    "rolled-back": "MS: back on what it ran, ready and in service",
-    "rollback-failed": "WHY: going back failed too",
-    **READY_MARKERS}, exits={"failed": 4, "rolled_back": 5, "rollback_failed": 6, "write_failed": 7})
-PROGRAM = Program((PRELUDE, *TABLE_READER, ADMIN_LIBRARY, READY, WRITE_FILE, FILES / "roll.sh"), ROLL)
+    **READY_MARKERS}, exits={"failed": 4, "rolled_back": 5, "rollback_failed": 6, "write_failed": 7}, result={
+    "outcome": "done, failed, write-failed (nothing changed), rolled-back (back on what it ran, ready and in "
+               "service) or rollback-failed",
+    "ms": "when it ended", "why": "what failed (the action, the wait or the gate)",
+    "units": "the unit that failed its wait, or those that did not answer in time", "failed_ms": "when it failed",
+    "again": "why going back failed too", "ready_ms": "how long the replicas took to answer (blank: not waited for)"})
+PROGRAM = Program((PRELUDE, RESULT_LIBRARY, *TABLE_READER, ADMIN_LIBRARY, READY, WRITE_FILE, FILES / "roll.sh"), ROLL)
 
 THROTTLE = "rollout"
 ACTIONS = ("restart", "start", "stop", "recover", "remove")
@@ -233,13 +231,12 @@ def _see(roll: Roll, fix: str = "recover") -> str:
     return f"See: invoke logs --hosts {roll.host}{one}; invoke {fix} --hosts {roll.host}{one}"
 
 
-def _ready(out: str) -> str | None:
+def _ready(said: dict, out: str) -> str | None:
     """How long the replicas took to answer: the whole wait, and each one's when several."""
-    ready = ROLL.first(out, "ready")
-    if ready is None:
+    if said["ready_ms"] == "":
         return None
     each = replica_ready(ROLL, out)
-    return f"ready in {_seconds(ready[0])} s" + (
+    return f"ready in {_seconds(said['ready_ms'])} s" + (
         f" ({', '.join(f'{unit} after {seconds:.1f} s' for unit, seconds in each.items())})" if len(each) > 1 else "")
 
 
@@ -262,12 +259,18 @@ def _not_back(roll: Roll, out: str):
 
 def _said(roll: Roll, result) -> str:
     out = result.stdout
+    try:
+        said = ROLL.result_of(out)
+    except ProgramResultError as exc:
+        raise StepFailed(f"the {roll.action} of {roll.units} on {roll.host} ended with exit {result.rc} and "
+                         f"no result ({exc}); its replicas may be drained: {_see(roll)}") from None
     _not_back(roll, out)
     begin = ROLL.first(out, "begin")
 
     def since_begin(ms: str) -> str:
         return f"{(int(ms) - int(begin[0])) / 1000:.1f}" if begin else "?"
-    if result.rc == 0 and ROLL.first(out, "done") is not None:
+    outcome = said["outcome"]
+    if outcome == "done":
         drained = ROLL.first(out, "drained")
         parts = [f"drained in {_seconds(drained[0])} s"
                  + (f" ({drained[1]} still in flight after drain_timeout)" if drained[1] != "0" else "")
@@ -278,7 +281,7 @@ def _said(roll: Roll, result) -> str:
             parts.append("; ".join(f"replica {c[0]}: unit stopped and reset, "
                                    f"{'killed ' + ' '.join(c[1:]) if c[1:] != ['none'] else 'no process left'}, "
                                    f"container removed" for c in cleared))
-        ready = _ready(out)
+        ready = _ready(said, out)
         if ready is not None:
             parts.append(f"{'new unit, ' if roll.unit_file is not None else ''}"
                          f"{'restarted' if roll.action == 'restart' else 'started'}, {ready}")
@@ -298,26 +301,22 @@ def _said(roll: Roll, result) -> str:
         down = (f"; {roll.host} served no request while it {'restarted' if roll.gates else 'was out'} "
                 f"(one replica, no gateway)" if roll.alone else "")
         return f"{roll.units} {VERBS[roll.action]}: {'; '.join(parts)}{down}"
-    if ROLL.first(out, "write-failed") is not None:
+    if outcome == "write-failed":
         raise StepFailed(f"writing {roll.unit_path} failed; {roll.units} was not restarted and is back in service")
-    failed = ROLL.first(out, "gate-failed")
-    why = (ROLL.rest(out, "gate-failed", 1) if failed else ROLL.rest(out, "action-failed")
-           or ROLL.rest(out, "clear-failed") or f"exit {result.rc}: {(out + result.stderr).strip()[-300:]}")
+    why = said["why"] or f"exit {result.rc}: {(out + result.stderr).strip()[-300:]}"
     logs = _journal(out)
-    which = failed_unit(ROLL, out)
-    late = late_units(ROLL, out)
-    named = f"{which[0]} ({which[1]})" if which else ", ".join(late) if late else roll.units
-    if result.rc == ROLL.exit("rolled_back"):
-        back = ROLL.first(out, "rolled-back")
-        took = f" {(int(back[0]) - int(failed[0])) / 1000:.1f} s after the failure" if back and failed else ""
+    named = ", ".join(str(said["units"]).split()) or roll.units
+    if outcome == "rolled-back":
+        took = (f" {(int(said['ms']) - int(said['failed_ms'])) / 1000:.1f} s after the failure"
+                if str(said["failed_ms"]).isdigit() else "")
         raise StepFailed(
             f"{roll.units} failed its gate: {why}. It was rolled back to what it ran before (its unit"
             f"{', and the image it ran, retagged' if ROLL.first(out, 'retagged') is not None else ''}) and is ready"
             f"{' and in service' if ROLL.first(out, 'in-service') is not None else ''} again{took}. The rollout "
             f"stops here: the replicas not rolled yet were not changed. Last log lines of the failed "
             f"release:\n{logs}")
-    if result.rc == ROLL.exit("rollback_failed"):
-        again = ROLL.rest(out, "rollback-failed") or "?"
+    if outcome == "rollback-failed":
+        again = said["again"] or "?"
         raise StepFailed(f"{roll.units} failed its gate: {why}; going back to what it ran failed too ({again}). "
                          f"Last log lines:\n{logs}\n{_see(roll)}")
     if roll.gates:

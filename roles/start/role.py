@@ -9,16 +9,17 @@ from converge.errors import StepFailed
 
 from roles.fleet import is_serving
 from roles.handoffs import UNITS, gated
-from roles.host_programs import Program, Protocol
-from roles.replica_ready import (PRELUDE, READY, READY_MARKERS, failed_unit, late_units, ready_seconds,
-                                 replica_ready)
+from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from roles.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
 from roles.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
 from roles.systemd import systemctl
 from roles.serving_host import env_path, is_running, record_path, restart, step_name, unit_state
 
-START = Protocol("start and wait", markers={"start-failed": "systemctl start failed", **READY_MARKERS},
-                 exits={"failed": 3, "timeout": 4})
-PROGRAM = Program((PRELUDE, *TABLE_READER, READY, Path(__file__).parent / "files" / "start.sh"), START)
+START = Protocol("start and wait", markers=READY_MARKERS, exits={"failed": 3, "timeout": 4}, result={
+    "state": "ready, start-failed (systemctl refused), failed (a unit failed) or timeout",
+    "ms": "how long the wait took", "units": "the unit that failed, or those that did not answer in time",
+    "how": "the failed unit's ActiveState/SubState, or what failed"})
+PROGRAM = Program((PRELUDE, RESULT_LIBRARY, *TABLE_READER, READY, Path(__file__).parent / "files" / "start.sh"), START)
 
 
 def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:
@@ -26,13 +27,6 @@ def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:
     roles/replica_ready/__init__.py: replicas on separate GPUs start side by side)."""
     return PROGRAM.script({"ENV_FILE": env_path(v), "REPLICAS": shell_table(replicas),
                            "READY_TIMEOUT_S": int(timeout)})
-
-
-def parse_wait(result) -> tuple[float | None, bool, str]:
-    """What wait_script printed: seconds to ready (or None), whether it timed out, the journal tail."""
-    journal = "\n".join(line for line in result.stdout.splitlines() if line.startswith("  | "))
-    timed_out = bool(late_units(START, result.stdout))
-    return (ready_seconds(START, result.stdout) if result.rc == 0 else None), timed_out, journal
 
 
 def plan(ctx):
@@ -53,20 +47,18 @@ def plan(ctx):
     named = ", ".join(r.unit for r in wanted)
 
     def interpret(result):
-        seconds, timed_out, journal = parse_wait(result)
-        if seconds is not None:
+        said, journal = ended(START, result, named)
+        if said["state"] == "ready":
             each = replica_ready(START, result.stdout)
             after = (f" ({', '.join(f'{unit} after {s:.1f} s' for unit, s in each.items())})"
                      if len(each) > 1 else "")
-            return f"{named} ready: /health and /v1/models answer after {seconds:.1f} s{after}"
-        if timed_out:
-            raise StepFailed(f"{', '.join(late_units(START, result.stdout)) or named} did not answer /health and "
-                             f"/v1/models within {timeout} s (ready_timeout). Last log lines:\n{journal}\n"
-                             f"See: invoke logs --hosts {ctx.name}")
-        which = failed_unit(START, result.stdout)
-        how = (which[1] if which else "systemctl start failed" if START.first(result.stdout, "start-failed")
-               is not None else f"exit {result.rc}")
-        raise StepFailed(f"{which[0] if which else named} failed to start ({how}). Last log lines:\n{journal}")
+            return f"{named} ready: /health and /v1/models answer after {said['ms'] / 1000:.1f} s{after}"
+        units = ", ".join(str(said["units"]).split()) or named
+        if said["state"] == "timeout":
+            raise StepFailed(f"{units} did not answer /health and /v1/models within {timeout} s (ready_timeout). "
+                             f"Last log lines:\n{journal}\nSee: invoke logs --hosts {ctx.name}")
+        raise StepFailed(f"{units} failed to start ({said['how'] or 'exit ' + str(result.rc)}). "
+                         f"Last log lines:\n{journal}")
 
     whys = []
     for r in wanted:

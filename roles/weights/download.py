@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 from converge.changes import Transfer
 from converge.errors import StepFailed
-from roles.host_programs import NAME_VALUE_TABLE, Program, Protocol
+from roles.host_programs import NAME_VALUE_TABLE, RESULT_LIBRARY, Program, ProgramResultError, Protocol, decoded
 
 from .cache import VERIFIED, repo_dir
 
@@ -62,22 +62,24 @@ class Manifest:
 
 FILES = Path(__file__).parent / "files"
 HUB = FILES / "hub.sh"  # the token and curl, shared by both programs
-MANIFEST = Protocol("manifest", markers={
-    "revision": "the revision's answer follows", "tree": "a page of the file tree follows",
-    "status": "CODE: the hub's HTTP status (or error WHY) for the answer", "end": "the answer's end",
-    "commit": "SHA: the commit the tree is read for"})
-MANIFEST_PROGRAM = Program((HUB, FILES / "manifest.sh"), MANIFEST)
+MANIFEST = Protocol("manifest", result={
+    "revision_status": "the hub's HTTP status for the revision (error: curl failed, said in why)",
+    "revision": "its answer (base64)", "commit": "SHA: the commit the tree is read for (blank: none named)",
+    "tree_status": "each page of the file tree: its status, blank-separated", "tree": "each page's answer (base64), "
+    "blank-separated", "why": "curl's error, when a status is error"})
+MANIFEST_PROGRAM = Program((RESULT_LIBRARY, HUB, FILES / "manifest.sh"), MANIFEST)
 FETCH = Protocol("download", markers={
     "bytes": "N: how many of the files' bytes are here",
     "corrupt": "BLOB GOT: its hash was GOT; deleted, fetched again",
     "partial": "BLOB NOW SIZE RC ERROR: a try ended at NOW of SIZE bytes (curl's exit RC)",
     "relay-failed": "BLOB: the run's relay gave nothing; from the hub itself from here on",
     "busy": "BLOB: another download of it on this host kept its lock for 15 minutes",
-    "failed": "BLOB: given up after its tries",
-    "nospace": "NEED FREE: bytes still to fetch, bytes free (nothing fetched)",
-    "complete": "COMMIT: every file here, the snapshot and ref laid out"},
-    exits={"failed": 3, "no_space": 4, "no_folder": 5})
-FETCH_PROGRAM = Program((HUB, NAME_VALUE_TABLE, FILES / "fetch.sh"), FETCH)
+    "failed": "BLOB: given up after its tries"},
+    exits={"failed": 3, "no_space": 4, "no_folder": 5}, result={
+        "outcome": "complete (every file here, the snapshot and ref laid out), failed, no-space (nothing fetched) "
+                   "or no-folder", "commit": "the commit laid out (complete)",
+        "need": "bytes still to fetch when it began", "free": "bytes free then"})
+FETCH_PROGRAM = Program((RESULT_LIBRARY, HUB, NAME_VALUE_TABLE, FILES / "fetch.sh"), FETCH)
 
 
 def _token(token: str | None) -> str:
@@ -93,19 +95,25 @@ def manifest_script(endpoint: str, repo: str, revision: str, token: str | None) 
                                     "TREE_URL": f"{base}/api/models/{repo}/tree/"})
 
 
-def _sections(output: str) -> list[tuple[str, str, str]]:
-    """(kind, status, body) of each ``@revision`` / ``@tree`` answer."""
-    found = []
-    for match in re.finditer(r"^@(revision|tree)\n@status ([^\n]*)\n(.*?)\n@end$", output, re.M | re.S):
-        found.append((match.group(1), match.group(2).strip(), match.group(3)))
-    return found
+def _sections(said: dict) -> list[tuple[str, str, str]]:
+    """(kind, status, body) of the revision's answer and of each page of the tree, from the result."""
+    def status(code) -> str:
+        return f"error {said['why']}".strip() if str(code) == "error" else str(code)
+    pages = str(said["tree"]).split(" ") if str(said["tree_status"]) else []
+    codes = str(said["tree_status"]).split()
+    if len(pages) != len(codes):
+        raise ProgramResultError(f"{len(codes)} tree statuses for {len(pages)} pages")
+    return [("revision", status(said["revision_status"]), decoded(said["revision"], "the revision's answer")),
+            *(("tree", status(code), decoded(page, "a page of the tree")) for code, page in zip(codes, pages))]
 
 
 def parse_manifest(output: str, repo: str, revision: str, endpoint: str) -> Manifest:
     """The manifest, or StepFailed saying what the hub answered."""
-    sections = _sections(output)
-    if not sections:
-        raise StepFailed(f"no answer from {endpoint} for {repo}: {output.strip()[-300:]!r}")
+    try:
+        said = MANIFEST.result_of(output)
+        sections = _sections(said)
+    except ProgramResultError as exc:
+        raise StepFailed(f"no answer from {endpoint} for {repo}: {exc}") from None
     kind, status, body = sections[0]
     if status != "200":
         hint = {"401": "it needs a token: set hf_token_file", "403": "the token may not read it (a gated model? "
@@ -118,8 +126,7 @@ def parse_manifest(output: str, repo: str, revision: str, endpoint: str) -> Mani
         raise StepFailed(f"{endpoint} sent a revision that is not the hub's JSON: {body[:200]!r}") from exc
     if not isinstance(commit, str) or not SHA1.match(commit):
         raise StepFailed(f"{endpoint} sent a commit that is not a git sha1: {str(commit)[:80]!r}")
-    used = re.search(r"^@commit (\S+)$", output, re.M)
-    if not used or used.group(1) != commit:
+    if str(said["commit"]) != commit:
         raise StepFailed(f"the file list of {repo} was read for another commit than {commit[:12]}: try again")
     files = []
     for kind, status, body in sections[1:]:
@@ -181,14 +188,16 @@ def progress_reader(total: int):
 
 
 def parse_fetch(output: str) -> dict:
-    """What a fetch printed (its protocol's markers): blobs fetched again after a bad hash, partial
-    ones, those given up or held by another download, room, the end."""
-    nospace = FETCH.first(output, "nospace")
-    complete = FETCH.first(output, "complete")
-    return {"corrupt": [m[0] for m in FETCH.every(output, "corrupt") if m],
+    """What a fetch printed: how it ended (its result; None when it has none: it was cut off), and
+    its markers: blobs fetched again after a bad hash, partial ones, those given up or held by
+    another download."""
+    try:
+        said = FETCH.result_of(output)
+    except ProgramResultError:
+        said = None
+    return {"result": said,
+            "corrupt": [m[0] for m in FETCH.every(output, "corrupt") if m],
             "partial": [" ".join(m) for m in FETCH.every(output, "partial")],
             "failed": [m[0] for m in FETCH.every(output, "failed") if m],
             "busy": [m[0] for m in FETCH.every(output, "busy") if m],
-            "relay_failed": [m[0] for m in FETCH.every(output, "relay-failed") if m],
-            "nospace": (int(nospace[0]), int(nospace[1])) if nospace and len(nospace) >= 2 else None,
-            "complete": complete[0] if complete else None}
+            "relay_failed": [m[0] for m in FETCH.every(output, "relay-failed") if m]}

@@ -82,20 +82,27 @@ def _model(ctx, model: str, restarts: tuple, relayed: bool):
 
 
 def read_fetch(model: str, manifest: Manifest, cache: str, endpoint: str, relayed_through: bool):
-    """The download step's reader: what the fetch's markers (download.FETCH) say of it, or StepFailed
-    saying what to do."""
+    """The download step's reader: what the fetch's result and markers (download.FETCH) say of it, or
+    StepFailed saying what to do."""
     def interpret(result):
         output = (result.stdout + result.stderr).strip()
         seen = parse_fetch(result.stdout)
-        if seen["nospace"]:
-            need, free = seen["nospace"]
-            raise StepFailed(f"{cache} has {_mib(free)} free; {model} needs {_mib(need)} more: free space there or "
-                             f"set model_cache to a larger disk (nothing was fetched)")
-        if result.rc != 0 or seen["complete"] != manifest.commit:
+        said = seen["result"] or {}
+        if said.get("outcome") == "no-space":
+            raise StepFailed(f"{cache} has {_mib(int(said['free']))} free; {model} needs {_mib(int(said['need']))} "
+                             f"more: free space there or set model_cache to a larger disk (nothing was fetched)")
+        if said.get("outcome") == "no-folder":
+            raise StepFailed(f"{model}'s folders in {cache} could not be made: {output[-300:] or 'mkdir failed'}. "
+                             f"Check that model_cache is a folder the deploy may write (its owner, its mount)")
+        if said.get("outcome") != "complete" or str(said.get("commit")) != manifest.commit:
             if "No space left on device" in output:
                 raise StepFailed(f"downloading {model} failed: the disk under {cache} is full (No space left on "
                                  f"device). Free space there, or set model_cache to a larger disk, and deploy again: "
                                  f"what was downloaded is kept and the download resumes")
+            if not said:
+                raise StepFailed(f"downloading {model} was cut off before it said how it ended (exit {result.rc}, no "
+                                 f"result line): {output[-300:] or 'nothing printed'}. What came is kept: the next "
+                                 f"deploy resumes it")
             if seen["busy"]:
                 raise StepFailed(f"downloading {model}: another download on this host kept blob(s) "
                                  f"{', '.join(b[:12] for b in seen['busy'])} locked for 15 minutes (a run cut off "
@@ -105,7 +112,7 @@ def read_fetch(model: str, manifest: Manifest, cache: str, endpoint: str, relaye
                 what = (f"blob {blob[:12]} stopped at {_mib(int(now))} of {_mib(int(size))}: "
                         f"{' '.join(error).strip() or 'the connection ended'}")
             else:
-                what = output[-400:]
+                what = output[-400:] or "nothing printed"
             given_up = (f" ({len(seen['failed'])} of {len(manifest.files)} files given up after their tries: "
                         f"{', '.join(b[:12] for b in seen['failed'])})" if seen["failed"] else "")
             raise StepFailed(f"downloading {model} failed (exit {result.rc}){given_up}: {what}. What came is kept: "

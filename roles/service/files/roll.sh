@@ -1,8 +1,12 @@
 # shellcheck shell=dash
 # The roll (roles/service/rollout.py): the one way a running replica is changed. Out of
 # service in its host's front door (and so, when it was the host's last, in the gateway),
-# the action, the gate where it comes back, back in service; said step by step in markers
-# (rollout.ROLL declares them and the exit codes, EXIT_*).
+# the action, the gate where it comes back, back in service; said step by step in markers,
+# and how it ended in one result line, last (rollout.ROLL declares them and the exit codes,
+# EXIT_*): outcome (done, failed, write-failed, rolled-back, rollback-failed), ms (when it
+# ended), why (what failed), units (the unit that failed its wait, or those that did not answer
+# in time), failed_ms (when it failed), again (why going back failed too), ready_ms (how long
+# the replicas took to answer; blank when none was waited for).
 #
 # Parameters: ACTION (restart, start, stop, recover, remove); REPLICAS, the replicas it acts
 # on (roles/replicas.py: index unit container port server gpus, a line each); RT, the
@@ -53,7 +57,18 @@ undrain() {
   if [ $flagged = 1 ]; then flag maint || say "@unflag-failed $ROLLING_SERVER"; flagged=0; fi
   for p in $leaving; do pool_flag "$p" maint || say "@unflag-failed ${ROLLING_SERVER}_$p"; done; leaving=""
 }
-trap undrain EXIT
+outcome=""; failure=""; failed_units=""; failed_ms=""; again=""; ready_ms=""
+# what failed, as the result says it: from the wait's or the gate's $why and the units the wait names
+failed() { failure=${1:-$why}; failed_units=${failed_unit:-$late}; failed_ms=$(now_ms); }
+# whatever ends the script: back in service, then the result, its last line
+finish() {
+  rc=$?
+  undrain
+  [ -n "$outcome" ] || { outcome=failed; failure=${failure:-it ended before it said how (exit $rc)}; }
+  result outcome="$outcome" ms="$(now_ms)" why="$failure" units="$failed_units" failed_ms="$failed_ms" \
+    again="$again" ready_ms="$ready_ms"
+}
+trap finish EXIT
 say "@begin $(now_ms)"
 
 # 1. out of service: the host's rolling flag up (the gateway holds it out while none is in
@@ -126,6 +141,7 @@ gate() {
 # every replica of the roll ready (one readiness loop), then each through its gate
 come_back() {
   await_ready "$READY_TIMEOUT_S" "$REPLICAS" || return 1
+  ready_ms=$waited_ms
   for i in $EACH; do use "$i"; gate || { why="replica $I: $why"; return 1; }; done
 }
 # a stopped replica is back in the front door's rotation once its checks see it down
@@ -158,7 +174,9 @@ clear_replica() {
     "$RT" kill --signal KILL "$C" >/dev/null 2>&1 && killed="$killed docker-kill"
     timeout 60 "$RT" rm -f "$C" >/dev/null 2>&1
   fi
-  if "$RT" inspect "$C" >/dev/null 2>&1; then say "@clear-failed $I the container is still there"; exit "$EXIT_FAILED"; fi
+  if "$RT" inspect "$C" >/dev/null 2>&1; then
+    failed "replica $I: the container is still there"; outcome=failed; exit "$EXIT_FAILED"
+  fi
   say "@cleared $I${killed:- none}"
 }
 restart() {
@@ -167,7 +185,9 @@ restart() {
 }
 # the paths of $REMOVE_PATHS (schema-checked: no blank in one) removed
 remove_paths() { printf '%s\n' "$REMOVE_PATHS" | xargs -r rm -f; }
-done_() { undrain; say "@done $(now_ms)"; exit 0; }
+done_() { outcome="done"; exit 0; }
+# the action or its gate failed: said with the journal since the action began
+fail() { failed "$1"; journal "$failed_at"; outcome=failed; exit "$EXIT_FAILED"; }
 
 # 2. the action
 failed_at=$(date +%s)
@@ -177,7 +197,7 @@ stop)
   if units "$UNITS" stop; then
     units "$UNITS" reset-failed 2>/dev/null; await_down; say "@stopped $(now_ms)"; done_
   fi
-  why="systemctl stop failed"; say "@action-failed $why"; journal "$failed_at"; exit "$EXIT_FAILED";;
+  fail "systemctl stop failed";;
 remove)
   units "$UNITS" disable --now 2>/dev/null
   units "$UNITS" reset-failed 2>/dev/null
@@ -189,19 +209,19 @@ recover)
   if [ "$START_AGAIN" = 1 ]; then
     units "$UNITS" reset-failed 2>/dev/null
     if units "$UNITS" start && come_back; then done_; fi
-    say "@gate-failed $(now_ms) $why"; journal "$failed_at"; exit "$EXIT_FAILED"
+    fail
   fi
   await_down; done_;;
 start)
   units "$UNITS" reset-failed 2>/dev/null
   if units "$UNITS" start && come_back; then done_; fi
-  say "@gate-failed $(now_ms) ${why:-systemctl start failed}"; journal "$failed_at"; exit "$EXIT_FAILED";;
+  fail "${why:-systemctl start failed}";;
 esac
 
 # restart: day 2's (nothing to go back to), or deploy's change (GO_BACK=1)
 if [ "$GO_BACK" != 1 ]; then
   if restart && come_back; then done_; fi
-  say "@gate-failed $(now_ms) $why"; journal "$failed_at"; exit "$EXIT_FAILED"
+  fail
 fi
 # what runs now, to go back to: the unit (kept as .previous when rewritten), or the unit it
 # runs under now (BEFORE_REPLICAS), and the image it runs, by its id
@@ -214,7 +234,7 @@ table "$NEW_REPLICAS"
 had=0; [ -f "$UNIT_PATH" ] && had=1
 wrote=0
 if [ "$WRITE" = 1 ]; then
-  if write_unit; then wrote=1; else say '@write-failed'; exit "$EXIT_WRITE_FAILED"; fi
+  if write_unit; then wrote=1; else outcome=write-failed; exit "$EXIT_WRITE_FAILED"; fi
 fi
 systemctl daemon-reload
 # a move to the family's name: the unit it ran under stops first (the GPU is one replica's)
@@ -226,8 +246,7 @@ if restart && come_back; then
   fi
   done_
 fi
-failed_at_ms=$(now_ms)
-say "@gate-failed $failed_at_ms $why"
+failed
 journal "$failed_at"
 # back to exactly what ran: its unit, and the image it ran (a moved tag names it again)
 if [ $wrote = 1 ]; then
@@ -241,8 +260,8 @@ fi
 systemctl daemon-reload
 [ -n "$BEFORE_REPLICAS" ] && table "$BEFORE_REPLICAS"
 if restart && come_back; then
-  undrain; say "@rolled-back $(now_ms)"; exit "$EXIT_ROLLED_BACK"
+  undrain; outcome=rolled-back; exit "$EXIT_ROLLED_BACK"
 fi
-say "@rollback-failed $why"
+again=$why; outcome=rollback-failed
 journal "$failed_at"
 exit "$EXIT_ROLLBACK_FAILED"

@@ -9,10 +9,13 @@
 # it is fetched), alt (the hub itself when url is the run's relay; empty: none), link (the
 # snapshot link's target) and path (its path in the snapshot, base64: a path may hold a blank).
 # Says @bytes N every 2 s (how many of the files' bytes are here), @corrupt, @partial,
-# @relay-failed, @busy and @failed of a blob as they come, @nospace NEED FREE (nothing fetched),
-# and @complete COMMIT at the end.
+# @relay-failed, @busy and @failed of a blob as they come; ends with its result: outcome
+# (complete, failed, no-space: nothing fetched, or no-folder), commit (the one laid out, when
+# complete), need and free (the bytes still to fetch when it began, and those free then).
 umask 022
-mkdir -p "$REPO/blobs" "$REPO/refs" "$REPO/snapshots/$COMMIT" || exit "$EXIT_NO_FOLDER"
+need=0 free=0
+ended() { result outcome="$1" commit="${2:-}" need="$need" free="$free"; }
+mkdir -p "$REPO/blobs" "$REPO/refs" "$REPO/snapshots/$COMMIT" || { ended no-folder; exit "$EXIT_NO_FOLDER"; }
 # this run's record of what it hashed, merged into the shared one at the end
 verified="$REPO/$VERIFIED_NAME" record=$(mktemp "$REPO/.$VERIFIED_NAME.XXXXXX")
 # hf's per-process partials (<id>.<8 hex>.incomplete): never resumed by anyone
@@ -95,14 +98,13 @@ fetch_locked() {
 }
 
 # room for what is missing, before anything is fetched
-need=0
 while read -r blob size <&3; do
   [ -f "$REPO/blobs/$blob" ] || need=$((need + size - $(stat -c %s "$REPO/blobs/$blob.incomplete" 2>/dev/null || echo 0)))
 done 3<<FILES
 $(files blob size)
 FILES
 free=$(( $(df -Pk "$REPO/blobs" | awk 'NR == 2 {print $4}') * 1024 ))
-if [ "$need" -gt "$free" ]; then echo "@nospace $need $free"; exit "$EXIT_NO_SPACE"; fi
+if [ "$need" -gt "$free" ]; then ended no-space; exit "$EXIT_NO_SPACE"; fi
 failed=0
 while read -r url blob size algo alt <&3; do
   [ "$alt" = "-" ] && alt=""
@@ -112,7 +114,7 @@ $(files url blob size algo alt)
 FILES
 ( flock 8; { cat "$verified" 2>/dev/null; cat "$record"; } | sort -u > "$record.all" && mv -f "$record.all" "$verified" ) 8>"$verified.lock"
 kill $ticker 2>/dev/null; here "$@"  # the last word on how far it came
-[ $failed = 0 ] || exit "$EXIT_FAILED"
+[ $failed = 0 ] || { ended failed; exit "$EXIT_FAILED"; }
 snap="$REPO/snapshots/$COMMIT"
 while read -r path64 link <&3; do
   path=$(printf '%s' "$path64" | base64 -d)
@@ -122,4 +124,4 @@ done 3<<FILES
 $(files path link)
 FILES
 printf %s "$COMMIT" > "$REPO/refs/.$REF.tmp" && mv -f "$REPO/refs/.$REF.tmp" "$REPO/refs/$REF"
-echo "@complete $COMMIT"
+ended complete "$COMMIT"

@@ -1,25 +1,35 @@
 # shellcheck shell=dash
 # The manifest of a model (download.py: manifest_script, parse_manifest): the hub's answer for
 # the revision ($REVISION_URL), the commit it names, then every page of that commit's file tree
-# ($TREE_URL then the commit, then each Link rel="next"). Each answer is @revision or @tree, then
-# @status CODE, its body and @end; @commit SHA between them. Read-only.
+# ($TREE_URL then the commit, then each Link rel="next"). Read-only. Its result: revision_status
+# (the hub's HTTP status, or error) and revision (the answer, base64); commit (the one the tree
+# is read for; blank: none named); tree_status and tree (each page's status and answer in base64,
+# blank-separated, in order); why (curl's error, when a status is error).
 
-# URL [FILE]: @status CODE, the body, @end (the body kept in FILE when given); $next: the next page
+why=""
+# URL FILE: the answer's body into FILE; $code its HTTP status (or error, and why), $next the next page
 get() {
-  body=${2:-$(mktemp)}; hdr=$(mktemp)
-  code=$(auth | hub_curl --max-time 120 -D "$hdr" -o "$body" -w '%{http_code}' "$1" 2>"$hdr.err") \
-    || code="error $(tr '\n' ' ' < "$hdr.err" | cut -c1-200)"
-  printf '@status %s\n' "$code"; cat "$body"; printf '\n@end\n'
+  hdr=$(mktemp)
+  code=$(auth | hub_curl --max-time 120 -D "$hdr" -o "$2" -w '%{http_code}' "$1" 2>"$hdr.err") \
+    || { code=error; why=$(tr '\n' ' ' < "$hdr.err" | cut -c1-200); }
   next=$(sed -n 's/^[Ll]ink: *<\([^>]*\)>; *rel="next".*/\1/p' "$hdr" | tr -d '\r' | tail -n 1)
-  rm -f "$hdr" "$hdr.err"; [ -n "${2:-}" ] || rm -f "$body"
+  rm -f "$hdr" "$hdr.err"
 }
-rev=$(mktemp)
-printf '@revision\n'; get "$REVISION_URL" "$rev"
-commit=$(sed -n 's/.*"sha" *: *"\([0-9a-f]\{40\}\)".*/\1/p' "$rev" | head -n 1); rm -f "$rev"
-[ -n "$commit" ] || exit 0
-printf '@commit %s\n' "$commit"
-url="$TREE_URL$commit?recursive=true&expand=false"
-pages=0
-while [ -n "$url" ] && [ $pages -lt 200 ]; do
-  printf '@tree\n'; get "$url"; url=$next; pages=$((pages + 1))
-done
+rev=$(mktemp) page=$(mktemp) pages=$(mktemp)
+trap 'rm -f "$rev" "$page" "$pages"' EXIT
+get "$REVISION_URL" "$rev"; revision_status=$code
+commit=$(sed -n 's/.*"sha" *: *"\([0-9a-f]\{40\}\)".*/\1/p' "$rev" | head -n 1)
+tree_status=""
+if [ "$revision_status" = 200 ] && [ -n "$commit" ]; then
+  url="$TREE_URL$commit?recursive=true&expand=false"
+  n=0
+  while [ -n "$url" ] && [ $n -lt 200 ]; do
+    : > "$page"; get "$url" "$page"
+    tree_status="$tree_status${tree_status:+ }$code"
+    { [ $n = 0 ] || printf ' '; base64 -w0 < "$page"; } >> "$pages"
+    [ "$code" = 200 ] || break
+    url=$next; n=$((n + 1))
+  done
+fi
+result revision_status="$revision_status" revision="$(base64 -w0 < "$rev")" commit="$commit" \
+  tree_status="$tree_status" tree="$(cat "$pages")" why="$why"

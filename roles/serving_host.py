@@ -8,8 +8,6 @@ Each role reads these here instead of reaching into another role's ``role.py``,
 so a role's internals can change without breaking the others. Pure."""
 from __future__ import annotations
 
-import shlex
-
 from converge.facts.host import UnitFiles
 
 from roles.replicas import Replica, service, unit_fact, unit_globs
@@ -42,15 +40,6 @@ def env_stamp_path(replica: Replica) -> str:
 def image_stamp_path(replica: Replica) -> str:
     """Where a replica's unit notes, as it starts, the image record it started under."""
     return f"{STAMP_DIR}/{replica.container}.image-started"
-
-
-def start_notes_command(v: dict, replica: Replica) -> str:
-    """The shell that writes both notes as the replica starts (systemd reads EnvironmentFile
-    just before), so a deploy sees a replica still running an older environment or image."""
-    image_stamp = shlex.quote(image_stamp_path(replica))
-    return (f"mkdir -p {STAMP_DIR} && sha256sum < {shlex.quote(env_path(v))} > "
-            f"{shlex.quote(env_stamp_path(replica))} && {{ cp -f {shlex.quote(record_path(v))} {image_stamp} "
-            f"2>/dev/null || rm -f {image_stamp}; }}")
 
 
 def restart(unit: str) -> str:

@@ -387,7 +387,6 @@ ALLOWED = {
     ("converge/become.py", "LC_ALL=C sudo -S"): "sudo's command line, which starts our shell as the become user",
     ("converge/hostlock.py", "while l=$(timeout "): "the held script's last line, which also ends a script "
                                                     "held without the lock (the lab's transport tests)",
-    ("roles/serving_host.py", "mkdir -p "): "a replica unit's ExecStartPre= line, which systemd runs at each start",
     ("converge/changes.py", " <<'__CONVERGE_EOF__'"): "a file's content, as the heredoc of write_file's call",
     # words for a person that read as shell
     ("roles/preflight/role.py", "docker has no nvidia runtime"): "the fix a failed check names",
@@ -504,3 +503,27 @@ def test_every_marker_a_fact_library_prints_is_declared_beside_its_readers_and_r
             assert read(output) != read(without), f"{library.name}: its reader says the same without @{marker}"
     for library in sorted((ROOT / "roles").glob("*/files/facts.sh")):
         assert Program((library,)).printed_markers() == set(), f"{library}: declare its markers"
+
+
+def test_a_replica_unit_s_start_notes_pass_shellcheck_and_quote_every_path(tmp_path):
+    """The one shell a unit holds (templates/start_notes.sh.j2, its ExecStartPre= and NixOS's
+    preStart), rendered for a service whose name needs quoting: shellcheck as dash, and run."""
+    import os
+    from roles.service.role import start_notes
+    notes = start_notes({"service_name": "vllm-diffusiongemma"}, replica({}, 1))
+    assert "'" not in notes  # plain paths need no quotes; a path that needs them gets them (shlex)
+    script = tmp_path / "notes.sh"
+    script.write_text(notes + "\n")
+    if not shutil.which("shellcheck"):
+        pytest.fail("shellcheck is not installed: ./run.sh test installs it (apt-get install shellcheck)")
+    proc = subprocess.run(["shellcheck", "-s", "dash", "-S", "style", "-f", "gcc", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout
+    # run under dash, its /run and /etc moved into the test's folder
+    moved = notes.replace("/run/dgemma", str(tmp_path / "run")).replace("/etc/dgemma", str(tmp_path / "etc")) \
+        .replace("/var/lib/dgemma", str(tmp_path / "lib"))
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "vllm-diffusiongemma.env").write_text("VLLM_API_KEY=k\n")
+    assert subprocess.run(["dash", "-c", moved], timeout=30, env=dict(os.environ)).returncode == 0
+    written = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert written == [f"{replica({}, 1).container}.env-started"]  # no image record yet: no image note

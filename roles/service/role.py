@@ -25,7 +25,7 @@ from roles.replicas import Replica, Served, name_globs, units_of
 from roles.scrape_targets import uses_dcgm
 from roles.systemd import folders_script, systemctl
 from roles.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, is_running,
-                                restart, start_notes_command, step_name, unit_file, unit_state, units_fact)
+                                record_path, restart, step_name, unit_file, unit_state, units_fact)
 
 from .container import container_spec, run_command
 from .rollout import at_once, command as roll_command, fleet_throttle, fronted_by_gateway, plan_roll
@@ -55,7 +55,17 @@ def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["nix"] = nix_value
+    env.filters["sh"] = lambda value: shlex.quote(str(value))
     return env
+
+
+def start_notes(v: dict, replica: Replica) -> str:
+    """The shell that writes both notes as the replica starts (templates/start_notes.sh.j2; systemd
+    reads EnvironmentFile just before), so a deploy sees a replica still running an older
+    environment or image."""
+    return _templates().get_template("start_notes.sh.j2").render(
+        stamp_dir=STAMP_DIR, env_file=env_path(v), env_stamp=env_stamp_path(replica), record=record_path(v),
+        image_stamp=image_stamp_path(replica)).strip()
 
 
 def render_unit(v: dict, image: str, served: Served, has_token: bool) -> str:
@@ -65,7 +75,7 @@ def render_unit(v: dict, image: str, served: Served, has_token: bool) -> str:
         model=served.model, name=spec.name, runtime=spec.runtime, runtime_path=RUNTIME_PATHS[spec.runtime],
         conflicts=v.get("conflicts") or [], burst=v.get("start_limit_burst", 3),
         interval=v.get("start_limit_interval_sec", 900), env_file=env_path(v),
-        start_notes=shlex.quote(start_notes_command(v, served.replica)),
+        start_notes=shlex.quote(start_notes(v, served.replica)),
         exec_start=command_line(run_command(spec)), restart_sec=v.get("restart_sec", 15),
         start_timeout=v.get("start_timeout_sec", 900))
 
@@ -74,7 +84,7 @@ def render_module(v: dict, image: str, replicas: list[Served], has_token: bool, 
     """Every replica as a NixOS module (oci-containers), for hosts whose units are declared,
     with the front door's container and the host's exporters beside them."""
     containers = [{"spec": container_spec(v, image, served, has_token), "model": served.model,
-                   "unit": served.replica.unit, "start_notes": start_notes_command(v, served.replica)}
+                   "unit": served.replica.unit, "start_notes": start_notes(v, served.replica)}
                   for served in replicas]
     return _templates().get_template("module.nix.j2").render(
         containers=containers, frontdoor=nixos_container(v), env_file=env_path(v), conflicts=v.get("conflicts") or [],

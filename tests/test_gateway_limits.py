@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from http.client import HTTPSConnection
+from http.client import HTTPException, HTTPSConnection, IncompleteRead
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -75,11 +75,24 @@ class Door(BaseHTTPRequestHandler):
         self.end_headers()
         dumps = (lambda o: json.dumps(o, separators=(",", ":"))) if req.get("compact") else json.dumps
         base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": req.get("model", "diffusiongemma")}
+        # n choices side by side, each chunk with its own choice's count (vLLM's previous_num_tokens[i]);
+        # ``cut_after``: the answer ends there, with no last chunk (a replica gone mid-stream), the
+        # connection closed ``linger`` seconds after the last event
+        choices, events = int(req.get("n") or 1), 0
         for i in range(completion):
-            usage = {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1}
-            self._chunk(f"data: {dumps({**base, 'choices': [{'index': 0, 'delta': {'content': 'w '}}], 'usage': usage})}\n\n",
-                        int(req.get("split", 0)))
+            for index in range(choices):
+                usage = {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1}
+                self._chunk(f"data: {dumps({**base, 'choices': [{'index': index, 'delta': {'content': 'w '}}], 'usage': usage})}\n\n",
+                            int(req.get("split", 0)))
+                events += 1
+                if events == req.get("cut_after"):
+                    self.wfile.flush()
+                    time.sleep(float(req.get("linger", 0)))
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
             time.sleep(float(req.get("pace", 0)))
+        completion *= choices
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         self._chunk(f"data: {dumps({**base, 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n",
                     int(req.get("split", 0)))
@@ -242,7 +255,9 @@ class Fleet:
                                {**({"Authorization": f"Bearer {self.keys[key]}"} if key else {}), **(headers or {})})
             resp = connection.getresponse()
             raw = resp.read()
-        except OSError as exc:
+        except IncompleteRead as exc:  # an answer cut off mid-way: status 0, and what came of it
+            return 0, exc.partial.decode(errors="replace"), {}
+        except (OSError, HTTPException) as exc:
             return 0, repr(exc), {}
         finally:
             if kept is None:
@@ -564,6 +579,29 @@ def test_a_stream_carries_the_usage_its_client_asked_for_and_is_counted_whole(fl
     record = gw.records()[-1]
     assert record["key"] == "spender" and record["completion_tokens"] == 9 and record["prompt_tokens"] == 5, record
     assert record["ttft_ms"] is not None
+
+
+@pytest.mark.parametrize("wire", [{}, {"compact": True, "split": 7}], ids=["spaced", "compact-in-pieces"])
+def test_a_stream_of_several_choices_is_counted_whole_cut_off_or_not(fleet, wire):
+    """n > 1: each chunk carries its own choice's count, so the last count before a cut is one
+    choice's. A whole stream is counted from its last chunk (every choice); one cut off is charged
+    the sum of each choice's count so far, not the last chunk's. (The replica's close comes 0.2 s
+    after its last event: events that reach HAProxy 2.6 in the same read as the close are passed
+    to the client without the filter, on main as here: neither counted nor reshaped.)"""
+    gw = fleet.gateways["gateway01"]
+    before = len(gw.records())
+    status, data, _ = fleet.chat("spender", stream=True, max_tokens=5, n=3, **wire)
+    assert status == 200 and data.endswith("data: [DONE]\n\n")
+    _until(lambda: len(gw.records()) > before, "the stream's record")
+    assert gw.records()[-1]["completion_tokens"] == 15, gw.records()[-1]
+    # cut after 10 events: choice 0 at 4 tokens, choices 1 and 2 at 3 (the last chunk seen says 4)
+    before = len(gw.records())
+    status, data, _ = fleet.chat("spender", stream=True, max_tokens=5, n=3, cut_after=10, linger=0.2, **wire)
+    received = [json.loads(line[6:]) for line in data.split("\n\n") if line.startswith("data: {")]
+    assert status == 0 and len(received) == 10, data[-300:]  # the client saw the answer end there
+    _until(lambda: len(gw.records()) > before, "the cut stream's record")
+    record = gw.records()[-1]
+    assert record["completion_tokens"] == 4 + 3 + 3 and record["prompt_tokens"] == 5, (record["completion_tokens"], "usage" in received[-1], received[-1]["choices"])
 
 
 def test_the_openai_sdks_plain_loop_reads_every_stream_and_its_usage_is_the_gateways(fleet):

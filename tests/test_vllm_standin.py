@@ -221,3 +221,27 @@ def test_metrics_are_vllms_names_and_follow_the_load(standin, slow_canvases):
     if shutil.which("promtool"):  # the text parses as Prometheus reads it (vLLM's names have colons)
         check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
         assert b"error" not in check.stdout + check.stderr.lower()
+
+
+def test_n_choices_each_count_their_own_tokens_in_a_stream_and_the_last_chunk_sums_them(standin, monkeypatch):
+    """As vLLM with n > 1 (serving_chat.py): n choices, a whole answer's usage their sum; in a stream
+    forced to carry usage (--enable-force-include-usage), each chunk the count of its own choice,
+    and the last chunk, with no choices, the whole."""
+    monkeypatch.setattr(standin, "force_include_usage", True)
+    status, body = call(standin, "POST", "/v1/chat/completions", dict(CHAT, n=3), key=KEY)[:2]
+    answer = json.loads(body)
+    assert status == 200 and [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    one = len(answer["choices"][0]["message"]["content"].split())
+    assert answer["usage"]["completion_tokens"] == 3 * one
+    status, body = call(standin, "POST", "/v1/chat/completions", dict(CHAT, n=3, stream=True), key=KEY)[:2]
+    events = [json.loads(line[6:]) for line in body.decode().split("\n\n") if line.startswith("data: {")]
+    counts: dict = {}
+    for event in events[:-1]:
+        (choice,) = event["choices"]
+        assert event["usage"]["completion_tokens"] >= counts.get(choice["index"], 0)
+        counts[choice["index"]] = event["usage"]["completion_tokens"]
+    assert counts == {0: one, 1: one, 2: one}
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3 * one
+    completions = json.loads(call(standin, "POST", "/v1/completions", {"model": "gemma", "prompt": "hi", "n": 2,
+                                                                      "max_tokens": 8}, key=KEY)[1])
+    assert len(completions["choices"]) == 2 and completions["usage"]["completion_tokens"] == 2 * one

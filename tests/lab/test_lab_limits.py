@@ -211,7 +211,9 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
 def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_either_way(deployed, keys):
     """The replicas put usage in every chunk of every stream for the gateways' count; the SDK's
     plain loop over ``chunk.choices[0]`` reads a stream whose client did not ask for usage to its
-    end, and a client that asked gets vLLM's last chunk, whose usage is the gateway's record."""
+    end, and a client that asked gets vLLM's last chunk, whose usage is the gateway's record. A
+    stream of n = 3 choices (each chunk carries its own choice's count) is counted whole: every
+    choice's tokens."""
     streamer = keys("streamer", "--tokens-per-day", "100000")
     name = keys.names["streamer"]
     sdk = client(streamer)
@@ -222,16 +224,22 @@ def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_
     assert [c.usage for c in asked[:-1]] == [None] * (len(asked) - 1) and asked[-1].choices == []
     usage = asked[-1].usage
     assert usage.completion_tokens == len("".join(c.choices[0].delta.content or "" for c in asked[:-1]).split())
+    each: dict = {}  # n = 3, no usage asked: the SDK's loop meets one choice a chunk, by its index
+    for chunk in sdk.chat.completions.create(**CHAT, stream=True, n=3):
+        each[chunk.choices[0].index] = each.get(chunk.choices[0].index, "") + (chunk.choices[0].delta.content or "")
+    three = sum(len(text.split()) for text in each.values())
+    assert sorted(each) == [0, 1, 2] and three == 3 * words, each
     deadline = time.monotonic() + 20
     while True:  # the records reach the journal a moment after the answers
         records = json.loads(invoke("logs", "--requests", "--key", name, "--json", "-").stdout)["records"]
-        if len(records) >= 2 or time.monotonic() > deadline:
+        if len(records) >= 3 or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert len(records) == 2 and all(r["status"] == 200 and r["ttft_ms"] is not None for r in records), records
-    assert [r["completion_tokens"] for r in records] == [words, usage.completion_tokens]
+    assert len(records) == 3 and all(r["status"] == 200 and r["ttft_ms"] is not None for r in records), records
+    assert [r["completion_tokens"] for r in records] == [words, usage.completion_tokens, three]
     assert records[1]["prompt_tokens"] == usage.prompt_tokens
-    day, spent = int(time.time()) // 86400, records[0]["prompt_tokens"] + words + usage.total_tokens
+    day = int(time.time()) // 86400
+    spent = records[0]["prompt_tokens"] + words + usage.total_tokens + records[2]["prompt_tokens"] + three
     table = ""
     while f"gpc0={spent}" not in table and time.monotonic() < deadline + 10:
         table = ssh(holder(), f"echo 'show table tokens_day key {name}:{day}' | curl -sS --unix-socket "

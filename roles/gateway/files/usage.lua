@@ -102,7 +102,8 @@ Usage.flags = filter.FLT_CFG_FL_HTX
 Usage.__index = Usage
 
 function Usage:new()
-  return setmetatable({tail = "", started = 0, first = false, charged = false, shape = nil}, Usage)
+  return setmetatable({tail = "", started = 0, first = false, charged = false, shape = nil, choices = {},
+                       final = false}, Usage)
 end
 
 function Usage:start_analyze(txn, chn)
@@ -198,6 +199,36 @@ local function last_event_end(text)
   end
 end
 
+-- A stream's count. vLLM puts in each chunk the count of that chunk's choice alone (serving_chat.py and
+-- serving_completion.py: previous_num_tokens[i]), and the whole answer's in its own last chunk: with
+-- n > 1 (or several prompts) the last chunk's count before a cut is one choice's. So each choice's
+-- highest count is kept, by its index, and a stream cut before its last chunk is charged their sum;
+-- the last chunk, when it comes, is the count. An event is one line "data: {...}" and a blank line
+-- (JSON holds no raw line break), read whole or not at all; one seen twice (the tail) changes nothing.
+local CHOICE_INDEX = '"choices"%s*:%s*%[%s*{%s*"index"%s*:%s*(%d+)'
+
+function Usage:read_events(text)
+  for event in text:gmatch("data:%s?([^\r\n]*)\r?\n\r?\n") do
+    local completion = last_number(event, COMPLETION)
+    if completion and event:find(USAGE_ONLY) then
+      self.final = true
+    elseif completion and not self.final then
+      local index = event:match(CHOICE_INDEX)
+      if index then
+        self.choices[index] = math.max(self.choices[index] or 0, tonumber(completion))
+      end
+    end
+  end
+  if self.final or next(self.choices) == nil then
+    return nil
+  end
+  local sum = 0
+  for _, count in pairs(self.choices) do
+    sum = sum + count
+  end
+  return sum
+end
+
 function Usage:read(txn, text)
   -- time to the first token: a stream's first generated text (a whole answer's is its duration)
   if self.stream and not self.first and generated(text) then
@@ -205,7 +236,11 @@ function Usage:read(txn, text)
     txn:set_var("txn.ttft_ms", now_ms() - self.started)
   end
   local prompt = last_number(text, PROMPT)
-  local completion = last_number(text, COMPLETION)
+  -- a stream's choices so far, summed, until its last chunk says the whole; else the answer's own
+  local completion = self.stream and self:read_events(text) or last_number(text, COMPLETION)
+  if self.final then
+    completion = last_number(text, COMPLETION) or completion
+  end
   if prompt then
     txn:set_var("txn.prompt_tokens", tonumber(prompt))
   end

@@ -3,6 +3,7 @@ with the gateway's own configuration, Lua and usage service: two gateways that s
 counts (peers over TLS), before a stand-in front door that answers as vLLM does (usage in
 each answer, in every chunk of a stream). The lab's tests (tests/lab/test_lab_limits.py) do
 the same through the shared address, the real front doors and the OpenAI SDK."""
+import gzip
 import io
 import json
 import os
@@ -68,7 +69,11 @@ class Door(BaseHTTPRequestHandler):
             body = {"choices": [{"message": {"content": "w " * completion}}],
                     "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
                               "completion_tokens": completion, "prompt_tokens_details": None}}
-            return self._send(200, json.dumps(body).encode(), "application/json")
+            data = json.dumps(body).encode()
+            # an external API compresses its answer when the request allows it (vLLM does not)
+            if getattr(self.server, "compresses", False) and "gzip" in (self.headers.get("accept-encoding") or ""):
+                return self._send(200, gzip.compress(data), "application/json", encoding="gzip")
+            return self._send(200, data, "application/json")
         self.send_response(200)
         self._common("text/event-stream")
         self.send_header("transfer-encoding", "chunked")
@@ -114,9 +119,11 @@ class Door(BaseHTTPRequestHandler):
             if split:
                 time.sleep(0.001)
 
-    def _send(self, status, body, kind):
+    def _send(self, status, body, kind, encoding: str | None = None):
         self.send_response(status)
         self._common(kind)
+        if encoding:
+            self.send_header("content-encoding", encoding)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -181,6 +188,7 @@ class Fleet:
         self.door = Quiet(("127.0.0.1", 0), Door)
         threading.Thread(target=self.door.serve_forever, daemon=True).start()
         self.upstream = Quiet(("127.0.0.1", 0), Door)  # the external API, for spenders alone
+        self.upstream.compresses = True
         threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
         self.keys = {name: f"sk-{name}-key" for name in KEYS}
         names = ("gateway01", "gateway02")
@@ -423,6 +431,22 @@ def test_only_a_key_that_may_spend_reaches_the_external_upstream(fleet):
     assert status == 403 and body["error"]["code"] == "upstream_not_allowed", body
     _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
            "gemma4's pool is down: its requests go to the external API")
+
+
+def test_an_external_apis_answer_comes_uncompressed_so_its_usage_is_counted(fleet):
+    """An external API compresses its answer when the client allows it (OpenAI's SDK sends
+    Accept-Encoding: gzip), and a gzip answer's usage is unreadable to the gateway's filter: the
+    gateway asks the external API for an uncompressed answer, and its tokens are counted."""
+    gw = fleet.gateways["gateway01"]
+    _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
+           "gemma4's pool is down: its requests go to the external API")
+    before = len(gw.records())
+    status, data, headers = fleet.chat("spender", model="gemma4", max_tokens=6,
+                                       headers={"Accept-Encoding": "gzip, deflate"})
+    assert status == 200 and "content-encoding" not in headers and data["usage"]["completion_tokens"] == 6, (headers, data)
+    _until(lambda: len(gw.records()) > before, "the upstream answer's record")
+    record = gw.records()[-1]
+    assert (record["completion_tokens"], record["prompt_tokens"]) == (6, 5), record
 
 
 def test_a_front_ends_users_count_apart_and_other_keys_user_headers_are_ignored(fleet):

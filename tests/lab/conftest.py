@@ -56,7 +56,7 @@ def ssh_args(host, shared=False) -> list[str]:
 CA_FILE = config.CA_FILE
 
 
-def front_door(host, path, key=None, body=None, timeout=30, address=None):
+def front_door(host, path, key=None, body=None, timeout=30, address=None, headers=None):
     """A request to a host's front door as a user sends it: https, the certificate checked
     against the lab's fleet CA. Returns (status, body bytes, headers)."""
     import ssl
@@ -64,7 +64,7 @@ def front_door(host, path, key=None, body=None, timeout=30, address=None):
     import urllib.request
     req = urllib.request.Request(f"https://{address or ADDRESS[host]}:8000{path}",
                                  data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+                                 headers={**({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})})
     if body is not None:
         req.add_header("Content-Type", "application/json")
     context = ssl.create_default_context(cafile=str(CA_FILE))

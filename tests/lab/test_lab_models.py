@@ -139,7 +139,9 @@ def test_one_url_lists_both_models_and_each_is_answered_by_its_own_replicas(depl
 
 
 def through_gateway_as(key, body):
-    return front_door("gateway01", "/v1/chat/completions", key, body, timeout=90, address=config.GATEWAY_ADDRESS)
+    """As OpenAI's SDK asks: a compressed answer allowed (an external API then gzips it)."""
+    return front_door("gateway01", "/v1/chat/completions", key, body, timeout=90, address=config.GATEWAY_ADDRESS,
+                      headers={"Accept-Encoding": "gzip, deflate"})
 
 
 def where_key(host, key) -> dict:
@@ -258,6 +260,10 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
     status, body, _ = on_upstream["frugal"]
     assert status == 403 and json.loads(body)["error"]["code"] == "upstream_not_allowed", on_upstream["frugal"]
     assert on_upstream["spender"][0] == 200 and on_upstream["spender"][2] == "upstream", on_upstream["spender"]
+    # asked with gzip allowed, the external API was asked for an uncompressed answer (whose usage the
+    # gateway reads): the client got JSON, and no request reached the API allowing gzip
+    assert json.loads(on_upstream["spender"][1])["usage"]["completion_tokens"] == 3, on_upstream["spender"]
+    assert upstream.encodings and not [e for e in upstream.encodings if "gzip" in e], upstream.encodings[:5]
     assert frugal_after[0] == 200 and frugal_after[2].get("X-Dgemma-Pool") == "diffusiongemma", frugal_after
     # hgx01 full: requests over its replicas' limit fell back, the others were its own
     assert not burst.failed, burst.failed[:10]

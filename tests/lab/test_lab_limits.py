@@ -271,6 +271,13 @@ def test_the_counts_carry_over_the_address_moving_a_reload_and_a_restart(deploye
         assert 100000 - int(headers["x-ratelimit-remaining-tokens"]) == spent, "the first gateway's tokens came along"
     finally:
         sh.run("ip", "link", "set", link, "up")
+    # the link back, the gateways' peers exchange what each counted meanwhile (HAProxy reconnects its
+    # peers within seconds). A reload before they have is a gap left open (issue 48: the exact count
+    # during a failover): a full run saw the 12th request counted as the 11th once in two
+    name, deadline = keys.names["carry"], time.monotonic() + 30
+    while not all(re.search(rf"key={re.escape(name)}:\S+ .*gpc0=11\b", _minute_table(g)) for g in GATEWAYS):
+        assert time.monotonic() < deadline, {g: _minute_table(g) for g in GATEWAYS}
+        time.sleep(0.5)
     # a reload (a key added: every gateway reloads) keeps them
     keys("other")
     status, _, headers = post(counted)
@@ -321,6 +328,11 @@ def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_anothe
 
 def _post_with(key, body, headers):
     return _post_raw(key, json.dumps(body), headers)
+
+
+def _minute_table(gateway: str) -> str:
+    return ssh(gateway, "echo 'show table requests_minute' | curl -sS --unix-socket "
+                        "/run/dgemma-gateway/admin.sock telnet://localhost").stdout
 
 
 def _table(gateway: str, key: str) -> str:

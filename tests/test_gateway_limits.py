@@ -41,6 +41,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "fe_many": limits.Limits(requests_per_minute=3, front_end=True, all_users_requests_per_minute=4),
         "fe_tokens": limits.Limits(tokens_per_day=1000, front_end=True, all_users_tokens_per_day=50),
         "fe_whole": limits.Limits(front_end=True, all_users_tokens_per_day=10**6),
+        "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
         "api_key_file": limits.UNLIMITED}
 
 
@@ -402,6 +403,81 @@ def test_a_days_tokens_counted_from_vllms_usage_streamed_or_not_then_insufficien
     _until(lambda: fleet.gateways["gateway02"].table("tokens_day").get(f"budget:{day}") == spent,
            "the other gateway holds the same count")
     assert fleet.chat("budget", gateway="gateway02")[0] == 429
+
+
+def _raw(fleet, key: str, raw: str, path: str = "/v1/chat/completions", timeout: float = 30):
+    """A request whose body is sent as written (duplicate keys, escapes): (status, JSON, headers)."""
+    connection = fleet.connect(timeout=timeout)
+    try:
+        connection.request("POST", path, raw.encode(), {"Authorization": f"Bearer {fleet.keys[key]}",
+                                                       "Content-Type": "application/json"})
+        resp = connection.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}"), {k.lower(): v for k, v in resp.getheaders()}
+    finally:
+        connection.close()
+
+
+MESSAGES = '"messages": [{"role": "user", "content": "hello there"}]'
+# what a request may spend, however its body says it (vLLM reads the last of a repeated key, a key
+# written with escapes, pydantic's lax integers): each over the key's 2,000 tokens
+OVER = [(f'{{{MESSAGES}, "max_tokens": 32000}}', "max_tokens 32000"),
+        (f'{{{MESSAGES}}}', "the model's context, 262144"),
+        (f'{{{MESSAGES}, "max_tokens": 1000, "n": 4}}', "max_tokens 1000 x n 4"),
+        (f'{{"max_tokens": 10, {MESSAGES}, "max_tokens": 5000}}', "max_tokens 5000"),
+        (f'{{{MESSAGES}, "max\\u005ftokens": 5000}}', "max_tokens 5000"),
+        (f'{{{MESSAGES}, "max_completion_tokens": "5000", "max_tokens": 10}}', "max_completion_tokens 5000"),
+        (f'{{{MESSAGES}, "max_tokens": 5e3}}', "max_tokens 5000"),
+        ('{"model": "diffusiongemma", "prompt": ["a", "b", "c"], "max_tokens": 700}', "x 3 prompts")]
+
+
+def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_by_its_usage(fleet):
+    day = int(time.time()) // 86400
+    table = lambda: fleet.gateways["gateway01"].table("tokens_day").get(f"reserve:{day}", 0)  # noqa: E731
+    for raw, said in OVER:
+        path = "/v1/completions" if '"prompt"' in raw else "/v1/chat/completions"
+        status, data, headers = _raw(fleet, "reserve", raw, path)
+        assert status == 429 and data["error"]["code"] == "insufficient_quota", (raw, status, data)
+        assert said in data["error"]["message"] and "has 2000 of its 2000 tokens" in data["error"]["message"], data
+        assert headers["x-should-retry"] == "false"
+    status, data, _ = _raw(fleet, "reserve", f'{{{MESSAGES}, "max_tokens": "lots"}}')
+    assert status == 400 and data["error"]["code"] == "unreadable_request" and "max_tokens" in data["error"]["message"]
+    assert table() == 0, "nothing refused was charged"
+    # in flight: 1,500 held by a request the replica answers in 2 s; beside it, on new connections
+    # (HAProxy's threads take them in turn), 600 more do not fit, 400 do
+    held = {}
+    slow = threading.Thread(target=lambda: held.update(answer=fleet.chat("reserve", max_tokens=1500, hold=2)))
+    slow.start()
+    time.sleep(0.7)
+    beside = [fleet.chat("reserve", max_tokens=600) for _ in range(6)]
+    assert [b[0] for b in beside] == [429] * 6, beside
+    assert "has 500 of its 2000 tokens" in beside[0][1]["error"]["message"], beside[0]
+    fits = fleet.chat("reserve", max_tokens=400)
+    slow.join()
+    assert fits[0] == 200 and held["answer"][0] == 200, (fits, held)
+    spent = _usage_of(fits[1]) + _usage_of(held["answer"][1])
+    _until(lambda: table() == spent, "the table holds both answers' usage")
+    # settled: what is left is the limit less what the answers used, not less what they reserved
+    left = 2000 - spent
+    status, data, headers = fleet.chat("reserve", max_tokens=left + 1)
+    assert status == 429 and f"has {left} of its 2000 tokens" in data["error"]["message"], data
+    status, data, headers = fleet.chat("reserve", max_tokens=left)
+    assert status == 200, data
+    spent += _usage_of(data)
+    assert 2000 < spent <= 2000 + data["usage"]["prompt_tokens"], "over by this request's prompt at most"
+    _until(lambda: table() == spent, "the table holds every answer's usage")
+    assert fleet.chat("reserve", max_tokens=1)[0] == 429
+
+
+def test_a_request_whose_client_leaves_gives_its_reservation_back(fleet):
+    day = int(time.time()) // 86400
+    connection = fleet.connect(timeout=0.3)  # leaves before the replica answers
+    assert fleet.chat("held", max_tokens=900, hold=1.5, kept=connection)[0] == 0
+    connection.close()
+    time.sleep(2.5)  # the replica has answered (the gateway waits for it: its tokens are charged) or not
+    spent = fleet.gateways["gateway01"].table("tokens_day").get(f"held:{day}", 0)
+    assert spent in (0, 900 + 5), spent
+    status, data, _ = fleet.chat("held", max_tokens=1000 - spent - 5)
+    assert status == 200, ("the reservation of the request whose client left still held", data)
 
 
 def test_an_expired_key_is_refused_as_a_wrong_one_and_a_model_it_may_not_use_named(fleet):

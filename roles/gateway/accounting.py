@@ -4,10 +4,10 @@ HAProxy sends it records on, the gateways' shared counts (HAProxy's peers) and t
 HAProxy reads the keys' names and limits from. Pure."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from roles import scrape_targets
+from roles import catalog, scrape_targets
 from roles.fleet import shared_address
 from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
 
@@ -26,6 +26,12 @@ LIMITS_MAP = "limits.map"
 LUA = "usage.lua"
 # the records go to the journal through the service's standard output: `invoke logs --requests` reads them there
 RECORDS_IDENTIFIER = "dgemma-requests"
+
+
+def longest_context() -> int:
+    """What an answer may run to when its request sets no max_tokens: the longest context of the
+    catalog's families (vLLM's max_model_len when a host sets none), which the gateway reserves."""
+    return max(int(f.get("context_length", 0)) for f in catalog.models()["families"].values()) or 262144
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class Accounting:
     # alone, where one gateway at a time counts it ("": no shared address, every address counts)
     shared_address: str = ""
     shared_port: int = 8000
+    # the tokens a request that sets no max_tokens may spend (usage.lua's reservation)
+    context_length: int = field(default_factory=longest_context)
 
     @property
     def shared_url(self) -> str:

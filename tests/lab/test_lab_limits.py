@@ -173,7 +173,9 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
             received += usage.prompt_tokens + usage.completion_tokens
             answers += 1
     assert refused.value.code == "insufficient_quota" and refused.value.response.headers["x-should-retry"] == "false"
-    assert answers >= 4 and received >= 400
+    # reserve then settle: a request is let through only if its max_tokens (24) fits in what is left,
+    # so the day's spend stops short of the limit by less than that, or passes it by a prompt at most
+    assert answers >= 4 and 400 - CHAT["max_tokens"] < received <= 400 + usage.prompt_tokens, received
     # the gateways' count, `invoke usage`, the request records and Prometheus: what the clients received
     day = int(time.time()) // 86400
     holding = holder()
@@ -206,6 +208,41 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
     print(f"a key of 400 tokens a day: {answers} answers (streamed and not) received {received} tokens, then "
           f"insufficient_quota (not retried); the gateways' table, invoke usage, the records and Prometheus "
           f"all say {received}")
+
+
+def test_a_day_of_2000_tokens_is_never_passed_by_more_than_a_prompt_whatever_the_requests_ask(deployed, keys):
+    """Reserve then settle, through the shared address and the real replicas: requests that may spend
+    more than is left (max_tokens 32,000; n 4 of 1,000) are refused as insufficient_quota and cost
+    nothing; chat (streamed, its usage asked), completions and responses answers that run to their
+    max_tokens (ignore_eos) spend the day; the clients' own sums of usage never pass 2,000 by more
+    than one prompt, and `invoke usage` says the same to the token."""
+    sdk = client(keys("reserve", "--tokens-per-day", "2000"))
+    name = keys.names["reserve"]
+    for asked in ({"max_tokens": 32000}, {"max_tokens": 1000, "n": 4}):
+        with pytest.raises(openai.RateLimitError) as refused:
+            sdk.chat.completions.create(**{**CHAT, **asked})
+        assert refused.value.code == "insufficient_quota" and "has 2000 of its 2000" in str(refused.value), refused.value
+    full = {"extra_body": {"ignore_eos": True}}
+    spent, prompts = 0, []
+    stream = sdk.chat.completions.create(**{**CHAT, "max_tokens": 300}, stream=True,
+                                         stream_options={"include_usage": True}, **full)
+    usage = [chunk.usage for chunk in stream if chunk.usage][-1]
+    spent, prompts = spent + usage.total_tokens, prompts + [usage.prompt_tokens]
+    usage = sdk.completions.create(model="diffusiongemma", prompt="the lab", max_tokens=300, **full).usage
+    spent, prompts = spent + usage.total_tokens, prompts + [usage.prompt_tokens]
+    usage = sdk.responses.create(model="diffusiongemma", input="the lab", max_output_tokens=300, **full).usage
+    spent, prompts = spent + usage.total_tokens, prompts + [usage.input_tokens]
+    with pytest.raises(openai.RateLimitError) as refused:
+        for _ in range(20):
+            usage = sdk.chat.completions.create(**{**CHAT, "max_tokens": 300}, **full).usage
+            assert usage.completion_tokens == 300
+            spent, prompts = spent + usage.total_tokens, prompts + [usage.prompt_tokens]
+    assert refused.value.code == "insufficient_quota"
+    assert 2000 - 300 < spent <= 2000 + max(prompts), (spent, prompts)
+    deadline = time.monotonic() + 20
+    while sum(r["prompt_tokens"] + r["completion_tokens"] for r in usage_of(name)["usage"] if r["key"] == name) != spent:
+        assert time.monotonic() < deadline, (usage_of(name), spent)
+        time.sleep(1)
 
 
 def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_either_way(deployed, keys):

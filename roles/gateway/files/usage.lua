@@ -33,12 +33,290 @@ local function charge(day_key, day, seen, tokens)
   charged[day_key] = math.max(charged[day_key] or 0, seen) + tokens
 end
 
--- the budget: what the table says the subject spent today, or what was charged here when more
--- (the usage service has not added the latest answers yet); sets txn.tok_used and txn.tok_left
+-- What a request may spend, read from its body as vLLM reads it. vLLM takes the JSON object's top
+-- level with Python's json (a key given twice: the last; a key may be written with escapes) and
+-- pydantic's lax integers (1e3, 1000.0, "1000"): the reader below walks the top level, decodes
+-- each key, and keeps the highest value among a key's repeats (never less than vLLM takes)
+local SPENDS = {max_tokens = true, max_completion_tokens = true, max_output_tokens = true, n = true,
+                best_of = true, prompt = true}
+
+local function skip_space(body, at)
+  return body:find("[^ \t\r\n]", at)
+end
+
+-- the end of the string opening at `at` (the position after its closing quote), or nil if cut off
+local function string_end(body, at)
+  local from = at + 1
+  while true do
+    local stop = body:find('["\\]', from)
+    if stop == nil then
+      return nil
+    end
+    if body:byte(stop) == 34 then -- '"'
+      return stop + 1
+    end
+    from = stop + 2 -- an escape: its next character is not the end
+  end
+end
+
+-- a key's text with its escapes read (\uXXXX of ASCII as that character, any other as "?")
+local ESCAPES = {b = "\b", f = "\f", n = "\n", r = "\r", t = "\t"}
+local function decoded(raw)
+  if not raw:find("\\", 1, true) then
+    return raw
+  end
+  local out, from = {}, 1
+  while true do
+    local at = raw:find("\\", from, true)
+    if at == nil then
+      out[#out + 1] = raw:sub(from)
+      return table.concat(out)
+    end
+    out[#out + 1] = raw:sub(from, at - 1)
+    local c = raw:sub(at + 1, at + 1)
+    if c == "u" then
+      local code = tonumber(raw:sub(at + 2, at + 5), 16)
+      out[#out + 1] = (code and code < 128) and string.char(code) or "?"
+      from = at + 6
+    else
+      out[#out + 1] = ESCAPES[c] or c
+      from = at + 2
+    end
+  end
+end
+
+-- the end of the value at `at` (the position after it), or nil if the body ends first
+local function value_end(body, at)
+  local c = body:byte(at)
+  if c == 34 then
+    return string_end(body, at)
+  end
+  if c ~= 123 and c ~= 91 then -- a number, true, false or null: up to the next delimiter
+    local stop = body:find("[,}%] \t\r\n]", at)
+    return stop
+  end
+  local depth, from = 0, at
+  while true do
+    local stop = body:find('[%[%]{}"]', from)
+    if stop == nil then
+      return nil
+    end
+    local b = body:byte(stop)
+    if b == 34 then
+      from = string_end(body, stop)
+      if from == nil then
+        return nil
+      end
+    else
+      depth = depth + ((b == 123 or b == 91) and 1 or -1)
+      from = stop + 1
+      if depth == 0 then
+        return from
+      end
+    end
+  end
+end
+
+-- how many prompts a completion's `prompt` holds: a string or a list of token ids is one, a list
+-- of strings or of token lists one each
+local function prompts(raw)
+  if raw:byte(1) ~= 91 then
+    return 1
+  end
+  local count, at = 0, skip_space(raw, 2)
+  while at and raw:byte(at) ~= 93 do
+    local b = raw:byte(at)
+    if count == 0 and b ~= 34 and b ~= 91 then
+      return 1 -- token ids
+    end
+    count = count + 1
+    local stop = value_end(raw, at)
+    at = stop and skip_space(raw, stop)
+    if at and raw:byte(at) == 44 then
+      at = skip_space(raw, at + 1)
+    end
+  end
+  return math.max(count, 1)
+end
+
+-- a value as pydantic's lax integer takes it: a JSON number, or a string holding one; true is 1.
+-- nil for null, false when it is none of these (vLLM refuses such a request: so does this)
+local function number_of(raw)
+  if raw == "null" then
+    return nil
+  end
+  if raw == "true" then
+    return 1
+  end
+  local text = raw:match('^"%s*(.-)%s*"$') or raw
+  local n = tonumber(text)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then
+    return false
+  end
+  return math.max(math.floor(n), 0)
+end
+
+-- the top level of a JSON object: the values of the keys in SPENDS (each repeat kept), and whether
+-- the object was read to its end; nil when the body is not an object
+local function top_level(body)
+  local at = skip_space(body, 1)
+  if at == nil or body:byte(at) ~= 123 then
+    return nil, false
+  end
+  local fields = {}
+  at = at + 1
+  while true do
+    at = skip_space(body, at)
+    if at == nil then
+      return fields, false
+    end
+    local b = body:byte(at)
+    if b == 125 then
+      return fields, true
+    elseif b == 44 then
+      at = at + 1
+    elseif b ~= 34 then
+      return fields, false
+    else
+      local after = string_end(body, at)
+      if after == nil then
+        return fields, false
+      end
+      local name = decoded(body:sub(at + 1, after - 2))
+      at = skip_space(body, after)
+      if at == nil or body:byte(at) ~= 58 then
+        return fields, false
+      end
+      at = skip_space(body, at + 1)
+      if at == nil then
+        return fields, false
+      end
+      local stop = value_end(body, at)
+      if stop == nil then
+        return fields, false
+      end
+      if SPENDS[name] then
+        fields[name] = fields[name] or {}
+        table.insert(fields[name], body:sub(at, stop - 1))
+      end
+      at = stop
+    end
+  end
+end
+
+-- the highest of a key's values (nil: not given, or null), or false when one is not a number
+local function highest(fields, name)
+  local top = nil
+  for _, raw in ipairs(fields[name] or {}) do
+    local n = number_of(raw)
+    if n == false then
+      return false
+    end
+    if n and (top == nil or n > top) then
+      top = n
+    end
+  end
+  return top
+end
+
+-- What a generating request may spend: its max_tokens (the highest of max_tokens,
+-- max_completion_tokens and the Responses API's max_output_tokens; `default` when it sets none:
+-- the model's context) times its choices (n, best_of) times its prompts. Returns the tokens and how
+-- they were read ("max_tokens 1000 x n 4"), or nil and why the body could not be read
+local function asks(body, default)
+  local fields, whole = top_level(body)
+  if fields == nil then
+    return nil, "its body is not a JSON object"
+  end
+  if not whole then
+    return nil, "the gateway could not read its body whole (longer than it reads, or cut off)"
+  end
+  local out, said = nil, nil
+  for _, name in ipairs({"max_tokens", "max_completion_tokens", "max_output_tokens"}) do
+    local n = highest(fields, name)
+    if n == false then
+      return nil, name .. " is not a number"
+    end
+    if n and (out == nil or n > out) then
+      out, said = n, name .. " " .. n
+    end
+  end
+  if out == nil then
+    out, said = default, "no max_tokens: the model's context, " .. default
+  end
+  local choices = 1
+  for _, name in ipairs({"n", "best_of"}) do
+    local n = highest(fields, name)
+    if n == false then
+      return nil, name .. " is not a number"
+    end
+    if n and n > choices then
+      choices = n
+      said = said .. " x " .. name .. " " .. n
+    end
+  end
+  local count = 1
+  for _, raw in ipairs(fields.prompt or {}) do
+    count = math.max(count, prompts(raw))
+  end
+  if count > 1 then
+    said = said .. " x " .. count .. " prompts"
+  end
+  return out * choices * count, said
+end
+
+-- The tokens reserved by a subject's requests in flight, across this gateway's threads: counters of
+-- its entry in the table requests_at_once (tracked as sc2), which HAProxy 2.6 can only add 1 to
+-- (sc_inc_gpc), at once across threads. An amount is added digit by digit in base 16: counter k
+-- (0..5) counts the reserved amounts' units of 16^k, counter 6 + k what was given back of them; what
+-- is in flight is the sum of (reserved - given back) x 16^k. At most 15 additions a digit (the last
+-- takes what is left over), so a reservation costs tens of additions, not one per token
+local DIGITS, BASE = 6, 16
+
+local function add(txn, tokens, first)
+  for k = 0, DIGITS - 1 do
+    local digit = tokens
+    if k < DIGITS - 1 then
+      digit, tokens = tokens % BASE, tokens // BASE
+    end
+    for _ = 1, digit do
+      txn.f:sc_inc_gpc(first + k, 2)
+    end
+  end
+end
+
+local function in_flight(txn)
+  local total, unit = 0, 1
+  for k = 0, DIGITS - 1 do
+    -- given back first, then reserved: a reservation read in one but not the other counts as held
+    local back = tonumber(txn.f:sc_get_gpc(DIGITS + k, 2)) or 0
+    local held = (tonumber(txn.f:sc_get_gpc(k, 2)) or 0) - back
+    total = total + math.max(held, 0) * unit
+    unit = unit * BASE
+  end
+  return total
+end
+
+local function give_back(txn)
+  local tokens = tonumber(txn:get_var("txn.tok_reserved"))
+  if tokens and tokens > 0 then
+    txn:set_var("txn.tok_reserved", 0)
+    add(txn, tokens, DIGITS)
+  end
+end
+
+-- The budget, reserve then settle. `budget`: what the table says the subject spent today (or what
+-- was charged on this thread, when more: the usage service has not added the latest answers yet)
+-- against its limit, and what this request may spend (read from its body). Sets txn.tok_used and
+-- txn.tok_left; txn.tok_spent when nothing is left; txn.tok_unread when its body cannot be read;
+-- else txn.tok_need (and txn.tok_asks, how it was read)
 core.register_action("budget", {"http-req"}, function(txn)
-  local day_key = txn:get_var("txn.day_key")
+  local day_key, day = txn:get_var("txn.day_key"), txn:get_var("txn.day")
+  if charged_day ~= day then
+    charged, charged_day = {}, day
+  end
   local used = tonumber(txn:get_var("txn.tok_used")) or 0
-  local here = charged_day == txn:get_var("txn.day") and charged[day_key] or 0
+  local here = charged[day_key] or 0
   if here > used then
     used = here
   end
@@ -47,7 +325,48 @@ core.register_action("budget", {"http-req"}, function(txn)
   txn:set_var("txn.tok_left", math.max(limit - used, 0))
   if used >= limit then
     txn:set_var("txn.tok_spent", 1)
+    return
   end
+  if txn:get_var("txn.tok_generates") == nil then
+    return -- a route that generates nothing: its prompt is charged after
+  end
+  local need, said = asks(txn.f:req_body() or "", tonumber(txn:get_var("txn.tok_default")) or 0)
+  if need == nil then
+    txn:set_var("txn.tok_unread", said)
+  else
+    txn:set_var("txn.tok_need", math.tointeger(need) or math.maxinteger)
+    txn:set_var("txn.tok_asks", string.format("%.0f tokens (%s)", need, said))
+  end
+end)
+
+-- `reserve`, once every other limit has let the request through: its share is added to what the
+-- subject's requests in flight hold, then the whole is checked against what is left (added first,
+-- then checked: of two requests at once on two threads, the later to read sees both, so two that do
+-- not both fit are never both let through). Over: given back at once, txn.tok_short. Let through: held
+-- until its answer is charged (Usage:charge gives it back; the usage service has the answer's usage
+-- in the table a few ms later)
+core.register_action("reserve", {"http-req"}, function(txn)
+  local need = tonumber(txn:get_var("txn.tok_need"))
+  if need == nil then
+    return
+  end
+  local limit = tonumber(txn:get_var("txn.tok_limit")) or 0
+  local used = tonumber(txn:get_var("txn.tok_used")) or 0
+  if used + need > limit then
+    txn:set_var("txn.tok_left", math.max(limit - used - in_flight(txn), 0))
+    txn:set_var("txn.tok_short", 1)
+    return
+  end
+  add(txn, need, 0)
+  txn:set_var("txn.tok_reserved", need)
+  local held = in_flight(txn)
+  if used + held > limit then
+    give_back(txn)
+    txn:set_var("txn.tok_left", math.max(limit - used - (held - need), 0))
+    txn:set_var("txn.tok_short", 1)
+    return
+  end
+  txn:set_var("txn.tok_left", limit - used - held)
 end)
 
 -- The day's tokens are known here once the usage service has put them in this process's table and
@@ -295,6 +614,7 @@ function Usage:charge(txn)
     return
   end
   self.charged = true
+  give_back(txn)
   local day_key = txn:get_var("txn.day_key")
   if day_key then
     local tokens = (tonumber(txn:get_var("txn.prompt_tokens")) or 0) +

@@ -916,6 +916,10 @@ def test_a_record_is_taken_from_haproxys_processes_alone(tmp_path):
         assert not senders.allows(4343), "a local process outside HAProxy's group"
         assert not senders.allows(99999), "a pid that is not there"
         _process(proc, 4242, "0::/user.slice/user-1000.slice/session-3.scope\n", 400, "python3 forge.py")
+        # a checked pid is trusted a second before /proc is read again (the kernel gives a pid to
+        # another process only after it has handed out every other one): a second later
+        assert senders.allows(4242)
+        senders.trusted[4242] = time.monotonic() - 1
         assert not senders.allows(4242), "the worker's pid, used again by another process"
         _process(proc, 4244, "0::/machine.slice/libpod-gateway.scope\n", 500)
         assert senders.allows(4244)
@@ -950,7 +954,7 @@ def test_the_usage_service_counts_no_record_from_a_stranger(tmp_path):
         sender.sendto(line.encode(), str(folder / "usage.sock"))
         _until(lambda: "dgemma_key_tokens_today{key=\"k\",user=\"\"} 1000" in usage.metrics({}), "the record counted")
         senders.RELEARN_S = 3600  # HAProxy's group is now elsewhere: every record here is a stranger's
-        senders.group, senders.known = "0::/elsewhere\n", {}
+        senders.group, senders.known, senders.trusted = "0::/elsewhere\n", {}, {}
         for _ in range(3):
             sender.sendto(line.encode(), str(folder / "usage.sock"))
         _until(lambda: "dgemma_usage_records_refused_total 3" in usage.metrics({}), "three records refused")

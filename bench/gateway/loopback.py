@@ -10,8 +10,11 @@ runs on any Linux machine with cores to spare (a real gateway host has them; the
     python3 bench/gateway/loopback.py run DIR         # anywhere: python3 (stdlib), haproxy, wrk
     python3 bench/gateway/loopback.py --write         # both, here; the table into docs/PERFORMANCE.md
 
-Two paces of the stand-in: *realistic* (its own time per canvas, ~96 ms for an answer,
-as it paces the lab) and *at once* (time per step 0: what each layer holds at saturation).
+Three paces of the replica: *realistic* (the stand-in's own time per canvas, ~96 ms for an
+answer, as it paces the lab), *at once* (the stand-in with time per step 0: one Python event
+loop, ~1,400 answers a second, then the limit) and *no cost* (in the stand-in's place an HAProxy
+that answers a fixed completion with its usage at once: only the proxies cost anything, so
+their own saturation shows).
 Each path's *added* time is the path minus the direct call at the same pace and
 concurrency. What differs from the lab: HAProxy runs as the user that starts it (no
 `user haproxy` drop) and logs to a file (the lab's to journald); the stand-in's GPU
@@ -50,7 +53,33 @@ PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443,
 USAGE_SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
 # the bench key's limits: every one checked on every request, none reached
 BENCH_LIMITS = {"requests_per_minute": 100_000_000, "requests_at_once": 100_000, "tokens_per_day": 4_000_000_000}
-PACES = {"realistic": None, "at once": 0.0}  # None: the stand-in's own time per step
+NO_COST = "haproxy"
+PACES = {"realistic": None, "at once": 0.0, "no cost": NO_COST}  # None: the stand-in's own time per step
+# what the no-cost replica answers: vLLM's shape of a chat completion of 4 tokens, and its usage
+NO_COST_ANSWER = {"id": "chatcmpl-loopback", "object": "chat.completion", "created": 0, "model": MODEL,
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi there, lab."},
+                               "logprobs": None, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 12, "total_tokens": 16, "completion_tokens": 4}}
+
+
+def no_cost_config(port: int) -> str:
+    """An HAProxy that stands where a replica does and answers at once, as vLLM's routes answer: a
+    chat completion with its usage, /health, /v1/models (the body is read first, as vLLM reads it)."""
+    def quoted(data) -> str:
+        return json.dumps(json.dumps(data, separators=(",", ":")))
+    models = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "vllm",
+                                          "root": MODEL, "parent": None, "max_model_len": 262144}]}
+    return "\n".join([
+        "global", "    log stdout format raw local0 err",
+        "defaults", "    mode http", "    timeout client 30s", "    timeout server 30s", "    timeout connect 3s",
+        "    timeout http-request 10s", "    option http-buffer-request",
+        "frontend replica", f"    bind 127.0.0.1:{port}",
+        '    http-request return status 200 content-type application/json string "{}" if { path /health }',
+        f"    http-request return status 200 content-type application/json string {quoted(models)} if {{ path /v1/models }}",
+        f"    http-request return status 200 content-type application/json string {quoted(NO_COST_ANSWER)} "
+        "if { path /v1/chat/completions } { method POST }",
+        '    http-request return status 404 content-type application/json string "{\\"detail\\":\\"Not Found\\"}"',
+        ""])
 
 
 def prepare(folder: Path, replicas: int = 1):
@@ -136,13 +165,23 @@ def _prepare_limits(folder: Path, digest: str, fleet_ca):
         path.chmod(0o600)
 
 
-def usage_counted(folder: Path) -> int:
-    """The requests the usage service counted for the bench key (every gateway record)."""
+def usage_metrics(folder: Path) -> str:
     import urllib.request
     with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-usage']}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+        return resp.read().decode()
+
+
+def usage_counted(folder: Path) -> int:
+    """The requests the usage service counted for the bench key (every gateway record)."""
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in usage_metrics(folder).splitlines()
                    if line.startswith('dgemma_usage_requests_total{key="bench"')))
+
+
+def usage_lost(folder: Path) -> int:
+    """The records HAProxy could not deliver to the usage service (its DroppedLogs, as the service
+    counts them): the service's own count of what it missed."""
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in usage_metrics(folder).splitlines()
+                   if line.startswith("dgemma_usage_records_lost_total")))
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
@@ -191,7 +230,7 @@ def placement(replicas: int, cores: int) -> dict[str, set[int]] | None:
 class Processes:
     """The stand-in replicas and both proxies, started for one pace and stopped after."""
 
-    def __init__(self, folder: Path, pace: float | None, replicas: int, pins: dict | None = None):
+    def __init__(self, folder: Path, pace: float | str | None, replicas: int, pins: dict | None = None):
         self.folder, self.pace, self.replicas, self.procs, self.pins = folder, pace, replicas, [], pins or {}
 
     def _start(self, name: str, args: list[str], env: dict, port: int, pin_as: str | None = None):
@@ -206,9 +245,14 @@ class Processes:
     def __enter__(self):
         env = {"VLLM_STANDIN_COLD_START": "0", "VLLM_STANDIN_ROUTES": str(ROUTES), "VLLM_API_KEY": VLLM_KEY,
                "PYTHONUNBUFFERED": "1"}
-        if self.pace is not None:
+        if self.pace == NO_COST:
+            for i in range(self.replicas):
+                config = self.folder / f"no-cost-{i}.cfg"
+                config.write_text(no_cost_config(PORTS["direct"] + i))
+                self._start(f"vllm-{i}", ["haproxy", "-W", "-db", "-f", str(config)], {}, PORTS["direct"] + i)
+        elif self.pace is not None:
             env["VLLM_STANDIN_SECONDS_PER_STEP"] = str(self.pace)
-        for i in range(self.replicas):
+        for i in range(self.replicas if self.pace != NO_COST else 0):
             self._start(f"vllm-{i}", [sys.executable, "-c", STANDIN_LAUNCHER, str(STANDIN), "serve", MODEL,
                                       "--host", "127.0.0.1", "--port", str(PORTS["direct"] + i),
                                       "--served-model-name", MODEL], env, PORTS["direct"] + i)
@@ -220,7 +264,10 @@ class Processes:
         shutil.rmtree(limits / "usage", ignore_errors=True)
         self._start("usage", [sys.executable, str(USAGE_SERVICE), "--socket", str(limits / "usage.sock"),
                               "--runtime-api", str(limits / "admin.sock"), "--state", str(limits / "usage"),
-                              "--limits", str(limits / "limits.map"), "--listen", f"127.0.0.1:{PORTS['limits-usage']}"],
+                              "--limits", str(limits / "limits.map"), "--listen", f"127.0.0.1:{PORTS['limits-usage']}",
+                              # the records' queue the role's unit asks for (roles/gateway/accounting.py:
+                              # usage_records_queue); as root alone, as there
+                              *(["--records-queue", "4096"] if os.geteuid() == 0 else [])],
                     {}, PORTS["limits-usage"], pin_as="gateway")
         self._start("gateway-limits", ["haproxy", "-W", "-db", "-f", str(limits / "haproxy.cfg")],
                     {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["limits"], pin_as="gateway")
@@ -317,9 +364,11 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
                               f"{result['p50_us'] / 1000:7.2f} ms p99 {result['p99_us'] / 1000:7.2f} ms "
                               f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
             time.sleep(2)  # the last records reach the usage service
-            counts.append({"pace": pace_name, "answered": answered, "counted": usage_counted(folder)})
+            time.sleep(1.5)  # the service has read HAProxy's count of records it dropped (every 0.5 s)
+            counts.append({"pace": pace_name, "answered": answered, "counted": usage_counted(folder),
+                           "lost": usage_lost(folder)})
             print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), its usage service "
-                  f"counted {counts[-1]['counted']}", flush=True)
+                  f"counted {counts[-1]['counted']}, lost {counts[-1]['lost']}", flush=True)
     return {"counts": counts, "machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
             "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows,
             "pinned": {k: sorted(v) for k, v in pins.items()} if pins else None}
@@ -393,9 +442,16 @@ def limits_table(result: dict) -> str:
                      f"{_median([(r['p50_us'] - b['p50_us']) / 1000 for r, b in pairs]):+.3f} | "
                      f"{_median([(r['p99_us'] - b['p99_us']) / 1000 for r, b in pairs]):+.3f} |")
     for count in result.get("counts", []):
+        lost = count.get("lost")
+        missed = count["answered"] - count["counted"]
         lines.append(f"\n{count['pace']}: the gateway with limits answered {count['answered']} requests (wrk's count, "
-                     f"warm-ups included); its usage service counted {count['counted']} (every one, and those in flight, cut "
-                     f"when wrk stopped each row: at most the sum of the rows' concurrency).")
+                     f"warm-ups included); its usage service counted {count['counted']}"
+                     + (f" ({100 * count['counted'] / count['answered']:.1f}%)" if count["answered"] else "")
+                     + (f"; {missed} not counted" if missed > 0 else "")
+                     + (f", HAProxy having dropped {lost} records (a full socket queue), which the service counts as lost "
+                        f"(dgemma_usage_records_lost_total)" if lost and missed > 0 else "")
+                     + (" (in flight when wrk stopped a row: at most the sum of the rows' concurrency)"
+                        if missed > 0 and not lost else "") + ".")
     return "\n".join(lines)
 
 
@@ -432,7 +488,10 @@ def write(results: list[dict]):
              f"(non-streaming chat completions of 16 tokens, kept-alive connections, each sending its next request "
              f"when the last is answered). *realistic*: the stand-in's own pace (~96 ms an answer: one canvas); "
              f"*at once*: time per step 0, so the rows show what each layer holds at saturation (the stand-in, one "
-             f"Python event loop, is then the limit of the direct row). *Added* is the path minus the direct call at "
+             f"Python event loop, is then the limit of the direct row); *no cost*: in the stand-in's place an HAProxy "
+             f"that answers a fixed completion with its usage at once, so that only the proxies cost anything and "
+             f"their own saturation shows (the usage service is started with the role's records queue, 4096). "
+             f"*Added* is the path minus the direct call at "
              f"the same pace and concurrency; *CPU idle* is the whole machine's during the row. Runs with `--pin` put "
              f"each part on CPUs of its own. Where a run has them, the proxies' access-log timers say where the "
              f"p99 goes: waiting for the next hop (HAProxy's Tr) or the proxy's own work (Ta - Tr, whole ms). "
@@ -467,7 +526,7 @@ def main():
     parser.add_argument("--pin", action="store_true",
                         help="each part on CPUs of its own (a core per stand-in replica, a quarter of the rest per "
                              "proxy, the rest for wrk): shows what sharing cores costs")
-    parser.add_argument("--paces", default=",".join(PACES), help="which paces: realistic, at once (comma-separated)")
+    parser.add_argument("--paces", default=",".join(PACES), help="which paces: realistic, at once, no cost (comma-separated)")
     parser.add_argument("--json", help="write the figures as JSON to this file")
     parser.add_argument("--results", help="with --write: JSON files of earlier runs (another machine's), comma-separated")
     parser.add_argument("--write", action="store_true", help="put the table(s) into docs/PERFORMANCE.md")

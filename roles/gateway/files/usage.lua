@@ -421,14 +421,8 @@ Usage.flags = filter.FLT_CFG_FL_HTX
 Usage.__index = Usage
 
 function Usage:new()
-  return setmetatable({tail = "", started = 0, first = false, charged = false, shape = nil, choices = {},
+  return setmetatable({tail = "", first = false, charged = false, shape = nil, choices = {},
                        final = false}, Usage)
-end
-
-function Usage:start_analyze(txn, chn)
-  if not chn:is_resp() then
-    self.started = now_ms()
-  end
 end
 
 -- what the client asked of a stream's usage (its request's stream_options, read by the gateway's
@@ -552,7 +546,7 @@ function Usage:read(txn, text)
   -- time to the first token: a stream's first generated text (a whole answer's is its duration)
   if self.stream and not self.first and generated(text) then
     self.first = true
-    txn:set_var("txn.ttft_ms", now_ms() - self.started)
+    txn:set_var("txn.ttft_ms", now_ms() - (tonumber(txn:get_var("txn.t0_ms")) or now_ms()))
   end
   local prompt = last_number(text, PROMPT)
   -- a stream's choices so far, summed, until its last chunk says the whole; else the answer's own
@@ -607,8 +601,10 @@ function Usage:http_payload(txn, http_msg)
   return 0
 end
 
--- charged when the answer ends, before its last bytes leave (the client's next request then finds it
--- counted); at the end of the analysis for an answer cut off before its end
+-- charged when the answer's analysis ends (whole, cut off, or its client gone), and its reservation
+-- given back in the same step: until then the reservation (at least what the answer spends, its prompt
+-- aside) stands for it, so a next request never finds it uncounted. One callback a channel fewer than
+-- charging at http_end too: each call into Lua costs a gateway under load
 function Usage:charge(txn)
   if self.charged then
     return
@@ -623,13 +619,6 @@ function Usage:charge(txn)
       charge(day_key, txn:get_var("txn.day"), tonumber(txn:get_var("txn.tok_used")) or 0, tokens)
     end
   end
-end
-
-function Usage:http_end(txn, http_msg)
-  if http_msg.channel:is_resp() then
-    self:charge(txn)
-  end
-  return 1
 end
 
 function Usage:end_analyze(txn, chn)

@@ -396,12 +396,14 @@ class Senders:
 
     REMEMBERED = 4096
     RELEARN_S = 1.0
+    TRUSTED_S = 1.0
 
     def __init__(self, runtime_api: str, proc: str = "/proc"):
         self.runtime_api, self.proc = runtime_api, proc
         self.group: str | None = None  # HAProxy's control group
         self.learned = -self.RELEARN_S
         self.known: dict[int, str] = {}  # pid -> its start time
+        self.trusted: dict[int, float] = {}  # pid -> until when it is taken without reading /proc again
         self.last_refused = (None, None)  # (pid, its command line), for the log
 
     def _read(self, pid: int, name: str) -> str | None:
@@ -423,8 +425,16 @@ class Senders:
         return self._read(pid, "cgroup")
 
     def allows(self, pid: int) -> bool:
+        # a worker sends thousands of records a second: its pid, once checked, is trusted for a
+        # second before its start time is read again (a pid is not given to another process within
+        # a second of its last record: the kernel hands out every other pid first)
+        now = time.monotonic()
+        if self.trusted.get(pid, 0.0) > now:
+            return True
         started = self._started(pid)
         if pid in self.known and (started is None or started == self.known[pid]):
+            if started is not None:
+                self.trusted[pid] = now + self.TRUSTED_S
             return True
         group = self._read(pid, "cgroup") if started is not None else None
         if group is not None and group != self.group and time.monotonic() - self.learned >= self.RELEARN_S:
@@ -437,7 +447,9 @@ class Senders:
         if group is not None and group == self.group:
             if len(self.known) >= self.REMEMBERED:
                 self.known.clear()
+                self.trusted.clear()
             self.known[pid] = started
+            self.trusted[pid] = now + self.TRUSTED_S
             return True
         command = (self._read(pid, "cmdline") or "").replace("\0", " ").strip() or "?"
         if (pid, command) != self.last_refused:
@@ -448,8 +460,19 @@ class Senders:
 
 
 def receive(sock: socket.socket, usage: Usage, records, senders: Senders | None = None):
+    """Each record as it comes: its sender checked, its line written out, its counts added. The
+    lines are written as a batch once the socket holds no more (not one write a record: a busy
+    gateway sends tens of thousands a second, and HAProxy drops what the socket cannot queue)."""
+    space = socket.CMSG_SPACE(UCRED.size)
+    waiting = False
     while True:
-        data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(UCRED.size))
+        try:
+            data, ancillary, _, _ = sock.recvmsg(65536, space, 0 if waiting else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            records.flush()
+            waiting = True
+            continue
+        waiting = False
         if senders is not None:
             sender = next((UCRED.unpack(d[:UCRED.size])[0] for level, kind, d in ancillary
                            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
@@ -462,7 +485,7 @@ def receive(sock: socket.socket, usage: Usage, records, senders: Senders | None 
         if record["subject"] or record["path"].startswith("/v1/"):
             record["time"] = datetime.datetime.fromtimestamp(record["t"], datetime.timezone.utc).isoformat(
                 timespec="milliseconds")
-            print(json.dumps(record, separators=(",", ":")), file=records, flush=True)
+            records.write(json.dumps(record, separators=(",", ":")) + "\n")
         usage.add(record)
 
 

@@ -42,6 +42,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "fe_tokens": limits.Limits(tokens_per_day=1000, front_end=True, all_users_tokens_per_day=50),
         "fe_whole": limits.Limits(front_end=True, all_users_tokens_per_day=10**6),
         "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
+        "cutter": limits.Limits(tokens_per_day=1000),
         "api_key_file": limits.UNLIMITED}
 
 
@@ -65,7 +66,9 @@ class Door(BaseHTTPRequestHandler):
                                               if k.lower().startswith("x-dgemma-")))
         time.sleep(float(req.get("hold", 0)))
         prompt = sum(len(str(m.get("content", "")).split()) for m in req.get("messages", [])) + 3
-        completion = int(req.get("max_tokens") or 5)
+        completion = int(req.get("max_tokens") or req.get("max_output_tokens") or 5)
+        if req.get("stream") and self.path == "/v1/responses":
+            return self._responses_stream(req, prompt, completion)
         if not req.get("stream"):
             body = {"choices": [{"message": {"content": "w " * completion}}],
                     "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
@@ -102,6 +105,30 @@ class Door(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         self._chunk(f"data: {dumps({**base, 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n",
                     int(req.get("split", 0)))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _responses_stream(self, req, prompt, completion):
+        """The Responses API's stream as vLLM sends it: its usage in its last event alone
+        (response.completed); ``cut_after`` deltas, then the connection closed (no last event)."""
+        self.send_response(200)
+        self._common("text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        self._chunk('event: response.created\ndata: {"type": "response.created", "response": {"id": "resp_1", '
+                    '"status": "in_progress", "usage": null}}\n\n')
+        for i in range(completion):
+            self._chunk('event: response.output_text.delta\ndata: {"type": "response.output_text.delta", '
+                        '"delta": "w "}\n\n')
+            if i + 1 == req.get("cut_after"):
+                self.wfile.flush()
+                time.sleep(float(req.get("linger", 0)))
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
+        usage = {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion}
+        self._chunk('event: response.completed\ndata: ' + json.dumps(
+            {"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "usage": usage}})
+            + "\n\n")
         self.wfile.write(b"0\r\n\r\n")
 
     def _common(self, kind):
@@ -478,6 +505,22 @@ def test_a_request_whose_client_leaves_gives_its_reservation_back(fleet):
     assert spent in (0, 900 + 5), spent
     status, data, _ = fleet.chat("held", max_tokens=1000 - spent - 5)
     assert status == 200, ("the reservation of the request whose client left still held", data)
+
+
+def test_a_responses_stream_cut_before_its_usage_is_charged_what_it_reserved(fleet):
+    """vLLM's Responses stream carries its usage in its last event alone: one cut before it says
+    nothing of what it cost, and is charged its reservation (its max_output_tokens)."""
+    day = int(time.time()) // 86400
+    table = lambda: fleet.gateways["gateway01"].table("tokens_day").get(f"cutter:{day}", 0)  # noqa: E731
+    ask = {"model": "diffusiongemma", "input": "hello", "max_output_tokens": 10, "stream": True}
+    status, body, _ = fleet.call("gateway01", "POST", "/v1/responses", "cutter", ask)
+    assert status == 200 and "response.completed" in body, body
+    _until(lambda: table() == 3 + 10, "the whole stream charged its usage")
+    status, body, _ = fleet.call("gateway01", "POST", "/v1/responses", "cutter", {**ask, "cut_after": 3, "linger": 0.2})
+    assert body.count("event: response.output_text.delta") == 3 and "response.completed" not in body, body
+    _until(lambda: table() == 3 + 10 + 10, "the cut stream charged what it reserved")
+    records = [r for r in fleet.gateways["gateway01"].records() if r.get("key") == "cutter"]
+    assert [r["completion_tokens"] for r in records] == [10, 10], records
 
 
 def test_an_expired_key_is_refused_as_a_wrong_one_and_a_model_it_may_not_use_named(fleet):

@@ -447,6 +447,7 @@ function Usage:http_headers(txn, http_msg)
     -- the Chat Completions and Completions streams alone: the Responses API carries its usage in its
     -- own last event (response.completed) whatever the client asked
     local path = txn:get_var("txn.path") or ""
+    self.responses = self.stream and path:sub(-13) == "/v1/responses"
     if self.stream and path:sub(-12) == "/completions" then
       local shape = asked(txn)
       self.shape = shape ~= "every" and shape or nil
@@ -610,6 +611,15 @@ function Usage:charge(txn)
     return
   end
   self.charged = true
+  -- a Responses stream cut before its last event (response.completed: the only one that vLLM gives
+  -- its usage) says nothing of what it cost: it is charged what it reserved, the most it could have
+  -- spent (cutting a stream short is no way around a budget)
+  if self.responses and txn:get_var("txn.completion_tokens") == nil then
+    local held = tonumber(txn:get_var("txn.tok_reserved"))
+    if held and held > 0 then
+      txn:set_var("txn.completion_tokens", held)
+    end
+  end
   give_back(txn)
   local day_key = txn:get_var("txn.day_key")
   if day_key then

@@ -42,7 +42,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "fe_tokens": limits.Limits(tokens_per_day=1000, front_end=True, all_users_tokens_per_day=50),
         "fe_whole": limits.Limits(front_end=True, all_users_tokens_per_day=10**6),
         "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
-        "cutter": limits.Limits(tokens_per_day=1000),
+        "cutter": limits.Limits(tokens_per_day=1000), "paying": limits.Limits(tokens_per_day=1000, upstream=True),
         "api_key_file": limits.UNLIMITED}
 
 
@@ -88,11 +88,15 @@ class Door(BaseHTTPRequestHandler):
         # ``cut_after``: the answer ends there, with no last chunk (a replica gone mid-stream), the
         # connection closed ``linger`` seconds after the last event
         choices, events = int(req.get("n") or 1), 0
+        # an external API (OpenAI's) puts usage in a stream only when the request asks for it
+        asked = (req.get("stream_options") or {}).get("include_usage")
+        quiet = getattr(self.server, "usage_if_asked", False) and not asked
         for i in range(completion):
             for index in range(choices):
                 usage = {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1}
-                self._chunk(f"data: {dumps({**base, 'choices': [{'index': index, 'delta': {'content': 'w '}}], 'usage': usage})}\n\n",
-                            int(req.get("split", 0)))
+                chunk = {**base, 'choices': [{'index': index, 'delta': {'content': 'w '}}],
+                         **({} if quiet else {'usage': usage})}
+                self._chunk(f"data: {dumps(chunk)}\n\n", int(req.get("split", 0)))
                 events += 1
                 if events == req.get("cut_after"):
                     self.wfile.flush()
@@ -103,7 +107,7 @@ class Door(BaseHTTPRequestHandler):
             time.sleep(float(req.get("pace", 0)))
         completion *= choices
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        self._chunk(f"data: {dumps({**base, 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n",
+        self._chunk(("" if quiet else f"data: {dumps({**base, 'choices': [], 'usage': usage})}\n\n") + "data: [DONE]\n\n",
                     int(req.get("split", 0)))
         self.wfile.write(b"0\r\n\r\n")
 
@@ -217,6 +221,7 @@ class Fleet:
         threading.Thread(target=self.door.serve_forever, daemon=True).start()
         self.upstream = Quiet(("127.0.0.1", 0), Door)  # the external API, for spenders alone
         self.upstream.compresses = True
+        self.upstream.usage_if_asked = True
         threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
         self.keys = {name: f"sk-{name}-key" for name in KEYS}
         names = ("gateway01", "gateway02")
@@ -521,6 +526,24 @@ def test_a_responses_stream_cut_before_its_usage_is_charged_what_it_reserved(fle
     _until(lambda: table() == 3 + 10 + 10, "the cut stream charged what it reserved")
     records = [r for r in fleet.gateways["gateway01"].records() if r.get("key") == "cutter"]
     assert [r["completion_tokens"] for r in records] == [10, 10], records
+
+
+def test_an_external_apis_stream_that_says_no_usage_is_charged_what_it_reserved(fleet):
+    """An external API (OpenAI's) streams usage only to a request that asks for it: a stream the
+    client asked none of says nothing of what it cost (and it costs money), so it is charged its
+    reservation; one that asked is charged its usage."""
+    _until(lambda: fleet.chat("spender", model="gemma4")[0] == 200, "the gateway's check found the external API up")
+    day = int(time.time()) // 86400
+    table = lambda: fleet.gateways["gateway01"].table("tokens_day").get(f"paying:{day}", 0)  # noqa: E731
+    ask = {"model": "gemma4", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "n": 2,
+           "stream": True}
+    status, body, headers = fleet.call("gateway01", "POST", "/v1/chat/completions", "paying", ask)
+    assert status == 200 and headers.get("x-dgemma-pool") == "upstream" and '"usage"' not in body, (status, body)
+    _until(lambda: table() == 12, "the stream with no usage charged what it reserved (6 x 2)")
+    status, body, _ = fleet.call("gateway01", "POST", "/v1/chat/completions", "paying",
+                                 {**ask, "stream_options": {"include_usage": True}})
+    assert status == 200 and '"usage"' in body, body
+    _until(lambda: table() == 12 + 4 + 12, "the stream with its usage charged it")
 
 
 def test_an_expired_key_is_refused_as_a_wrong_one_and_a_model_it_may_not_use_named(fleet):

@@ -611,10 +611,12 @@ function Usage:charge(txn)
     return
   end
   self.charged = true
-  -- a Responses stream cut before its last event (response.completed: the only one that vLLM gives
-  -- its usage) says nothing of what it cost: it is charged what it reserved, the most it could have
-  -- spent (cutting a stream short is no way around a budget)
-  if self.responses and txn:get_var("txn.completion_tokens") == nil then
+  -- a stream that says nothing of what it cost is charged what it reserved, the most it could have
+  -- spent: a Responses stream cut before its last event (response.completed, the only one that vLLM
+  -- gives its usage: cutting a stream short is no way around a budget), and an external API's stream
+  -- whose client asked no usage (it streams usage only to a request that asks: and it costs money)
+  if txn:get_var("txn.completion_tokens") == nil and
+     (self.responses or (self.stream and txn:get_var("txn.pool") == "upstream")) then
     local held = tonumber(txn:get_var("txn.tok_reserved"))
     if held and held > 0 then
       txn:set_var("txn.completion_tokens", held)

@@ -99,11 +99,7 @@ class Door(BaseHTTPRequestHandler):
                 self._chunk(f"data: {dumps(chunk)}\n\n", int(req.get("split", 0)))
                 events += 1
                 if events == req.get("cut_after"):
-                    self.wfile.flush()
-                    time.sleep(float(req.get("linger", 0)))
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    self.close_connection = True
-                    return
+                    return self._cut(req)
             time.sleep(float(req.get("pace", 0)))
         completion *= choices
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -124,16 +120,20 @@ class Door(BaseHTTPRequestHandler):
             self._chunk('event: response.output_text.delta\ndata: {"type": "response.output_text.delta", '
                         '"delta": "w "}\n\n')
             if i + 1 == req.get("cut_after"):
-                self.wfile.flush()
-                time.sleep(float(req.get("linger", 0)))
-                self.connection.shutdown(socket.SHUT_RDWR)
-                self.close_connection = True
-                return
+                return self._cut(req)
         usage = {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion}
         self._chunk('event: response.completed\ndata: ' + json.dumps(
             {"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "usage": usage}})
             + "\n\n")
         self.wfile.write(b"0\r\n\r\n")
+
+    def _cut(self, req):
+        """The answer ends here, with no last event (a replica gone mid-stream): the connection
+        closed ``linger`` seconds after what was sent."""
+        self.wfile.flush()
+        time.sleep(float(req.get("linger", 0)))
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.close_connection = True
 
     def _common(self, kind):
         self.send_header("x-dgemma-pool", "diffusiongemma")
@@ -285,14 +285,15 @@ class Fleet:
     def connect(self, gateway: str = "gateway01", timeout: float = 30, address: str = "127.0.0.1") -> HTTPSConnection:
         return HTTPSConnection(address, self.gateways[gateway].port, context=self.context, timeout=timeout)
 
-    def call(self, gateway: str, method: str, path: str, key: str | None = None, body: dict | None = None,
+    def call(self, gateway: str, method: str, path: str, key: str | None = None, body: dict | str | None = None,
              headers: dict | None = None, timeout: float = 30, kept: HTTPSConnection | None = None,
              address: str = "127.0.0.1"):
         """(status, the body as JSON or text, the headers with lower-case names); ``kept``: a
         connection kept alive from one request to the next (as the OpenAI client's), else a new one."""
         connection = kept or self.connect(gateway, timeout, address)
         try:
-            connection.request(method, path, json.dumps(body) if body is not None else None,
+            # a body given as text is sent as written (repeated keys, escapes)
+            connection.request(method, path, body if body is None or isinstance(body, str) else json.dumps(body),
                                {**({"Authorization": f"Bearer {self.keys[key]}"} if key else {}), **(headers or {})})
             resp = connection.getresponse()
             raw = resp.read()
@@ -437,18 +438,6 @@ def test_a_days_tokens_counted_from_vllms_usage_streamed_or_not_then_insufficien
     assert fleet.chat("budget", gateway="gateway02")[0] == 429
 
 
-def _raw(fleet, key: str, raw: str, path: str = "/v1/chat/completions", timeout: float = 30):
-    """A request whose body is sent as written (duplicate keys, escapes): (status, JSON, headers)."""
-    connection = fleet.connect(timeout=timeout)
-    try:
-        connection.request("POST", path, raw.encode(), {"Authorization": f"Bearer {fleet.keys[key]}",
-                                                       "Content-Type": "application/json"})
-        resp = connection.getresponse()
-        return resp.status, json.loads(resp.read() or b"{}"), {k.lower(): v for k, v in resp.getheaders()}
-    finally:
-        connection.close()
-
-
 MESSAGES = '"messages": [{"role": "user", "content": "hello there"}]'
 # what a request may spend, however its body says it (vLLM reads the last of a repeated key, a key
 # written with escapes, pydantic's lax integers): each over the key's 2,000 tokens
@@ -467,11 +456,12 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
     table = lambda: fleet.gateways["gateway01"].table("tokens_day").get(f"reserve:{day}", 0)  # noqa: E731
     for raw, said in OVER:
         path = "/v1/completions" if '"prompt"' in raw else "/v1/chat/completions"
-        status, data, headers = _raw(fleet, "reserve", raw, path)
+        status, data, headers = fleet.call("gateway01", "POST", path, "reserve", raw)
         assert status == 429 and data["error"]["code"] == "insufficient_quota", (raw, status, data)
         assert said in data["error"]["message"] and "has 2000 of its 2000 tokens" in data["error"]["message"], data
         assert headers["x-should-retry"] == "false"
-    status, data, _ = _raw(fleet, "reserve", f'{{{MESSAGES}, "max_tokens": "lots"}}')
+    status, data, _ = fleet.call("gateway01", "POST", "/v1/chat/completions", "reserve",
+                                 f'{{{MESSAGES}, "max_tokens": "lots"}}')
     assert status == 400 and data["error"]["code"] == "unreadable_request" and "max_tokens" in data["error"]["message"]
     assert table() == 0, "nothing refused was charged"
     # in flight: 1,500 held by a request the replica answers in 2 s; beside it, on new connections

@@ -125,7 +125,9 @@ def prepare(folder: Path, replicas: int = 1):
         script = folder / name
         script.write_text(wrk_script(key, MODEL))
         script.chmod(0o600)
-    (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS}))
+    from roles.gateway.accounting import RECORDS_QUEUE
+    (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS,
+                                                  "records_queue": RECORDS_QUEUE}))
 
 
 def _prepare_limits(folder: Path, digest: str, fleet_ca):
@@ -165,23 +167,17 @@ def _prepare_limits(folder: Path, digest: str, fleet_ca):
         path.chmod(0o600)
 
 
-def usage_metrics(folder: Path) -> str:
+def usage_counts() -> tuple[int, int]:
+    """From the usage service's /metrics: the requests it counted for the bench key (every gateway
+    record), and the records HAProxy could not deliver to it (its DroppedLogs, which the service
+    counts as lost)."""
     import urllib.request
     with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-usage']}/metrics", timeout=10) as resp:
-        return resp.read().decode()
+        lines = resp.read().decode().splitlines()
 
-
-def usage_counted(folder: Path) -> int:
-    """The requests the usage service counted for the bench key (every gateway record)."""
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in usage_metrics(folder).splitlines()
-                   if line.startswith('dgemma_usage_requests_total{key="bench"')))
-
-
-def usage_lost(folder: Path) -> int:
-    """The records HAProxy could not deliver to the usage service (its DroppedLogs, as the service
-    counts them): the service's own count of what it missed."""
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in usage_metrics(folder).splitlines()
-                   if line.startswith("dgemma_usage_records_lost_total")))
+    def total(prefix: str) -> int:
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)))
+    return total('dgemma_usage_requests_total{key="bench"'), total("dgemma_usage_records_lost_total")
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
@@ -230,8 +226,10 @@ def placement(replicas: int, cores: int) -> dict[str, set[int]] | None:
 class Processes:
     """The stand-in replicas and both proxies, started for one pace and stopped after."""
 
-    def __init__(self, folder: Path, pace: float | str | None, replicas: int, pins: dict | None = None):
+    def __init__(self, folder: Path, pace: float | str | None, replicas: int, pins: dict | None = None,
+                 records_queue: int = 0):
         self.folder, self.pace, self.replicas, self.procs, self.pins = folder, pace, replicas, [], pins or {}
+        self.records_queue = records_queue  # the usage service's --records-queue (0: the host's as it is)
 
     def _start(self, name: str, args: list[str], env: dict, port: int, pin_as: str | None = None):
         log = open(self.folder / f"{name}.log", "w")
@@ -245,17 +243,18 @@ class Processes:
     def __enter__(self):
         env = {"VLLM_STANDIN_COLD_START": "0", "VLLM_STANDIN_ROUTES": str(ROUTES), "VLLM_API_KEY": VLLM_KEY,
                "PYTHONUNBUFFERED": "1"}
-        if self.pace == NO_COST:
-            for i in range(self.replicas):
-                config = self.folder / f"no-cost-{i}.cfg"
-                config.write_text(no_cost_config(PORTS["direct"] + i))
-                self._start(f"vllm-{i}", ["haproxy", "-W", "-db", "-f", str(config)], {}, PORTS["direct"] + i)
-        elif self.pace is not None:
+        if self.pace not in (None, NO_COST):
             env["VLLM_STANDIN_SECONDS_PER_STEP"] = str(self.pace)
-        for i in range(self.replicas if self.pace != NO_COST else 0):
-            self._start(f"vllm-{i}", [sys.executable, "-c", STANDIN_LAUNCHER, str(STANDIN), "serve", MODEL,
-                                      "--host", "127.0.0.1", "--port", str(PORTS["direct"] + i),
-                                      "--served-model-name", MODEL], env, PORTS["direct"] + i)
+        for i in range(self.replicas):
+            port = PORTS["direct"] + i
+            if self.pace == NO_COST:
+                config = self.folder / f"no-cost-{i}.cfg"
+                config.write_text(no_cost_config(port))
+                self._start(f"vllm-{i}", ["haproxy", "-W", "-db", "-f", str(config)], {}, port)
+            else:
+                self._start(f"vllm-{i}", [sys.executable, "-c", STANDIN_LAUNCHER, str(STANDIN), "serve", MODEL,
+                                          "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL],
+                            env, port)
         self._start("frontdoor", ["haproxy", "-W", "-db", "-f", str(self.folder / "frontdoor" / "haproxy.cfg")],
                     {"VLLM_API_KEY": VLLM_KEY}, PORTS["frontdoor"])
         self._start("gateway", ["haproxy", "-W", "-db", "-f", str(self.folder / "gateway" / "haproxy.cfg")],
@@ -265,9 +264,10 @@ class Processes:
         self._start("usage", [sys.executable, str(USAGE_SERVICE), "--socket", str(limits / "usage.sock"),
                               "--runtime-api", str(limits / "admin.sock"), "--state", str(limits / "usage"),
                               "--limits", str(limits / "limits.map"), "--listen", f"127.0.0.1:{PORTS['limits-usage']}",
-                              # the records' queue the role's unit asks for (roles/gateway/accounting.py:
-                              # usage_records_queue); as root alone, as there
-                              *(["--records-queue", "4096"] if os.geteuid() == 0 else [])],
+                              # the records' queue the role's unit asks for (written by `prepare`); as
+                              # root alone, as there
+                              *(["--records-queue", str(self.records_queue)]
+                                if self.records_queue and os.geteuid() == 0 else [])],
                     {}, PORTS["limits-usage"], pin_as="gateway")
         self._start("gateway-limits", ["haproxy", "-W", "-db", "-f", str(limits / "haproxy.cfg")],
                     {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["limits"], pin_as="gateway")
@@ -343,7 +343,7 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
         raise SystemExit(f"--pin needs at least {plan['replicas'] + 6} cores")
     counts = []
     for pace_name, pace in (paces or PACES).items():
-        with Processes(folder, pace, plan["replicas"], pins):
+        with Processes(folder, pace, plan["replicas"], pins, plan.get("records_queue", 0)):
             answered = 0  # by the gateway with limits, warm-ups included: what its usage service must count
             for concurrency in levels:
                 for number in range(1, rounds + 1):
@@ -365,8 +365,8 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
                               f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
             time.sleep(2)  # the last records reach the usage service
             time.sleep(1.5)  # the service has read HAProxy's count of records it dropped (every 0.5 s)
-            counts.append({"pace": pace_name, "answered": answered, "counted": usage_counted(folder),
-                           "lost": usage_lost(folder)})
+            counted, lost = usage_counts()
+            counts.append({"pace": pace_name, "answered": answered, "counted": counted, "lost": lost})
             print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), its usage service "
                   f"counted {counts[-1]['counted']}, lost {counts[-1]['lost']}", flush=True)
     return {"counts": counts, "machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,

@@ -24,6 +24,8 @@ PEERS_CA = "peers-ca.crt"
 KEYS_MAP = "keys.map"
 LIMITS_MAP = "limits.map"
 LUA = "usage.lua"
+# the records' socket queue the service asks of the kernel (usage_records_queue, when the inventory sets none)
+RECORDS_QUEUE = 4096
 # the records go to the journal through the service's standard output: `invoke logs --requests` reads them there
 RECORDS_IDENTIFIER = "dgemma-requests"
 
@@ -90,7 +92,7 @@ Before={haproxy_unit}
 Type=simple
 ExecStart=/usr/bin/python3 {PROGRAM} --socket {SOCKET} --runtime-api {runtime_api} --state {STATE_DIR} \\
   --limits {limits} --listen 127.0.0.1:{USAGE_PORT} --retention-days {int(v.get("usage_retention_days", 400))} \\
-  --records-queue {int(v.get("usage_records_queue", 4096))}
+  --records-queue {int(v.get("usage_records_queue", RECORDS_QUEUE))}
 SyslogIdentifier={RECORDS_IDENTIFIER}
 # every request's record is a line of the journal: none may be dropped for coming fast
 LogRateLimitIntervalSec=0

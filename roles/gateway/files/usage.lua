@@ -24,13 +24,18 @@ end
 local charged = {}
 local charged_day = nil
 
--- ``seen``: what the subject had spent when the request came (the table's count, or this
--- process's): a process started mid-day (a reload) counts on from the table, not from 0
-local function charge(day_key, day, seen, tokens)
+-- the charges of `day`: those of an earlier day are dropped as the day changes
+local function charges_of(day)
   if charged_day ~= day then
     charged, charged_day = {}, day
   end
-  charged[day_key] = math.max(charged[day_key] or 0, seen) + tokens
+  return charged
+end
+
+-- ``seen``: what the subject had spent when the request came (the table's count, or this
+-- process's): a process started mid-day (a reload) counts on from the table, not from 0
+local function charge(day_key, day, seen, tokens)
+  charges_of(day)[day_key] = math.max(charged[day_key] or 0, seen) + tokens
 end
 
 -- What a request may spend, read from its body as vLLM reads it. vLLM takes the JSON object's top
@@ -204,25 +209,31 @@ local function top_level(body)
   end
 end
 
--- the highest of a key's values (nil: not given, or null), or false when one is not a number
-local function highest(fields, name)
-  local top = nil
-  for _, raw in ipairs(fields[name] or {}) do
-    local n = number_of(raw)
-    if n == false then
-      return false
-    end
-    if n and (top == nil or n > top) then
-      top = n
+-- the highest value among the keys `names` (each repeat counted) and the key that holds it; nil when
+-- none is given (or null), false and the key when one is not a number
+local function highest(fields, names)
+  local top, which = nil, nil
+  for _, name in ipairs(names) do
+    for _, raw in ipairs(fields[name] or {}) do
+      local n = number_of(raw)
+      if n == false then
+        return false, name
+      end
+      if n and (top == nil or n > top) then
+        top, which = n, name
+      end
     end
   end
-  return top
+  return top, which
 end
+
+local MAX_TOKENS = {"max_tokens", "max_completion_tokens", "max_output_tokens"}
+local CHOICES = {"n", "best_of"}
 
 -- What a generating request may spend: its max_tokens (the highest of max_tokens,
 -- max_completion_tokens and the Responses API's max_output_tokens; `default` when it sets none:
--- the model's context) times its choices (n, best_of) times its prompts. Returns the tokens and how
--- they were read ("max_tokens 1000 x n 4"), or nil and why the body could not be read
+-- the model's context) times its choices (the higher of n and best_of) times its prompts. Returns
+-- the tokens and how they were read ("max_tokens 1000 x n 4"), or nil and why the body could not be read
 local function asks(body, default)
   local fields, whole = top_level(body)
   if fields == nil then
@@ -231,29 +242,20 @@ local function asks(body, default)
   if not whole then
     return nil, "the gateway could not read its body whole (longer than it reads, or cut off)"
   end
-  local out, said = nil, nil
-  for _, name in ipairs({"max_tokens", "max_completion_tokens", "max_output_tokens"}) do
-    local n = highest(fields, name)
-    if n == false then
-      return nil, name .. " is not a number"
-    end
-    if n and (out == nil or n > out) then
-      out, said = n, name .. " " .. n
-    end
+  local out, which = highest(fields, MAX_TOKENS)
+  if out == false then
+    return nil, which .. " is not a number"
   end
-  if out == nil then
-    out, said = default, "no max_tokens: the model's context, " .. default
+  local said = out and (which .. " " .. out) or ("no max_tokens: the model's context, " .. default)
+  out = out or default
+  local choices, by = highest(fields, CHOICES)
+  if choices == false then
+    return nil, by .. " is not a number"
   end
-  local choices = 1
-  for _, name in ipairs({"n", "best_of"}) do
-    local n = highest(fields, name)
-    if n == false then
-      return nil, name .. " is not a number"
-    end
-    if n and n > choices then
-      choices = n
-      said = said .. " x " .. name .. " " .. n
-    end
+  if choices and choices > 1 then
+    said = said .. " x " .. by .. " " .. choices
+  else
+    choices = 1
   end
   local count = 1
   for _, raw in ipairs(fields.prompt or {}) do
@@ -307,16 +309,14 @@ end
 
 -- The budget, reserve then settle. `budget`: what the table says the subject spent today (or what
 -- was charged on this thread, when more: the usage service has not added the latest answers yet)
--- against its limit, and what this request may spend (read from its body). Sets txn.tok_used and
+-- against its limit, and what this request may spend (read from its body; txn.tok_default, the
+-- model's context, set for a request that generates). Sets txn.tok_used and
 -- txn.tok_left; txn.tok_spent when nothing is left; txn.tok_unread when its body cannot be read;
 -- else txn.tok_need (and txn.tok_asks, how it was read)
 core.register_action("budget", {"http-req"}, function(txn)
-  local day_key, day = txn:get_var("txn.day_key"), txn:get_var("txn.day")
-  if charged_day ~= day then
-    charged, charged_day = {}, day
-  end
+  local day_key = txn:get_var("txn.day_key")
   local used = tonumber(txn:get_var("txn.tok_used")) or 0
-  local here = charged[day_key] or 0
+  local here = charges_of(txn:get_var("txn.day"))[day_key] or 0
   if here > used then
     used = here
   end
@@ -327,10 +327,13 @@ core.register_action("budget", {"http-req"}, function(txn)
     txn:set_var("txn.tok_spent", 1)
     return
   end
-  if txn:get_var("txn.tok_generates") == nil then
-    return -- a route that generates nothing: its prompt is charged after
+  -- the model's context is set for a request that generates (a POST) alone: any other has nothing
+  -- to reserve
+  local default = tonumber(txn:get_var("txn.tok_default"))
+  if default == nil then
+    return
   end
-  local need, said = asks(txn.f:req_body() or "", tonumber(txn:get_var("txn.tok_default")) or 0)
+  local need, said = asks(txn.f:req_body() or "", default)
   if need == nil then
     txn:set_var("txn.tok_unread", said)
   else

@@ -168,6 +168,28 @@ def wait_ssh(host: config.LabHost, timeout: float = 120) -> float:
                       f"see {host.dir / 'console.log'}")
 
 
+# units that failed to start for a reason of the boot's moment, not their own: under nspawn,
+# systemd sometimes cannot make a unit's cgroup while a dozen hosts boot at once (status
+# 219/CGROUP; seen on bastion01's systemd-user-sessions, which then leaves /run/nologin and
+# refuses every user but root: the bastion's jump user, spark01's sudo user)
+_RESTART_FAILED_AT_BOOT = r"""
+for unit in $(systemctl list-units --state=failed --plain --no-legend --no-pager | awk '{print $1}'); do
+  status=$(systemctl show -p ExecMainStatus --value "$unit"); result=$(systemctl show -p Result --value "$unit")
+  if [ "$status" = 219 ] || [ "$result" = resources ]; then
+    systemctl reset-failed "$unit"
+    if systemctl restart "$unit"; then echo "restarted $unit"; else echo "still failed $unit"; fi
+  fi
+done
+"""
+
+
+def restart_units_failed_at_boot(host: config.LabHost) -> list[str]:
+    """Each unit of the host that failed to start for want of its cgroup or another resource,
+    started again; what was done, a line each ("restarted U" or "still failed U")."""
+    proc = console(host, _RESTART_FAILED_AT_BOOT, timeout=120, check=False)
+    return [line for line in proc.stdout.splitlines() if line.startswith(("restarted ", "still failed "))]
+
+
 def init_pid(host: config.LabHost) -> int | None:
     """The host's PID 1 (its systemd), as this machine numbers it."""
     for pid in processes_in(host):

@@ -86,6 +86,8 @@ def _up(hosts: int, fresh: bool, renew: set, cold_start):
     for host in lab_hosts:
         took = machines.wait_ssh(host)
         _say(f"{host.name:<9} {host.arch:<8} {host.address:<12} sshd up ({took:.1f} s)")
+        for done in machines.restart_units_failed_at_boot(host):
+            _say(f"{host.name:<9} {done} (it failed at boot: status 219/CGROUP or short of a resource)")
     return path
 
 

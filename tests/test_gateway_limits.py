@@ -5,6 +5,7 @@ each answer, in every chunk of a stream). The lab's tests (tests/lab/test_lab_li
 the same through the shared address, the real front doors and the OpenAI SDK."""
 import gzip
 import io
+import datetime
 import json
 import os
 import shutil
@@ -928,6 +929,15 @@ def test_the_usage_service_reads_records_it_can_and_skips_the_rest():
     forged = usage_service.record_of('x @record {"key": "k", "status": "200", "prompt_tokens": "-4000000", '
                                      '"completion_tokens": "-1"}')
     assert forged["prompt_tokens"] == 0 and forged["completion_tokens"] == 0, "no count given back"
+    odd = usage_service.record_of('x @record {"status": "\u00b2", "ms": 12, "rpm_n": "-3", "key": "-"}')
+    assert (odd["status"], odd["ms"], odd["rpm_n"], odd["subject"]) == (None, 12, -3, "")
+    assert usage_service.record_of('x @record [1, 2]') is None
+    # the records' time and day, made once a second and once a day, read as datetime writes them
+    for t_ms in (1795707444800, 1795707444999, 1795707445000, 1795737599999, 1795737600001):
+        t = t_ms / 1000
+        when = datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+        assert usage_service.time_of(t) == when.isoformat(timespec="milliseconds")
+        assert usage_service.day_of(t) == when.strftime("%Y-%m-%d")
     sent = []
     api = usage_service.RuntimeApi("/nonexistent")
     api._ask = lambda commands: sent.extend(commands) or ""

@@ -125,9 +125,9 @@ def prepare(folder: Path, replicas: int = 1):
         script = folder / name
         script.write_text(wrk_script(key, MODEL))
         script.chmod(0o600)
-    from roles.gateway.accounting import RECORDS_QUEUE
+    from roles.gateway.accounting import RECORDS_QUEUE, USAGE_NICE
     (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS,
-                                                  "records_queue": RECORDS_QUEUE}))
+                                                  "records_queue": RECORDS_QUEUE, "usage_nice": USAGE_NICE}))
 
 
 def _prepare_limits(folder: Path, digest: str, fleet_ca):
@@ -227,16 +227,23 @@ class Processes:
     """The stand-in replicas and both proxies, started for one pace and stopped after."""
 
     def __init__(self, folder: Path, pace: float | str | None, replicas: int, pins: dict | None = None,
-                 records_queue: int = 0):
+                 records_queue: int = 0, usage_nice: int = 0):
         self.folder, self.pace, self.replicas, self.procs, self.pins = folder, pace, replicas, [], pins or {}
         self.records_queue = records_queue  # the usage service's --records-queue (0: the host's as it is)
+        self.usage_nice = usage_nice  # and its unit's Nice= (as root alone: a user cannot go below 0)
 
-    def _start(self, name: str, args: list[str], env: dict, port: int, pin_as: str | None = None):
+    def _start(self, name: str, args: list[str], env: dict, port: int, pin_as: str | None = None, nice: int = 0):
         log = open(self.folder / f"{name}.log", "w")
         cpus = self.pins.get(pin_as or name)
+
+        def placed():
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+
         proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                                start_new_session=True, preexec_fn=placed if cpus or nice else None)
         self.procs.append(proc)
         _wait_port(port, proc, name)
 
@@ -268,7 +275,8 @@ class Processes:
                               # root alone, as there
                               *(["--records-queue", str(self.records_queue)]
                                 if self.records_queue and os.geteuid() == 0 else [])],
-                    {}, PORTS["limits-usage"], pin_as="gateway")
+                    {}, PORTS["limits-usage"], pin_as="gateway",
+                    nice=self.usage_nice if os.geteuid() == 0 else 0)
         self._start("gateway-limits", ["haproxy", "-W", "-db", "-f", str(limits / "haproxy.cfg")],
                     {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["limits"], pin_as="gateway")
         time.sleep(3)  # the gateway's and the front door's first health checks have passed
@@ -343,7 +351,8 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
         raise SystemExit(f"--pin needs at least {plan['replicas'] + 6} cores")
     counts = []
     for pace_name, pace in (paces or PACES).items():
-        with Processes(folder, pace, plan["replicas"], pins, plan.get("records_queue", 0)):
+        with Processes(folder, pace, plan["replicas"], pins, plan.get("records_queue", 0),
+                       plan.get("usage_nice", 0)):
             answered = 0  # by the gateway with limits, warm-ups included: what its usage service must count
             for concurrency in levels:
                 for number in range(1, rounds + 1):
@@ -490,7 +499,7 @@ def write(results: list[dict]):
              f"*at once*: time per step 0, so the rows show what each layer holds at saturation (the stand-in, one "
              f"Python event loop, is then the limit of the direct row); *no cost*: in the stand-in's place an HAProxy "
              f"that answers a fixed completion with its usage at once, so that only the proxies cost anything and "
-             f"their own saturation shows (the usage service is started with the role's records queue, 4096). "
+             f"their own saturation shows (the usage service is started with the role's records queue, 4096, and its unit's niceness, -10). "
              f"*Added* is the path minus the direct call at "
              f"the same pace and concurrency; *CPU idle* is the whole machine's during the row. Runs with `--pin` put "
              f"each part on CPUs of its own. Where a run has them, the proxies' access-log timers say where the "

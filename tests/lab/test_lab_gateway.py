@@ -71,7 +71,8 @@ def test_one_address_for_the_fleet_with_the_same_keys(deployed):
 
 def test_a_host_going_down_costs_no_failed_request(deployed):
     """4 clients throughout: rtx01's vLLM stopped and started again, then spark01's link cut
-    for 20 s and restored, then 5 s more: every request answered 200."""
+    for 8 s and restored, then 3 s more: every request answered 200. (Each wait is what the
+    gateway needs to see a change, plus a few requests' worth: the suite's time is CI's.)"""
     key, stop, outcomes, lock = api_key(), threading.Event(), [], threading.Lock()
 
     def client():
@@ -91,22 +92,22 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
         t.start()
     figures = {}
     try:
-        time.sleep(5)
+        time.sleep(3)
         ssh("rtx01", "systemctl stop podman-vllm-diffusiongemma.service")
         figures["vllm_stopped_down_s"] = wait_state("rtx01", "DOWN")
-        time.sleep(10)
+        time.sleep(5)
         ssh("rtx01", "systemctl start podman-vllm-diffusiongemma.service")
         figures["vllm_started_up_s"] = wait_state("rtx01", "UP", 120)  # after the stand-in's cold start
-        time.sleep(5)
+        time.sleep(3)
         spark = config.host("spark01")
         sh.run("ip", "link", "set", spark.veth, "down")
         try:
             figures["link_cut_down_s"] = wait_state("spark01", "DOWN")
-            time.sleep(20)
+            time.sleep(8)
         finally:
             sh.run("ip", "link", "set", spark.veth, "up")
         figures["link_back_up_s"] = wait_state("spark01", "UP", 120)
-        time.sleep(5)  # the requests its return sends to spark01 again
+        time.sleep(3)  # the requests its return sends to spark01 again
     finally:
         stop.set()
         for t in threads:
@@ -125,7 +126,7 @@ def test_a_host_going_down_costs_no_failed_request(deployed):
                        figures["vllm_stopped_down_s"], saw, "rtx01 DOWN in the gateway until its vLLM answered",
                        True, failed_requests=0, requests=len(outcomes))
     reliability.record("gateway-link-cut", "fault", "a serving host's link is cut behind the gateway",
-                       "spark01's veth down for 20 s while 4 clients send chat completions through gateway01",
+                       "spark01's veth down for 8 s while 4 clients send chat completions through gateway01",
                        figures["link_cut_down_s"], saw, "spark01 DOWN, then UP once its link came back",
                        True, failed_requests=0, requests=len(outcomes))
 

@@ -377,7 +377,8 @@ end)
 -- while its tables come from the old process, the other gateway and the usage service, in no set
 -- order. Until the mark, a request that would be counted is asked to come back in a second (503,
 -- Retry-After: 1) rather than counted from zero; a process that gets no mark within
--- SYNC_GIVE_UP_S (no usage service) counts from here. A fetch, not an action that waits: a Lua
+-- SYNC_GIVE_UP_S (no usage service) counts from here. Asked until it answers 1, which it says in
+-- proc.counts_known for the gateway's rules to read first. A fetch, not an action that waits: a Lua
 -- action that yields beside the filter below broke the filter now and then in HAProxy 2.6
 -- ("attempt to index a thread value").
 local SYNC_GIVE_UP_S = 10
@@ -397,6 +398,11 @@ core.register_fetches("counts_known", function(txn)
     core.Warning("dgemma usage: the usage service did not mark the day's tokens within " .. SYNC_GIVE_UP_S ..
                  " s: counting from here")
     synced = true
+  end
+  if synced then
+    -- every thread of this process reads it before calling here (gateway.cfg.j2): one call into Lua
+    -- a request fewer from now on (this process's variables start empty: a new process asks again)
+    txn:set_var("proc.counts_known", true)
   end
   return synced and 1 or 0
 end)

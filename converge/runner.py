@@ -103,6 +103,10 @@ class Throttles:
         while slot is not None and not slot.acquire(timeout=0.2):
             if stopping.is_set():
                 raise Interrupted("waiting for its turn")
+        if slot is not None and stopping.is_set():
+            # the turn came as the run stopped (a slot freed within the wait's last 0.2 s): not taken
+            slot.release()
+            raise Interrupted("waiting for its turn")
         return slot
 
     def halt(self, name: str, why: str):

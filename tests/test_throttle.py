@@ -22,12 +22,14 @@ def _targets(names):
     return [Target(name, {}, connect(name)) for name in names]
 
 
-def _rolling(log: list, failing=(), limit=1, seconds=0.3, began=None):
+def _rolling(log: list, failing=(), limit=1, seconds=0.3, began=None, until=None):
+    """``until``: a file; a step lasts until it is there (30 s at most), not ``seconds``."""
     def plan(ctx):
         fail = "exit 1" if ctx.name in failing else "true"
         mark = f"touch {began}/{ctx.name}; " if began else ""
+        wait = f"for _ in $(seq 300); do [ -e {until} ] && break; sleep 0.1; done" if until else f"sleep {seconds}"
         # each host's step says when it ran (the hosts are this machine: one clock)
-        yield Command("roll", script=f"{mark}date +%s.%N; sleep {seconds}; date +%s.%N; {fail}\n", describe="roll",
+        yield Command("roll", script=f"{mark}date +%s.%N; {wait}; date +%s.%N; {fail}\n", describe="roll",
                       throttle=Throttle("roll", limit),
                       satisfies=("restart",), interpret=lambda r, name=ctx.name: _noted(log, name, r))
         yield Command("after", script="true\n", describe="after")
@@ -83,16 +85,20 @@ def test_the_first_failure_stops_those_not_started():
 
 def test_ctrl_c_while_waiting_for_a_turn_stops_there(tmp_path):
     log, report, control = [], Report(quiet=True), RunControl()
+    began, stopped = tmp_path / "began", tmp_path / "stopped"
+    began.mkdir()
 
     def ctrl_c_once_one_began():
         # one rolls, and the other two have done the step before theirs (each then waits for its
-        # turn): a fixed second was too short for a host's facts on a loaded machine
-        while not list(tmp_path.iterdir()) or len([t for t in report.tasks if t.task == "change"]) < 3:
+        # turn); the roll lasts until the Ctrl-C (a fixed roll of 3 s ended before the others had
+        # got that far on a loaded machine, and the next one rolled)
+        while not list(began.iterdir()) or len([t for t in report.tasks if t.task == "change"]) < 3:
             time.sleep(0.05)
         time.sleep(0.5)
         control.stop("interrupted (Ctrl-C)")
+        stopped.touch()
     threading.Thread(target=ctrl_c_once_one_began, daemon=True).start()
-    run(_targets(["a", "b", "c"]), _rolling(log, seconds=3, began=tmp_path), report,
+    run(_targets(["a", "b", "c"]), _rolling(log, began=began, until=stopped), report,
         lock_name="dgemma-test-throttle", control=control)
     assert len(log) == 1  # the one in flight finished
     waiting = [t for t in report.tasks if t.status == "interrupted" and "roll | roll (waiting for its turn)" in t.message]

@@ -35,7 +35,10 @@ end
 -- ``seen``: what the subject had spent when the request came (the table's count, or this
 -- process's): a process started mid-day (a reload) counts on from the table, not from 0
 local function charge(day_key, day, seen, tokens)
-  charges_of(day)[day_key] = math.max(charged[day_key] or 0, seen) + tokens
+  -- the day's table first, then its count read from it (Lua leaves the order of an assignment's two
+  -- sides undefined: read first, the count could be the day before's)
+  local charges = charges_of(day)
+  charges[day_key] = math.max(charges[day_key] or 0, seen) + tokens
 end
 
 -- What a request may spend, read from its body as vLLM reads it. vLLM takes the JSON object's top

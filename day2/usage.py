@@ -140,7 +140,8 @@ def records_of(output: str, key: str | None) -> list[dict]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and (not key or record.get("key") == key):
+        # a line with no "key" is HAProxy's access line alone (a health check, a scrape), no request's record
+        if isinstance(record, dict) and "key" in record and (not key or record.get("key") == key):
             out.append(record)
     return out
 

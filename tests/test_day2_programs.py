@@ -301,17 +301,17 @@ def test_usage_reads_each_day_file_from_the_first_asked_as_a_line(tmp_path):
 
 def test_request_records_of_one_key_since_a_time_or_the_last_lines(tmp_path):
     from day2.usage import records_command
-    lines = ['{"key":"alice","n":1}', "usage: a line that is not a record", '{"key":"bob","n":2}',
-             '{"key":"alice","n":3}']
+    lines = ['{"t":1,"key":"alice","n":1}', "usage: a line that is not a record", '{"t":2,"key":"bob","n":2}',
+             '{"time":"x","access":"the access line of a health check alone"}', '{"t":3,"key":"alice","n":3}']
     env = _stub(tmp_path, "journalctl", f'echo "$*" > {tmp_path}/asked\nprintf "%s\\n" ' +
                 " ".join(f"'{line}'" for line in lines) + "\n")
     out = subprocess.run(["sh", "-s"], input=records_command("2h", "alice", 50), capture_output=True, text=True,
                          env=env, timeout=30).stdout
-    assert out.splitlines() == [lines[0], lines[3]]
+    assert out.splitlines() == [lines[0], lines[4]]
     assert "--since -2h" in (tmp_path / "asked").read_text()
     out = subprocess.run(["sh", "-s"], input=records_command(None, None, 2), capture_output=True, text=True,
                          env=env, timeout=30).stdout
-    assert out.splitlines() == [lines[2], lines[3]] and "--since" not in (tmp_path / "asked").read_text()
+    assert out.splitlines() == [lines[2], lines[4]] and "--since" not in (tmp_path / "asked").read_text()
 
 
 def run_plain(script: str) -> str:

@@ -202,7 +202,26 @@ class Gateway:
         return f"@counts:{pid}" in self.table("tokens_day")
 
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in (self.dir / "records.log").read_text().splitlines() if line.strip()]
+        """The records in the order they were answered, as `invoke logs --requests` gives them (the
+        service's readers write each its own as it reads them: the file's order is theirs)."""
+        lines = (json.loads(line) for line in (self.dir / "records.log").read_text().splitlines() if line.strip())
+        return sorted((r for r in lines if "t" in r), key=lambda r: r["t"])  # an access line alone has no "t"
+
+    def settled_count(self) -> int:
+        """The records once the last request's has come (the service's readers hand theirs over each
+        as it reads them: a record may come a moment after its answer)."""
+        count = len(self.records())
+        while True:
+            time.sleep(0.3)
+            now = len(self.records())
+            if now == count:
+                return count
+            count = now
+
+    def access_lines(self) -> list[str]:
+        """HAProxy's access lines of what carried no record worth one (a health check, a scrape)."""
+        return [r["access"] for r in (json.loads(line) for line in (self.dir / "records.log").read_text().splitlines()
+                                      if line.strip()) if "t" not in r]
 
     def metrics(self) -> str:
         import urllib.request
@@ -573,13 +592,16 @@ def test_an_external_apis_answer_comes_uncompressed_so_its_usage_is_counted(flee
     gw = fleet.gateways["gateway01"]
     _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
            "gemma4's pool is down: its requests go to the external API")
-    before = len(gw.records())
+    before = gw.settled_count()
     status, data, headers = fleet.chat("spender", model="gemma4", max_tokens=6,
                                        headers={"Accept-Encoding": "gzip, deflate"})
     assert status == 200 and "content-encoding" not in headers and data["usage"]["completion_tokens"] == 6, (headers, data)
     _until(lambda: len(gw.records()) > before, "the upstream answer's record")
     record = gw.records()[-1]
     assert (record["completion_tokens"], record["prompt_tokens"]) == (6, 5), record
+    # HAProxy's access line is the record's (the gateway's front end logs only to the usage service)
+    assert '"POST /v1/chat/completions HTTP/1.1"' in record["access"] and " 200 " in record["access"], record
+    assert any('"GET /health HTTP/1.1"' in line for line in gw.access_lines()), "a health check's access line alone"
 
 
 def test_a_front_ends_users_count_apart_and_other_keys_user_headers_are_ignored(fleet):
@@ -720,7 +742,7 @@ def test_a_stream_carries_the_usage_its_client_asked_for_and_is_counted_whole(fl
     last chunk alone when it asked include_usage; and the count is the whole answer's either way.
     ``wire``: vLLM's compact JSON, each event reaching the gateway in 7-byte pieces."""
     gw = fleet.gateways["gateway01"]
-    before = len(gw.records())
+    before = gw.settled_count()
     body = {"stream": True, "max_tokens": 9, **wire, **({"stream_options": options} if options is not None else {})}
     status, data, headers = fleet.chat("spender", **body)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
@@ -746,13 +768,13 @@ def test_a_stream_of_several_choices_is_counted_whole_cut_off_or_not(fleet, wire
     after its last event: events that reach HAProxy 2.6 in the same read as the close are passed
     to the client without the filter, on main as here: neither counted nor reshaped.)"""
     gw = fleet.gateways["gateway01"]
-    before = len(gw.records())
+    before = gw.settled_count()
     status, data, _ = fleet.chat("spender", stream=True, max_tokens=5, n=3, **wire)
     assert status == 200 and data.endswith("data: [DONE]\n\n")
     _until(lambda: len(gw.records()) > before, "the stream's record")
     assert gw.records()[-1]["completion_tokens"] == 15, gw.records()[-1]
     # cut after 10 events: choice 0 at 4 tokens, choices 1 and 2 at 3 (the last chunk seen says 4)
-    before = len(gw.records())
+    before = gw.settled_count()
     status, data, _ = fleet.chat("spender", stream=True, max_tokens=5, n=3, cut_after=10, linger=0.2, **wire)
     received = [json.loads(line[6:]) for line in data.split("\n\n") if line.startswith("data: {")]
     assert status == 0 and len(received) == 10, data[-300:]  # the client saw the answer end there
@@ -773,7 +795,7 @@ def test_the_openai_sdks_plain_loop_reads_every_stream_and_its_usage_is_the_gate
     assert text == "w " * 6
     chunks = list(sdk.chat.completions.create(**chat, stream=True, stream_options={"include_usage": True}))
     assert [c.usage for c in chunks[:-1]] == [None] * 6 and chunks[-1].choices == []
-    before = len(gw.records())
+    before = gw.settled_count()
     _until(lambda: gw.records()[-1]["completion_tokens"] == chunks[-1].usage.completion_tokens and
            gw.records()[-1]["prompt_tokens"] == chunks[-1].usage.prompt_tokens, "the record is the SDK's usage")
     assert before >= 2
@@ -875,16 +897,22 @@ def test_a_stranger_can_neither_read_nor_set_the_gateways_counts(fleet, tmp_path
 
 
 STALLED = """
-import signal, sys, tempfile, time
+import os, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 from tests.test_gateway_limits import Fleet
 fleet = Fleet(Path(tempfile.mkdtemp(prefix="stall")), records_queue=int(sys.argv[1]))
 try:
     gw = fleet.gateways["gateway01"]
-    gw.service.send_signal(signal.SIGSTOP)  # the usage service held (a slow disk, a busy core)
+    # the usage service held, its readers with it (a slow disk, a busy core)
+    service = [gw.service.pid] + [int(p) for p in subprocess.run(["pgrep", "-P", str(gw.service.pid)],
+                                                                 capture_output=True, text=True).stdout.split()]
+    assert len(service) == 5, service  # the parent and its 4 readers
+    for pid in service:
+        os.kill(pid, signal.SIGSTOP)
     for _ in range(200):
         fleet.chat("spender", max_tokens=1)
-    gw.service.send_signal(signal.SIGCONT)
+    for pid in service:
+        os.kill(pid, signal.SIGCONT)
     time.sleep(1.5)
     dropped = next(line for line in gw.ask("show info").splitlines() if line.startswith("DroppedLogs:"))
     lost = next(line for line in gw.metrics().splitlines() if line.startswith("dgemma_usage_records_lost_total "))
@@ -1012,7 +1040,8 @@ def test_the_usage_service_counts_no_record_from_a_stranger(tmp_path):
     usage = usage_service.Usage(str(tmp_path / "state"), 30)
     senders = usage_service.Senders(str(folder / "admin.sock"))
     out = io.StringIO()
-    threading.Thread(target=usage_service.receive, args=(records, usage, out, senders), daemon=True).start()
+    deliver = usage_service.delivering_to(usage, out)
+    threading.Thread(target=usage_service.receive, args=(records, deliver, senders), daemon=True).start()
     line = ('x @record {"t_ms": "%d", "key": "k", "status": "200", "prompt_tokens": "10", '
             '"completion_tokens": "990", "path": "/v1/chat/completions"}' % (time.time() * 1000))
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -1030,4 +1059,79 @@ def test_the_usage_service_counts_no_record_from_a_stranger(tmp_path):
         sender.close()
         records.close()
         listener.close()
+        shutil.rmtree(folder)
+
+
+def test_the_usage_services_readers_share_the_records_and_one_that_ends_ends_the_service(tmp_path):
+    """The service as its unit runs it, with 3 readers: 3,000 records sent as fast as the socket
+    takes them are each counted once and written once (the kernel gives each datagram to one
+    reader), and the lines it read are counted; a reader killed ends the service with a line that
+    says so (systemd starts it again), and the other readers end with it (none left reading
+    records that no one counts)."""
+    folder = Path(tempfile.mkdtemp(prefix="readers", dir="/tmp"))
+    api = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # HAProxy's runtime API, this test's process
+    api.bind(str(folder / "admin.sock"))
+    api.listen(64)
+
+    def answer():
+        while True:
+            try:
+                conn, _ = api.accept()
+            except OSError:
+                return
+            with conn:
+                asked = conn.recv(65536).decode()
+                try:
+                    conn.sendall(f"Pid: {os.getpid()}\nDroppedLogs: 0\n".encode() if "show info" in asked else b"")
+                except OSError:
+                    pass
+    threading.Thread(target=answer, daemon=True).start()
+    port = _free_port()
+    out = open(tmp_path / "records.log", "w")
+    err = open(tmp_path / "service.log", "w")
+    service = subprocess.Popen([sys.executable, str(SERVICE), "--socket", str(folder / "usage.sock"), "--runtime-api",
+                                str(folder / "admin.sock"), "--state", str(tmp_path / "state"), "--limits",
+                                str(tmp_path / "limits.map"), "--listen", f"127.0.0.1:{port}", "--readers", "3"],
+                               stdout=out, stderr=err)
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        _until(lambda: (folder / "usage.sock").exists(), "the service bound its socket")
+        readers = [int(p) for p in subprocess.run(["pgrep", "-P", str(service.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+        assert len(readers) == 3, readers
+        for i in range(3000):
+            line = ('x @record {"t_ms": "%d", "key": "k%d", "status": "200", "prompt_tokens": "1", '
+                    '"completion_tokens": "2", "path": "/v1/chat/completions"}' % (time.time() * 1000, i % 2))
+            while True:
+                try:
+                    sender.sendto(line.encode(), str(folder / "usage.sock"))
+                    break
+                except OSError:  # the queue full for a moment: sent again, as no HAProxy would
+                    time.sleep(0.001)
+        sender.sendto(b"a line of HAProxy's that carries no record", str(folder / "usage.sock"))
+
+        def metrics() -> str:
+            import urllib.request
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+        _until(lambda: "dgemma_usage_records_read_total 3001" in metrics(), "every line read")
+        text = metrics()
+        assert 'dgemma_usage_requests_total{key="k0",user="",model="-"} 1500' in text, text
+        assert 'dgemma_key_tokens_today{key="k1",user=""} 4500' in text
+        out.flush()
+        written = [json.loads(line) for line in (tmp_path / "records.log").read_text().splitlines()]
+        assert len([r for r in written if "t" in r]) == 3000 \
+            and any(r.get("access") == "a line of HAProxy's that carries no record" for r in written)
+        # a reader ends: the service ends, the other readers with it
+        os.kill(readers[1], signal.SIGKILL)
+        assert service.wait(10) == 1
+        _until(lambda: not any(os.path.exists(f"/proc/{pid}") and
+                               open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z"
+                               for pid in readers), "the other readers ended")
+        assert f"the records reader {readers[1]} ended" in (tmp_path / "service.log").read_text()
+    finally:
+        if service.poll() is None:
+            service.kill()
+        sender.close()
+        api.close()
         shutil.rmtree(folder)

@@ -125,9 +125,10 @@ def prepare(folder: Path, replicas: int = 1):
         script = folder / name
         script.write_text(wrk_script(key, MODEL))
         script.chmod(0o600)
-    from roles.gateway.accounting import RECORDS_QUEUE, USAGE_NICE
+    from roles.gateway.accounting import RECORDS_QUEUE, USAGE_NICE, USAGE_READERS
     (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS,
-                                                  "records_queue": RECORDS_QUEUE, "usage_nice": USAGE_NICE}))
+                                                  "records_queue": RECORDS_QUEUE, "usage_nice": USAGE_NICE,
+                                                  "usage_readers": USAGE_READERS}))
 
 
 def _prepare_limits(folder: Path, digest: str, fleet_ca):
@@ -180,6 +181,25 @@ def usage_counts() -> tuple[int, int]:
     return total('dgemma_usage_requests_total{key="bench"'), total("dgemma_usage_records_lost_total")
 
 
+def usage_read() -> int:
+    """The lines the usage service read from the gateway's HAProxy (records, and lines of connections
+    that carried no request)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-usage']}/metrics", timeout=10) as resp:
+        return next((int(line.split()[1]) for line in resp.read().decode().splitlines()
+                     if line.startswith("dgemma_usage_records_read_total ")), 0)
+
+
+def requests_taken() -> int:
+    """The requests the gateway with limits took on its API front end (HAProxy's own count: each one
+    logged, and so a record sent, wrk's unanswered ones at the end of a row included)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-stats']}/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines
+                   if line.startswith('haproxy_frontend_http_requests_total{proxy="api"}')))
+
+
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -227,8 +247,9 @@ class Processes:
     """The stand-in replicas and both proxies, started for one pace and stopped after."""
 
     def __init__(self, folder: Path, pace: float | str | None, replicas: int, pins: dict | None = None,
-                 records_queue: int = 0, usage_nice: int = 0):
+                 records_queue: int = 0, usage_nice: int = 0, usage_readers: int = 0):
         self.folder, self.pace, self.replicas, self.procs, self.pins = folder, pace, replicas, [], pins or {}
+        self.usage_readers = usage_readers  # the usage service's --readers, as the role's unit sets it (0: its own)
         self.records_queue = records_queue  # the usage service's --records-queue (0: the host's as it is)
         self.usage_nice = usage_nice  # and its unit's Nice= (as root alone: a user cannot go below 0)
 
@@ -274,7 +295,8 @@ class Processes:
                               # the records' queue the role's unit asks for (written by `prepare`); as
                               # root alone, as there
                               *(["--records-queue", str(self.records_queue)]
-                                if self.records_queue and os.geteuid() == 0 else [])],
+                                if self.records_queue and os.geteuid() == 0 else []),
+                              *(["--readers", str(self.usage_readers)] if self.usage_readers else [])],
                     {}, PORTS["limits-usage"], pin_as="gateway",
                     nice=self.usage_nice if os.geteuid() == 0 else 0)
         self._start("gateway-limits", ["haproxy", "-W", "-db", "-f", str(limits / "haproxy.cfg")],
@@ -352,7 +374,7 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
     counts = []
     for pace_name, pace in (paces or PACES).items():
         with Processes(folder, pace, plan["replicas"], pins, plan.get("records_queue", 0),
-                       plan.get("usage_nice", 0)):
+                       plan.get("usage_nice", 0), plan.get("usage_readers", 0)):
             answered = 0  # by the gateway with limits, warm-ups included: what its usage service must count
             for concurrency in levels:
                 for number in range(1, rounds + 1):
@@ -375,9 +397,11 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
             time.sleep(2)  # the last records reach the usage service
             time.sleep(1.5)  # the service has read HAProxy's count of records it dropped (every 0.5 s)
             counted, lost = usage_counts()
-            counts.append({"pace": pace_name, "answered": answered, "counted": counted, "lost": lost})
-            print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), its usage service "
-                  f"counted {counts[-1]['counted']}, lost {counts[-1]['lost']}", flush=True)
+            taken, read = requests_taken(), usage_read()
+            counts.append({"pace": pace_name, "answered": answered, "counted": counted, "lost": lost, "taken": taken,
+                           "read": read})
+            print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), took {taken} (its "
+                  f"HAProxy), its usage service counted {counted}, read {read} lines, lost {lost}", flush=True)
     return {"counts": counts, "machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
             "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows,
             "pinned": {k: sorted(v) for k, v in pins.items()} if pins else None}
@@ -451,7 +475,18 @@ def limits_table(result: dict) -> str:
                      f"{_median([(r['p50_us'] - b['p50_us']) / 1000 for r, b in pairs]):+.3f} | "
                      f"{_median([(r['p99_us'] - b['p99_us']) / 1000 for r, b in pairs]):+.3f} |")
     for count in result.get("counts", []):
-        lost = count.get("lost")
+        lost, taken = count.get("lost"), count.get("taken")
+        if taken:
+            # HAProxy's own count: every request it took is logged, so a record sent (or dropped)
+            missed = taken - count["counted"] - (lost or 0)
+            lines.append(f"\n{count['pace']}: the gateway with limits took {taken} requests (its HAProxy's count, "
+                         f"warm-ups included; wrk's answered {count['answered']}); its usage service counted "
+                         f"{count['counted']} ({100 * count['counted'] / taken:.2f}%)"
+                         + (f"; it read {count['read']} lines of HAProxy's in all" if count.get("read") else "")
+                         + (f"; HAProxy dropped {lost} lines (a full socket queue), which the service counts as "
+                            f"lost (dgemma_usage_records_lost_total)" if lost else "")
+                         + (f"; {missed} neither counted nor counted lost" if missed > 0 else "") + ".")
+            continue
         missed = count["answered"] - count["counted"]
         lines.append(f"\n{count['pace']}: the gateway with limits answered {count['answered']} requests (wrk's count, "
                      f"warm-ups included); its usage service counted {count['counted']}"
@@ -499,7 +534,8 @@ def write(results: list[dict]):
              f"*at once*: time per step 0, so the rows show what each layer holds at saturation (the stand-in, one "
              f"Python event loop, is then the limit of the direct row); *no cost*: in the stand-in's place an HAProxy "
              f"that answers a fixed completion with its usage at once, so that only the proxies cost anything and "
-             f"their own saturation shows (the usage service is started with the role's records queue, 4096, and its unit's niceness, -10). "
+             f"their own saturation shows (the usage service is started as its unit starts it: records queue 4096, "
+             f"niceness -10, 4 reader processes). "
              f"*Added* is the path minus the direct call at "
              f"the same pace and concurrency; *CPU idle* is the whole machine's during the row. Runs with `--pin` put "
              f"each part on CPUs of its own. Where a run has them, the proxies' access-log timers say where the "

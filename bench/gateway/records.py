@@ -32,12 +32,27 @@ def cpu_seconds(pid: int, task: str | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def family_cpu_seconds(pid: int) -> float:
+    """A process's CPU seconds and its children's (the usage service's readers)."""
+    total = cpu_seconds(pid)
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != str(pid):
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if f.read().rpartition(")")[2].split()[1] == str(pid):
+                        total += cpu_seconds(int(name))
+            except (OSError, IndexError, ValueError):
+                pass  # ended between the listing and the read
+    return total
+
+
 def sample(pid: int, rows: list, stop: threading.Event, every: float = 0.5):
-    """(seconds since the start, the service's cores over the interval, counted, lost) each ``every``."""
+    """(seconds since the start, the service's cores over the interval (its readers' included), counted, lost)
+    each ``every``."""
     started = last_t = time.monotonic()
-    last_cpu, last_counts = cpu_seconds(pid), loopback.usage_counts()
+    last_cpu, last_counts = family_cpu_seconds(pid), loopback.usage_counts()
     while not stop.wait(every):
-        now, used, counts = time.monotonic(), cpu_seconds(pid), loopback.usage_counts()
+        now, used, counts = time.monotonic(), family_cpu_seconds(pid), loopback.usage_counts()
         rows.append((now - started, (used - last_cpu) / (now - last_t), counts[0] - last_counts[0],
                      counts[1] - last_counts[1]))
         last_t, last_cpu, last_counts = now, used, counts
@@ -53,7 +68,7 @@ def main():
     plan = json.loads((folder / "plan.json").read_text())
     url = f"https://127.0.0.1:{loopback.PORTS['limits']}/v1/chat/completions"
     with loopback.Processes(folder, loopback.NO_COST, 1, None, plan.get("records_queue", 0),
-                            plan.get("usage_nice", 0)) as processes:
+                            plan.get("usage_nice", 0), plan.get("usage_readers", 0)) as processes:
         service = next(p for p in processes.procs if str(loopback.USAGE_SERVICE) in p.args)
         rows, stop = [], threading.Event()
         sampler = threading.Thread(target=sample, args=(service.pid, rows, stop))
@@ -70,6 +85,9 @@ def main():
                   f"lost {min((r[3] for r in busy), default=0)}-{max((r[3] for r in busy), default=0)}", flush=True)
         stop.set()
         sampler.join()
+        counted, lost = loopback.usage_counts()
+        print(f"in all: the gateway's HAProxy took {loopback.requests_taken()} requests; the service counted "
+              f"{counted}, read {loopback.usage_read()} lines of HAProxy's; HAProxy dropped {lost} lines", flush=True)
         threads = {task: cpu_seconds(service.pid, task) for task in os.listdir(f"/proc/{service.pid}/task")}
     print("seconds, service cores, counted, lost")
     for row in rows:

@@ -1,6 +1,7 @@
 # shellcheck shell=dash
 # `invoke logs --requests` (day2/usage.py): the gateway's request records (the usage service's
-# journal lines of RECORDS_ID that are JSON), since SINCE (journalctl's --since) or else the last
+# journal lines of RECORDS_ID that are JSON records, each beginning with its "t"; an access line alone,
+# of a health check or a scrape, begins with "time"), since SINCE (journalctl's --since) or else the last
 # LINES, and of one key alone when KEY_NEEDLE (its `"key":"NAME",`) is set. Parameters:
 # RECORDS_ID, SINCE, KEY_NEEDLE, LINES.
 journal() {
@@ -12,5 +13,5 @@ journal() {
 }
 of_key() { if [ -n "$KEY_NEEDLE" ]; then grep -F -- "$KEY_NEEDLE"; else cat; fi; }
 last() { if [ -n "$SINCE" ]; then cat; else tail -n "$LINES"; fi; }
-journal | grep '^{' | of_key | last
+journal | grep '^{"t":' | of_key | last
 true

@@ -6,16 +6,23 @@ front end's user) and model family in /var/lib/dgemma/usage/DAY.json, adds each 
 to the gateways' shared table `tokens_day` (HAProxy 2.6 cannot add to a stick-table counter
 itself), puts the day's counts back there when HAProxy has lost them (a restart), and shows
 its counts to Prometheus on loopback (/metrics, which the gateway's /metrics/usage passes on).
+Several reader processes share the records' socket (one Python thread reads about 20,000 records a
+second); this one takes their batches, writes their lines and holds the counts.
 
 Python's standard library only: it runs on the gateway host as root (HAProxy's runtime API is
 root's alone), with what systemd's sandbox leaves it (the unit)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
+import fcntl
 import http.server
 import json
+import multiprocessing.connection
 import os
+import pickle
+import signal
 import socket
 import struct
 import sys
@@ -36,6 +43,7 @@ REFUSED = (401, 403, 429)
 MARK = "@counts:"
 ALL_USERS = "*"  # KEY/*: a front end's count over all its users (gateway.cfg.j2 reads it under that name)
 RECORD_LINE = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps(separators=) makes one a call
+READERS = 4  # reader processes, when the unit names no number (--readers)
 TOKENS, MINUTES = "tokens_day", "requests_minute"  # HAProxy's tables: subject:day, subject:minute  # the gateway's own answers to a key's limits
 
 
@@ -141,6 +149,55 @@ def unix_day(day: str) -> int:
     return int(datetime.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=datetime.timezone.utc).timestamp()) // DAY_S
 
 
+class Tally:
+    """What one reader of the records counted since it last handed them over (to Usage.merge): the
+    counts per (day, subject, family), in COUNTS' order; the tokens per (day, subject); each
+    subject's place in its minute; the records refused. Small whatever the records' number, so that
+    a reader hands over a batch of thousands as a few entries."""
+
+    __slots__ = ("usage", "tokens", "minutes", "refused", "read")
+
+    def __init__(self):
+        self.usage: dict[tuple[str, str, str], list[int]] = {}
+        self.tokens: dict[tuple[str, str], int] = {}
+        self.minutes: dict[str, int] = {}
+        self.refused = 0
+        self.read = 0  # HAProxy's lines taken: records, and those of connections that carried no request
+
+    def add(self, record: dict):
+        subject = record["subject"]
+        if not subject:
+            return
+        if record["rpm_n"] and record["minute"]:
+            key = f"{subject}:{record['minute']}"
+            if record["rpm_n"] > self.minutes.get(key, 0):
+                self.minutes[key] = record["rpm_n"]
+        day = day_of(record["t"])
+        prompt, completion = record["prompt_tokens"], record["completion_tokens"]
+        upstream = record["pool"] == "upstream"
+        status = record["status"] or 0
+        counts = self.usage.get((day, subject, family_of(record)))
+        if counts is None:
+            counts = self.usage[(day, subject, family_of(record))] = [0] * len(COUNTS)
+        # COUNTS' order: requests, prompt_tokens, completion_tokens, errors, refused, fallbacks,
+        # upstream_requests, upstream_prompt_tokens, upstream_completion_tokens
+        counts[0] += 1
+        counts[1] += prompt
+        counts[2] += completion
+        counts[3] += (status >= 400 or status <= 0) and status not in REFUSED
+        counts[4] += status in REFUSED
+        counts[5] += bool(record["fallback"])
+        if upstream:
+            counts[6] += 1
+            counts[7] += prompt
+            counts[8] += completion
+        if prompt or completion:
+            self.tokens[(day, subject)] = self.tokens.get((day, subject), 0) + prompt + completion
+
+    def __bool__(self) -> bool:
+        return bool(self.usage or self.minutes or self.refused or self.read)
+
+
 class Usage:
     """The counts, per day: usage[subject][family][count], and spent[subject] (the tokens the
     gateways' table charges against the subject's daily budget)."""
@@ -156,6 +213,7 @@ class Usage:
         # its tokens go uncharged): the workers that ended, and the one that runs (pid, count)
         self.lost_before, self.lost_now = 0, (None, 0)
         self.refused = 0  # records from a process that is not HAProxy's (Senders): not counted
+        self.read = 0  # lines read from HAProxy (each record, and any line of its that carries none)
         self.charged = threading.Event()  # tokens to tell the table: it is told at once, not at the next tick
         os.makedirs(folder, mode=0o750, exist_ok=True)
         oldest = day_of(time.time() - retention_days * DAY_S)
@@ -177,43 +235,34 @@ class Usage:
     def _day(self, day: str) -> dict:
         return self.days.setdefault(day, {"usage": {}, "spent": {}})
 
-    def add(self, record: dict):
-        if not record["subject"]:
-            return
-        if record.get("rpm_n") and record.get("minute"):
-            key = f"{record['subject']}:{record['minute']}"
-            with self.lock:
-                self.minutes[key] = max(self.minutes.get(key, 0), record["rpm_n"])
-        day = day_of(record["t"])
-        tokens = record["prompt_tokens"] + record["completion_tokens"]
-        upstream = record["pool"] == "upstream"
-        status = record["status"] or 0
+    def merge(self, tally: "Tally"):
+        """What a reader counted since it last handed over (its Tally) into the day's counts."""
         with self.lock:
-            data = self._day(day)
-            counts = data["usage"].setdefault(record["subject"], {}).setdefault(family_of(record),
-                                                                                dict.fromkeys(COUNTS, 0))
-            counts["requests"] += 1
-            counts["prompt_tokens"] += record["prompt_tokens"]
-            counts["completion_tokens"] += record["completion_tokens"]
-            counts["refused"] += status in REFUSED
-            counts["errors"] += (status >= 400 or status <= 0) and status not in REFUSED
-            counts["fallbacks"] += bool(record["fallback"])
-            counts["upstream_requests"] += upstream
-            counts["upstream_prompt_tokens"] += record["prompt_tokens"] if upstream else 0
-            counts["upstream_completion_tokens"] += record["completion_tokens"] if upstream else 0
-            if tokens:
+            for key, n in tally.minutes.items():
+                if n > self.minutes.get(key, 0):
+                    self.minutes[key] = n
+            for (day, subject, family), counts in tally.usage.items():
+                into = self._day(day)["usage"].setdefault(subject, {}).setdefault(family, dict.fromkeys(COUNTS, 0))
+                for name, n in zip(COUNTS, counts):
+                    into[name] = into.get(name, 0) + n
+                self.dirty.add(day)
+            for (day, subject), tokens in tally.tokens.items():
                 # a front end's user's answer counts for the user, and for the front end as a whole
                 # (KEY/*: the gateway's cap over all its users; no user is named *)
-                key, _, user = record["subject"].partition("/")
-                for subject in (record["subject"], f"{key}/{ALL_USERS}") if user else (record["subject"],):
-                    data["spent"][subject] = data["spent"].get(subject, 0) + tokens
-                    self.pending[(day, subject)] = self.pending.get((day, subject), 0) + tokens
-                self.charged.set()
-            self.dirty.add(day)
+                key, _, user = subject.partition("/")
+                spent = self._day(day)["spent"]
+                for charged in (subject, f"{key}/{ALL_USERS}") if user else (subject,):
+                    spent[charged] = spent.get(charged, 0) + tokens
+                    self.pending[(day, charged)] = self.pending.get((day, charged), 0) + tokens
+            self.refused += tally.refused
+            self.read += tally.read
+        if tally.tokens:
+            self.charged.set()
 
-    def note_refused(self):
-        with self.lock:
-            self.refused += 1
+    def add(self, record: dict):
+        tally = Tally()
+        tally.add(record)
+        self.merge(tally)
 
     def note_lost(self, pid: int, dropped: int):
         """HAProxy's DroppedLogs as its worker ``pid`` counts them (from 0 for each new worker)."""
@@ -312,7 +361,7 @@ class Usage:
                             into[name] += counts.get(name, 0)
             spent = dict(self._day(today)["spent"]) if today in self.days else {}
             lost = self.lost_before + self.lost_now[1]
-            refused = self.refused
+            refused, read = self.refused, self.read
         label = lambda **kv: ",".join(f'{k}="{esc(v)}"' for k, v in kv.items())  # noqa: E731
         lines = []
         for name in COUNTS:
@@ -329,6 +378,9 @@ class Usage:
         lines += ["# HELP dgemma_usage_records_refused_total Records sent to the usage service by a local process "
                   "that is not the gateway's HAProxy: not counted", "# TYPE dgemma_usage_records_refused_total counter",
                   f"dgemma_usage_records_refused_total {refused}"]
+        lines += ["# HELP dgemma_usage_records_read_total Lines the usage service read from the gateway's HAProxy: "
+                  "a record each request's, and a line of each connection that carried none",
+                  "# TYPE dgemma_usage_records_read_total counter", f"dgemma_usage_records_read_total {read}"]
         wholes = {s: n for s, n in spent.items() if s.endswith(f"/{ALL_USERS}")}
         for subject, n in sorted(spent.items()):
             key, _, user = subject.partition("/")
@@ -507,33 +559,137 @@ class Senders:
         return False
 
 
-def receive(sock: socket.socket, usage: Usage, records, senders: Senders | None = None):
-    """Each record as it comes: its sender checked, its line written out, its counts added. The
-    lines are written as a batch once the socket holds no more (not one write a record: a busy
-    gateway sends tens of thousands a second, and HAProxy drops what the socket cannot queue)."""
+BATCH = 512  # records a reader hands over at most at once (sooner when the socket holds no more)
+
+
+def receive(sock: socket.socket, deliver, senders: Senders | None = None, batch: int = BATCH):
+    """Each record as it comes: its sender checked, its line made, its counts added to a Tally;
+    the lines and the tally go to ``deliver(lines, tally)`` once the socket holds no more, or every
+    ``batch`` records (not a write a record: a busy gateway sends tens of thousands a second, and
+    HAProxy drops what the socket cannot queue). Several readers may share ``sock``: the kernel
+    gives each datagram to one of them."""
     space = socket.CMSG_SPACE(UCRED.size)
-    waiting = False
+    waiting, lines, tally, n = False, [], Tally(), 0
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(65536, space, 0 if waiting else socket.MSG_DONTWAIT)
         except BlockingIOError:
-            records.flush()
+            if n:
+                deliver("".join(lines), tally)
+                lines, tally, n = [], Tally(), 0
             waiting = True
             continue
         waiting = False
+        n += 1
+        if n >= batch:
+            deliver("".join(lines), tally)
+            lines, tally, n = [], Tally(), 1
         if senders is not None:
             sender = next((UCRED.unpack(d[:UCRED.size])[0] for level, kind, d in ancillary
                            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
             if sender is None or not senders.allows(sender):
-                usage.note_refused()
+                tally.refused += 1
                 continue
-        record = record_of(data.decode(errors="replace"))
-        if record is None:
+        tally.read += 1
+        line = data.decode(errors="replace")
+        record = record_of(line)
+        if record is None:  # a line of HAProxy's with no record (its own message): kept as it came
+            lines.append(RECORD_LINE.encode({"time": time_of(time.time()), "access": line.rstrip("\n")}) + "\n")
             continue
+        # HAProxy's access-log part (client, timers, flags, request line): the journal's only copy (the
+        # gateway's front end logs nowhere else: gateway.cfg.j2 says why)
+        access = line[:line.find(RECORD)]
         if record["subject"] or record["path"].startswith("/v1/"):
-            record["time"] = time_of(record["t"])
-            records.write(RECORD_LINE.encode(record) + "\n")
-        usage.add(record)
+            record["time"], record["access"] = time_of(record["t"]), access
+            lines.append(RECORD_LINE.encode(record) + "\n")
+        else:  # no key's and no API's (a health check, a scrape): its access line alone
+            lines.append(RECORD_LINE.encode({"time": time_of(record["t"]), "access": access}) + "\n")
+        tally.add(record)
+
+
+def delivering_to(usage: Usage, out):
+    """``deliver`` for receive() in this process: the lines to ``out``, the counts into ``usage``."""
+    def deliver(lines: str, tally: Tally):
+        if lines:
+            out.write(lines)
+            out.flush()
+        usage.merge(tally)
+    return deliver
+
+
+PR_SET_PDEATHSIG = 1
+F_SETPIPE_SZ, PIPE_SIZE = 1031, 1 << 20  # fcntl's; the kernel's fs.pipe-max-size by default
+
+
+def read_records(sock: socket.socket, to_parent, runtime_api: str, parent: int):
+    """A reader process: the records it takes from ``sock`` go to its parent (``to_parent``, a
+    pipe's end) as batches, each its lines and its Tally's parts pickled. It ends with its parent
+    (the kernel kills it then: a reader left behind would take records no one counts)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent ended before the kernel was told
+        os._exit(0)
+
+    def deliver(lines: str, tally: Tally):
+        to_parent.send_bytes(pickle.dumps((lines, tally.usage, tally.tokens, tally.minutes, tally.refused,
+                                           tally.read),
+                                          pickle.HIGHEST_PROTOCOL))
+    receive(sock, deliver, Senders(runtime_api))
+
+
+def start_readers(sock: socket.socket, count: int, runtime_api: str) -> dict:
+    """``count`` reader processes sharing ``sock`` (one Python thread reads about 20,000 records a
+    second: a busy gateway sends more). Made before this process starts a thread (a fork copies
+    only the thread that forks). Returns each one's pipe end -> its pid."""
+    readers, parent = {}, os.getpid()
+    for _ in range(count):
+        receiving, sending = multiprocessing.connection.Pipe(duplex=False)
+        try:
+            # a batch whole in the pipe (its default 64 KiB holds about 100 records' lines): the
+            # reader goes back to the socket while this process writes the last batch out
+            fcntl.fcntl(sending.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass  # fs.pipe-max-size below it: the default, a reader waiting sooner
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                receiving.close()
+                for other in readers:
+                    other.close()
+                read_records(sock, sending, runtime_api, parent)
+            except BaseException as exc:  # noqa: BLE001 - said, then the parent sees the pipe close
+                if not isinstance(exc, (KeyboardInterrupt, BrokenPipeError)):
+                    log(f"usage: a records reader failed: {exc!r}")
+            finally:
+                os._exit(status)
+        sending.close()
+        readers[receiving] = pid
+    return readers
+
+
+def collect(readers: dict, usage: Usage, out) -> int:
+    """The readers' batches as they come: their lines to ``out`` (the journal), their counts into
+    ``usage``. A reader that ends ends the service, which systemd starts again (its share of the
+    records would otherwise queue unread, then be lost)."""
+    while True:
+        for conn in multiprocessing.connection.wait(list(readers)):
+            try:
+                lines, *parts = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                pid = readers[conn]
+                _, status = os.waitpid(pid, 0)
+                log(f"usage: the records reader {pid} ended ({'status ' + str(os.waitstatus_to_exitcode(status))}): "
+                    f"the service ends, and systemd starts it again")
+                return 1
+            tally = Tally()
+            tally.usage, tally.tokens, tally.minutes, tally.refused, tally.read = parts
+            if lines:
+                out.write(lines)
+                out.flush()
+            usage.merge(tally)
 
 
 def keep_table(usage: Usage, api: RuntimeApi, interval: float, merge_every: float, batch: float = 0.005):
@@ -630,9 +786,13 @@ def main(argv=None) -> int:
     p.add_argument("--retention-days", type=int, default=400)
     p.add_argument("--records-queue", type=int, default=0,
                    help="the records' socket queue depth to raise net.unix.max_dgram_qlen to (0: leave it)")
+    p.add_argument("--readers", type=int, default=READERS,
+                   help="processes that read the records (one reads about 20,000 a second)")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between two updates of the table")
     p.add_argument("--merge-every", type=float, default=0.5, help="seconds between two reads of the table")
     args = p.parse_args(argv)
+    if not 1 <= args.readers <= 64:
+        p.error(f"--readers {args.readers}: from 1 to 64")
     usage = Usage(args.state, args.retention_days)
     if args.records_queue:
         deepen_records_queue(args.records_queue)
@@ -648,12 +808,13 @@ def main(argv=None) -> int:
     # HAProxy's workers (its own user, in their container) write here; no one reads it but this service,
     # and it takes records from HAProxy's processes alone (Senders)
     os.chmod(args.socket, 0o622)
+    readers = start_readers(sock, args.readers, args.runtime_api)
+    sock.close()  # the readers hold it
     api = RuntimeApi(args.runtime_api)
     threading.Thread(target=keep_table, args=(usage, api, args.interval, args.merge_every), daemon=True).start()
     threading.Thread(target=serve_metrics, args=(args.listen, usage, args.limits), daemon=True).start()
-    log(f"usage: records from {args.socket}, counts in {args.state}, /metrics on {args.listen}")
-    receive(sock, usage, sys.stdout, Senders(args.runtime_api))
-    return 0
+    log(f"usage: records from {args.socket} ({args.readers} readers), counts in {args.state}, /metrics on {args.listen}")
+    return collect(readers, usage, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -204,8 +204,11 @@ class Gateway:
     def records(self) -> list[dict]:
         """The records in the order they were answered, as `invoke logs --requests` gives them (the
         service's readers write each its own as it reads them: the file's order is theirs)."""
-        lines = (json.loads(line) for line in (self.dir / "records.log").read_text().splitlines() if line.strip())
-        return sorted((r for r in lines if "t" in r), key=lambda r: r["t"])  # an access line alone has no "t"
+        return sorted((r for r in self._journal() if "t" in r), key=lambda r: r["t"])  # an access line alone has no "t"
+
+    def _journal(self) -> list[dict]:
+        """Every line the usage service wrote: the records, and access lines alone."""
+        return [json.loads(line) for line in (self.dir / "records.log").read_text().splitlines() if line.strip()]
 
     def settled_count(self) -> int:
         """The records once the last request's has come (the service's readers hand theirs over each
@@ -220,8 +223,7 @@ class Gateway:
 
     def access_lines(self) -> list[str]:
         """HAProxy's access lines of what carried no record worth one (a health check, a scrape)."""
-        return [r["access"] for r in (json.loads(line) for line in (self.dir / "records.log").read_text().splitlines()
-                                      if line.strip()) if "t" not in r]
+        return [r["access"] for r in self._journal() if "t" not in r]
 
     def metrics(self) -> str:
         import urllib.request

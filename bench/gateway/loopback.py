@@ -168,36 +168,30 @@ def _prepare_limits(folder: Path, digest: str, fleet_ca):
         path.chmod(0o600)
 
 
-def usage_counts() -> tuple[int, int]:
+def _metrics(port: str) -> list[str]:
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[port]}/metrics", timeout=10) as resp:
+        return resp.read().decode().splitlines()
+
+
+def _total(lines: list[str], prefix: str) -> int:
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)))
+
+
+def usage_counts() -> tuple[int, int, int]:
     """From the usage service's /metrics: the requests it counted for the bench key (every gateway
-    record), and the records HAProxy could not deliver to it (its DroppedLogs, which the service
-    counts as lost)."""
-    import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-usage']}/metrics", timeout=10) as resp:
-        lines = resp.read().decode().splitlines()
-
-    def total(prefix: str) -> int:
-        return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)))
-    return total('dgemma_usage_requests_total{key="bench"'), total("dgemma_usage_records_lost_total")
-
-
-def usage_read() -> int:
-    """The lines the usage service read from the gateway's HAProxy (records, and lines of connections
-    that carried no request)."""
-    import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-usage']}/metrics", timeout=10) as resp:
-        return next((int(line.split()[1]) for line in resp.read().decode().splitlines()
-                     if line.startswith("dgemma_usage_records_read_total ")), 0)
+    record), the records HAProxy could not deliver to it (its DroppedLogs, which the service counts
+    as lost), and the lines it read from HAProxy (records, and lines of connections that carried no
+    request)."""
+    lines = _metrics("limits-usage")
+    return (_total(lines, 'dgemma_usage_requests_total{key="bench"'), _total(lines, "dgemma_usage_records_lost_total"),
+            _total(lines, "dgemma_usage_records_read_total"))
 
 
 def requests_taken() -> int:
     """The requests the gateway with limits took on its API front end (HAProxy's own count: each one
     logged, and so a record sent, wrk's unanswered ones at the end of a row included)."""
-    import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['limits-stats']}/metrics", timeout=10) as resp:
-        lines = resp.read().decode().splitlines()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines
-                   if line.startswith('haproxy_frontend_http_requests_total{proxy="api"}')))
+    return _total(_metrics("limits-stats"), 'haproxy_frontend_http_requests_total{proxy="api"}')
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
@@ -396,8 +390,7 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
                               f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
             time.sleep(2)  # the last records reach the usage service
             time.sleep(1.5)  # the service has read HAProxy's count of records it dropped (every 0.5 s)
-            counted, lost = usage_counts()
-            taken, read = requests_taken(), usage_read()
+            (counted, lost, read), taken = usage_counts(), requests_taken()
             counts.append({"pace": pace_name, "answered": answered, "counted": counted, "lost": lost, "taken": taken,
                            "read": read})
             print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), took {taken} (its "

@@ -24,12 +24,19 @@ from bench.gateway import loopback  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(path: str) -> list[str]:
+    """A /proc stat's fields after the command's name (state, ppid, ...)."""
+    with open(path) as f:
+        return f.read().rpartition(")")[2].split()
+
+
+def _cpu(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def cpu_seconds(pid: int, task: str | None = None) -> float:
     """The user and system CPU seconds of a process (or one of its threads)."""
-    path = f"/proc/{pid}/task/{task}/stat" if task else f"/proc/{pid}/stat"
-    with open(path) as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return _cpu(_stat(f"/proc/{pid}/task/{task}/stat" if task else f"/proc/{pid}/stat"))
 
 
 def family_cpu_seconds(pid: int) -> float:
@@ -38,9 +45,9 @@ def family_cpu_seconds(pid: int) -> float:
     for name in os.listdir("/proc"):
         if name.isdigit() and name != str(pid):
             try:
-                with open(f"/proc/{name}/stat") as f:
-                    if f.read().rpartition(")")[2].split()[1] == str(pid):
-                        total += cpu_seconds(int(name))
+                fields = _stat(f"/proc/{name}/stat")
+                if fields[1] == str(pid):
+                    total += _cpu(fields)
             except (OSError, IndexError, ValueError):
                 pass  # ended between the listing and the read
     return total
@@ -85,9 +92,9 @@ def main():
                   f"lost {min((r[3] for r in busy), default=0)}-{max((r[3] for r in busy), default=0)}", flush=True)
         stop.set()
         sampler.join()
-        counted, lost = loopback.usage_counts()
+        counted, lost, read = loopback.usage_counts()
         print(f"in all: the gateway's HAProxy took {loopback.requests_taken()} requests; the service counted "
-              f"{counted}, read {loopback.usage_read()} lines of HAProxy's; HAProxy dropped {lost} lines", flush=True)
+              f"{counted}, read {read} lines of HAProxy's; HAProxy dropped {lost} lines", flush=True)
         threads = {task: cpu_seconds(service.pid, task) for task in os.listdir(f"/proc/{service.pid}/task")}
     print("seconds, service cores, counted, lost")
     for row in rows:

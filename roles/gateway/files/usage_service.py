@@ -176,9 +176,10 @@ class Tally:
         prompt, completion = record["prompt_tokens"], record["completion_tokens"]
         upstream = record["pool"] == "upstream"
         status = record["status"] or 0
-        counts = self.usage.get((day, subject, family_of(record)))
+        at = (day, subject, family_of(record))
+        counts = self.usage.get(at)
         if counts is None:
-            counts = self.usage[(day, subject, family_of(record))] = [0] * len(COUNTS)
+            counts = self.usage[at] = [0] * len(COUNTS)
         # COUNTS' order: requests, prompt_tokens, completion_tokens, errors, refused, fallbacks,
         # upstream_requests, upstream_prompt_tokens, upstream_completion_tokens
         counts[0] += 1
@@ -193,9 +194,6 @@ class Tally:
             counts[8] += completion
         if prompt or completion:
             self.tokens[(day, subject)] = self.tokens.get((day, subject), 0) + prompt + completion
-
-    def __bool__(self) -> bool:
-        return bool(self.usage or self.minutes or self.refused or self.read)
 
 
 class Usage:
@@ -258,11 +256,6 @@ class Usage:
             self.read += tally.read
         if tally.tokens:
             self.charged.set()
-
-    def add(self, record: dict):
-        tally = Tally()
-        tally.add(record)
-        self.merge(tally)
 
     def note_lost(self, pid: int, dropped: int):
         """HAProxy's DroppedLogs as its worker ``pid`` counts them (from 0 for each new worker)."""
@@ -623,7 +616,7 @@ F_SETPIPE_SZ, PIPE_SIZE = 1031, 1 << 20  # fcntl's; the kernel's fs.pipe-max-siz
 
 def read_records(sock: socket.socket, to_parent, runtime_api: str, parent: int):
     """A reader process: the records it takes from ``sock`` go to its parent (``to_parent``, a
-    pipe's end) as batches, each its lines and its Tally's parts pickled. It ends with its parent
+    pipe's end) as batches, each its lines and its Tally pickled. It ends with its parent
     (the kernel kills it then: a reader left behind would take records no one counts)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -633,9 +626,7 @@ def read_records(sock: socket.socket, to_parent, runtime_api: str, parent: int):
         os._exit(0)
 
     def deliver(lines: str, tally: Tally):
-        to_parent.send_bytes(pickle.dumps((lines, tally.usage, tally.tokens, tally.minutes, tally.refused,
-                                           tally.read),
-                                          pickle.HIGHEST_PROTOCOL))
+        to_parent.send_bytes(pickle.dumps((lines, tally), pickle.HIGHEST_PROTOCOL))
     receive(sock, deliver, Senders(runtime_api))
 
 
@@ -654,7 +645,6 @@ def start_readers(sock: socket.socket, count: int, runtime_api: str) -> dict:
             pass  # fs.pipe-max-size below it: the default, a reader waiting sooner
         pid = os.fork()
         if pid == 0:
-            status = 1
             try:
                 receiving.close()
                 for other in readers:
@@ -664,7 +654,7 @@ def start_readers(sock: socket.socket, count: int, runtime_api: str) -> dict:
                 if not isinstance(exc, (KeyboardInterrupt, BrokenPipeError)):
                     log(f"usage: a records reader failed: {exc!r}")
             finally:
-                os._exit(status)
+                os._exit(1)
         sending.close()
         readers[receiving] = pid
     return readers
@@ -674,22 +664,18 @@ def collect(readers: dict, usage: Usage, out) -> int:
     """The readers' batches as they come: their lines to ``out`` (the journal), their counts into
     ``usage``. A reader that ends ends the service, which systemd starts again (its share of the
     records would otherwise queue unread, then be lost)."""
+    deliver = delivering_to(usage, out)
     while True:
         for conn in multiprocessing.connection.wait(list(readers)):
             try:
-                lines, *parts = pickle.loads(conn.recv_bytes())
+                lines, tally = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 pid = readers[conn]
                 _, status = os.waitpid(pid, 0)
-                log(f"usage: the records reader {pid} ended ({'status ' + str(os.waitstatus_to_exitcode(status))}): "
+                log(f"usage: the records reader {pid} ended (status {os.waitstatus_to_exitcode(status)}): "
                     f"the service ends, and systemd starts it again")
                 return 1
-            tally = Tally()
-            tally.usage, tally.tokens, tally.minutes, tally.refused, tally.read = parts
-            if lines:
-                out.write(lines)
-                out.flush()
-            usage.merge(tally)
+            deliver(lines, tally)
 
 
 def keep_table(usage: Usage, api: RuntimeApi, interval: float, merge_every: float, batch: float = 0.005):

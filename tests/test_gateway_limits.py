@@ -526,18 +526,21 @@ def test_a_request_whose_client_leaves_gives_its_reservation_back(fleet):
 
 def test_a_responses_stream_cut_before_its_usage_is_charged_what_it_reserved(fleet):
     """vLLM's Responses stream carries its usage in its last event alone: one cut before it says
-    nothing of what it cost, and is charged its reservation (its max_output_tokens)."""
+    nothing of what it cost, and is charged the most it could have: its reservation (its
+    max_output_tokens) and, for its prompt, its request's body in bytes."""
     day = int(time.time()) // 86400
     table = lambda: fleet.gateways["gateway01"].table("tokens_day").get(f"cutter:{day}", 0)  # noqa: E731
     ask = {"model": "diffusiongemma", "input": "hello", "max_output_tokens": 10, "stream": True}
     status, body, _ = fleet.call("gateway01", "POST", "/v1/responses", "cutter", ask)
     assert status == 200 and "response.completed" in body, body
     _until(lambda: table() == 3 + 10, "the whole stream charged its usage")
-    status, body, _ = fleet.call("gateway01", "POST", "/v1/responses", "cutter", {**ask, "cut_after": 3, "linger": 0.2})
+    cut = {**ask, "cut_after": 3, "linger": 0.2}
+    status, body, _ = fleet.call("gateway01", "POST", "/v1/responses", "cutter", cut)
     assert body.count("event: response.output_text.delta") == 3 and "response.completed" not in body, body
-    _until(lambda: table() == 3 + 10 + 10, "the cut stream charged what it reserved")
+    sent = len(json.dumps(cut).encode())
+    _until(lambda: table() == 3 + 10 + sent + 10, "the cut stream charged what it reserved and its body")
     records = [r for r in fleet.gateways["gateway01"].records() if r.get("key") == "cutter"]
-    assert [r["completion_tokens"] for r in records] == [10, 10], records
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(3, 10), (sent, 10)], records
 
 
 def test_an_external_apis_stream_that_says_no_usage_is_charged_what_it_reserved(fleet):
@@ -551,11 +554,12 @@ def test_an_external_apis_stream_that_says_no_usage_is_charged_what_it_reserved(
            "stream": True}
     status, body, headers = fleet.call("gateway01", "POST", "/v1/chat/completions", "paying", ask)
     assert status == 200 and headers.get("x-dgemma-pool") == "upstream" and '"usage"' not in body, (status, body)
-    _until(lambda: table() == 12, "the stream with no usage charged what it reserved (6 x 2)")
+    sent = len(json.dumps(ask).encode())
+    _until(lambda: table() == sent + 12, "the stream with no usage charged what it reserved (6 x 2) and its body")
     status, body, _ = fleet.call("gateway01", "POST", "/v1/chat/completions", "paying",
                                  {**ask, "stream_options": {"include_usage": True}})
     assert status == 200 and '"usage"' in body, body
-    _until(lambda: table() == 12 + 4 + 12, "the stream with its usage charged it")
+    _until(lambda: table() == sent + 12 + 4 + 12, "the stream with its usage charged it")
 
 
 def test_an_expired_key_is_refused_as_a_wrong_one_and_a_model_it_may_not_use_named(fleet):

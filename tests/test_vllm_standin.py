@@ -245,3 +245,44 @@ def test_n_choices_each_count_their_own_tokens_in_a_stream_and_the_last_chunk_su
     completions = json.loads(call(standin, "POST", "/v1/completions", {"model": "gemma", "prompt": "hi", "n": 2,
                                                                       "max_tokens": 8}, key=KEY)[1])
     assert len(completions["choices"]) == 2 and completions["usage"]["completion_tokens"] == 2 * one
+
+
+def test_completions_and_responses_stream_in_vllms_shapes_and_the_sdk_reads_them(standin, monkeypatch):
+    """/v1/completions and /v1/responses stream as vLLM 0.33.0 streams them, read here by the
+    OpenAI SDK: text_completion chunks a canvas at a time with no usage unless asked (then a last
+    chunk of its own, `choices: []`), each choice's own count in each chunk when forced; the
+    Responses API's named events in order, numbered, its usage in response.completed alone."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{standin.server_address[1]}/v1", api_key=KEY, max_retries=0)
+    full = {"model": "gemma", "max_tokens": 600, "extra_body": {"ignore_eos": True}}
+    chunks = list(sdk.completions.create(prompt="the lab", stream=True, **full))
+    assert [len(c.choices[0].text.split()) for c in chunks] == [256, 256, 88]  # a canvas a chunk
+    assert [c.choices[0].finish_reason for c in chunks] == [None, None, "length"]
+    assert all(c.usage is None and c.object == "text_completion" for c in chunks)
+    asked = list(sdk.completions.create(prompt="the lab", stream=True, stream_options={"include_usage": True}, **full))
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 600
+    assert asked[-1].usage.prompt_tokens == 2 and all(c.usage is None for c in asked[:-1])
+    monkeypatch.setattr(standin, "force_include_usage", True)
+    counts: dict = {}
+    forced = list(sdk.completions.create(prompt="the lab", stream=True, n=2, **full))
+    for chunk in forced[:-1]:  # each chunk: its own choice's count so far
+        (choice,) = chunk.choices
+        assert chunk.usage.completion_tokens > counts.get(choice.index, 0)
+        counts[choice.index] = chunk.usage.completion_tokens
+    assert counts == {0: 600, 1: 600} and forced[-1].usage.completion_tokens == 1200
+    monkeypatch.setattr(standin, "force_include_usage", False)
+
+    events = list(sdk.responses.create(model="gemma", input="the lab", max_output_tokens=300, stream=True,
+                                       extra_body={"ignore_eos": True}))
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.completed"], kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    done = events[-1].response
+    assert len(text.split()) == 300 and done.output_text == text and done.status == "completed"
+    assert (done.usage.input_tokens, done.usage.output_tokens, done.usage.total_tokens) == (6, 300, 306)
+    assert all(getattr(e, "response", None) is None or e.response.usage is None for e in events[:-1])

@@ -11,7 +11,6 @@ from lab import images
 from tests.lab.conftest import deploy_json, invoke, ssh
 
 UNIT = "docker-vllm-diffusiongemma.service"
-OLLAMA = "[Unit]\nDescription=ollama stand-in (holds the GPU in real life)\n[Service]\nExecStart=/bin/sleep infinity\n"
 
 
 @pytest.fixture(scope="module")
@@ -61,24 +60,13 @@ def test_status_shows_the_docker_hosts_digest(deployed, tmp_path):
     assert spark["digest"] == images.registry_digest("gemma-aarch64-cu130")
 
 
-def test_logs_start_stop_conflicts_and_bench_on_a_docker_host(deployed, lab_copy, tmp_path):
-    ssh("spark01", f"printf '{OLLAMA}' > /etc/systemd/system/ollama.service && systemctl daemon-reload")
-    (lab_copy / "host_vars").mkdir(exist_ok=True)
-    (lab_copy / "host_vars" / "spark01.yml").write_text("conflicts: [ollama.service]\n")
-    assert deploy_json("--hosts", "spark01", inventory=lab_copy)[0].returncode == 0
-    try:
-        invoke("stop", "--hosts", "spark01", inventory=lab_copy, check=True)
-        ssh("spark01", "systemctl start ollama.service")
-        assert "gate passed" in invoke("start", "--hosts", "spark01", inventory=lab_copy, check=True).stdout
-        assert ssh("spark01", "systemctl is-active ollama.service", check=False).stdout.strip() == "inactive"
-        invoke("stop", "--hosts", "spark01", "--resume", inventory=lab_copy, check=True)
-        assert ssh("spark01", "systemctl is-active ollama.service").stdout.strip() == "active"
-        assert ssh("spark01", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"
-        assert "rolled: " in invoke("restart", "--hosts", "spark01", inventory=lab_copy, check=True).stdout
-    finally:
-        ssh("spark01", "systemctl stop ollama.service; rm -f /etc/systemd/system/ollama.service; "
-                       "systemctl daemon-reload")
-        assert deploy_json("--hosts", "spark01")[0].returncode == 0  # the lab's own values
+def test_logs_stop_start_and_bench_on_a_docker_host(deployed, tmp_path):
+    # units that conflict with the replica (stopped by start, back with stop --resume) are the
+    # runtime's business in no way: tests/lab/test_lab_day2.py has them, on a podman host
+    invoke("stop", "--hosts", "spark01", check=True)
+    assert ssh("spark01", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"
+    assert "gate passed" in invoke("start", "--hosts", "spark01", check=True).stdout
+    assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"
     logs = invoke("logs", "--hosts", "spark01", "--lines", "5", check=True).stdout
     assert [l for l in logs.splitlines() if l.startswith("spark01 | ")]
     js, cs = tmp_path / "bench.json", tmp_path / "bench.csv"
@@ -109,14 +97,15 @@ def test_preflight_names_the_remedy_when_docker_has_no_nvidia_runtime(deployed):
     original = ssh("spark01", f"cat {daemon}").stdout
     stripped = json.loads(original)
     del stripped["runtimes"]["nvidia"]
-    ssh("spark01", f"cat > {daemon} <<'EOF'\n{json.dumps(stripped)}\nEOF\nsystemctl restart docker")
+    # a reload (SIGHUP) takes daemon.json's runtimes as a restart does, and leaves the containers running
+    ssh("spark01", f"cat > {daemon} <<'EOF'\n{json.dumps(stripped)}\nEOF\nsystemctl reload docker")
     try:
         proc, data = deploy_json("--hosts", "spark01")
         failed = [t for t in data["hosts"]["spark01"]["tasks"] if t["status"] == "failed"]
         assert failed[0]["role"] == "preflight" and failed[0]["task"] == "docker GPU access"
         assert "nvidia-ctk runtime configure --runtime=docker" in failed[0]["message"]
     finally:
-        ssh("spark01", f"cat > {daemon} <<'EOF'\n{original}\nEOF\nsystemctl restart docker")
+        ssh("spark01", f"cat > {daemon} <<'EOF'\n{original}\nEOF\nsystemctl reload docker")
     proc, data = deploy_json("--hosts", "spark01")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert ssh("spark01", f"systemctl is-active {UNIT}").stdout.strip() == "active"

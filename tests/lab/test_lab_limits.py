@@ -112,6 +112,17 @@ def usage_of(key_name: str) -> dict:
     return json.loads(proc.stdout)
 
 
+def records_of(key_name: str, at_least: int) -> list[dict]:
+    """The key's request records (`invoke logs --requests`), once there are ``at_least`` of them:
+    they reach the journal a moment after the answers."""
+    deadline = time.monotonic() + 20
+    while True:
+        records = json.loads(invoke("logs", "--requests", "--key", key_name, "--json", "-").stdout)["records"]
+        if len(records) >= at_least or time.monotonic() > deadline:
+            return records
+        time.sleep(1)
+
+
 def test_a_burst_of_200_gets_exactly_its_60_a_minute_and_the_openai_client_finishes_after_the_window(deployed, keys):
     burst = keys("burst", "--requests-per-minute", "60")
     patient = keys("sdk", "--requests-per-minute", "10")
@@ -219,36 +230,78 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
 def test_a_day_of_2000_tokens_is_never_passed_by_more_than_a_prompt_whatever_the_requests_ask(deployed, keys):
     """Reserve then settle, through the shared address and the real replicas: requests that may spend
     more than is left (max_tokens 32,000; n 4 of 1,000) are refused as insufficient_quota and cost
-    nothing; chat (streamed, its usage asked), completions and responses answers that run to their
-    max_tokens (ignore_eos) spend the day; the clients' own sums of usage never pass 2,000 by more
-    than one prompt, and `invoke usage` says the same to the token."""
-    sdk = client(keys("reserve", "--tokens-per-day", "2000"))
+    nothing; answers that run to their max_tokens (ignore_eos) spend the day, each endpoint streamed
+    as vLLM streams it: chat and completions (their usage asked, or not: the SDK's loop over
+    `choices[0]` reads every chunk), responses (the usage in response.completed). A stream its
+    client cuts is charged at least what it received; a Responses stream, whose usage comes only in
+    its last event, the most it could have cost: what it reserved, and its request's bytes for its
+    prompt. The day's spend never passes 2,000 by more than one prompt, and the records and
+    `invoke usage` say what each client received, to the token."""
+    sent = []  # the bytes of each request the SDK sent
+    sdk = openai.OpenAI(base_url=f"https://{SHARED}:8000/v1", api_key=keys("reserve", "--tokens-per-day", "2000"),
+                        http_client=openai.DefaultHttpxClient(
+                            verify=ssl.create_default_context(cafile=str(CA_FILE)), timeout=120,
+                            event_hooks={"request": [lambda request: sent.append(len(request.content))]}))
     name = keys.names["reserve"]
     for asked in ({"max_tokens": 32000}, {"max_tokens": 1000, "n": 4}):
         with pytest.raises(openai.RateLimitError) as refused:
             sdk.chat.completions.create(**{**CHAT, **asked})
         assert refused.value.code == "insufficient_quota" and "has 2000 of its 2000" in str(refused.value), refused.value
     full = {"extra_body": {"ignore_eos": True}}
-    spent, prompts = 0, []
-    stream = sdk.chat.completions.create(**{**CHAT, "max_tokens": 300}, stream=True,
+    received = []  # (path, prompt tokens, completion tokens) as each client knows them; None: not known
+
+    stream = sdk.chat.completions.create(**{**CHAT, "max_tokens": 200}, stream=True,
                                          stream_options={"include_usage": True}, **full)
     usage = [chunk.usage for chunk in stream if chunk.usage][-1]
-    spent, prompts = spent + usage.total_tokens, prompts + [usage.prompt_tokens]
-    usage = sdk.completions.create(model="diffusiongemma", prompt="the lab", max_tokens=300, **full).usage
-    spent, prompts = spent + usage.total_tokens, prompts + [usage.prompt_tokens]
-    usage = sdk.responses.create(model="diffusiongemma", input="the lab", max_output_tokens=300, **full).usage
-    spent, prompts = spent + usage.total_tokens, prompts + [usage.input_tokens]
+    received.append(("/v1/chat/completions", usage.prompt_tokens, usage.completion_tokens))
+    lab = {"model": "diffusiongemma", "prompt": "the lab", **full}
+    chunks = list(sdk.completions.create(**lab, max_tokens=200, stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage  # vLLM's last chunk of its own; none in the others
+    assert chunks[-1].choices == [] and all(c.usage is None and c.choices for c in chunks[:-1]), chunks
+    assert usage.completion_tokens == len("".join(c.choices[0].text for c in chunks[:-1]).split()) == 200
+    received.append(("/v1/completions", usage.prompt_tokens, usage.completion_tokens))
+    prompt = usage.prompt_tokens
+    plain = "".join(chunk.choices[0].text for chunk in sdk.completions.create(**lab, max_tokens=100, stream=True))
+    received.append(("/v1/completions", prompt, len(plain.split())))  # no usage asked: the words it received
+    events = list(sdk.responses.create(model="diffusiongemma", input="the lab", max_output_tokens=200, stream=True,
+                                       **full))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed", [e.type for e in events]
+    usage = events[-1].response.usage
+    assert usage.output_tokens == 200 == len("".join(e.delta for e in events
+                                                     if e.type == "response.output_text.delta").split())
+    received.append(("/v1/responses", usage.input_tokens, usage.output_tokens))
+    # cut by their clients: the Responses stream after its first event (its text would come a canvas
+    # later, its usage three), charged its reservation and its request's bytes; the completions
+    # stream after its first text, charged what the gateway saw go by (its replica's usage rides in
+    # every chunk): the first canvas, or both
+    with sdk.responses.create(model="diffusiongemma", input="the lab", max_output_tokens=600, stream=True,
+                              **full) as cut:
+        assert next(iter(cut)).type == "response.created"
+    received.append(("/v1/responses", sent[-1], 600))
+    with sdk.completions.create(**lab, max_tokens=300, stream=True) as cut:
+        assert len(next(iter(cut)).choices[0].text.split()) == 256  # a canvas
+    received.append(("/v1/completions", prompt, None))
+    # charged as its gateway sees the client gone: its record first (its reservation held till then)
+    records_of(name, len(received))
     with pytest.raises(openai.RateLimitError) as refused:
         for _ in range(20):
             usage = sdk.chat.completions.create(**{**CHAT, "max_tokens": 300}, **full).usage
             assert usage.completion_tokens == 300
-            spent, prompts = spent + usage.total_tokens, prompts + [usage.prompt_tokens]
+            received.append(("/v1/chat/completions", usage.prompt_tokens, usage.completion_tokens))
     assert refused.value.code == "insufficient_quota"
-    assert 2000 - 300 < spent <= 2000 + max(prompts), (spent, prompts)
-    deadline = time.monotonic() + 20
-    while sum(r["prompt_tokens"] + r["completion_tokens"] for r in usage_of(name)["usage"] if r["key"] == name) != spent:
-        assert time.monotonic() < deadline, (usage_of(name), spent)
-        time.sleep(1)
+    charged = [(r["path"], r["prompt_tokens"], r["completion_tokens"])
+               for r in records_of(name, len(received)) if r["status"] == 200]
+    assert [c[:2] for c in charged] == [r[:2] for r in received], (charged, received)
+    cut_completion = charged[5][2]
+    assert cut_completion in (256, 300), charged
+    assert [c[2] for c in charged] == [r[2] if r[2] is not None else cut_completion for r in received], charged
+    spent = sum(p + c for _, p, c in charged)
+    assert 2000 - 300 < spent <= 2000 + max(p for _, p, _ in charged), charged
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in usage_of(name)["usage"] if r["key"] == name) \
+        == spent
+    print(f"a day of 2000 tokens: {len(charged)} answers (chat, completions and responses, streamed, two cut) "
+          f"charged {spent}, the cut completions stream {cut_completion} of its 300, the cut Responses "
+          f"stream its 600 and its {sent[-1]} bytes")
 
 
 def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_either_way(deployed, keys):
@@ -272,12 +325,8 @@ def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_
         each[chunk.choices[0].index] = each.get(chunk.choices[0].index, "") + (chunk.choices[0].delta.content or "")
     three = sum(len(text.split()) for text in each.values())
     assert sorted(each) == [0, 1, 2] and three == 3 * words, each
+    records = records_of(name, 3)
     deadline = time.monotonic() + 20
-    while True:  # the records reach the journal a moment after the answers
-        records = json.loads(invoke("logs", "--requests", "--key", name, "--json", "-").stdout)["records"]
-        if len(records) >= 3 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
     assert len(records) == 3 and all(r["status"] == 200 and r["ttft_ms"] is not None for r in records), records
     assert [r["completion_tokens"] for r in records] == [words, usage.completion_tokens, three]
     assert records[1]["prompt_tokens"] == usage.prompt_tokens

@@ -336,12 +336,15 @@ core.register_action("budget", {"http-req"}, function(txn)
   if default == nil then
     return
   end
-  local need, said = asks(txn.f:req_body() or "", default)
+  local body = txn.f:req_body() or ""
+  local need, said = asks(body, default)
   if need == nil then
     txn:set_var("txn.tok_unread", said)
   else
     txn:set_var("txn.tok_need", math.tointeger(need) or math.maxinteger)
     txn:set_var("txn.tok_asks", string.format("%.0f tokens (%s)", need, said))
+    -- the most its prompt can be: a token is at least a byte of the text, which JSON only lengthens
+    txn:set_var("txn.tok_body", #body)
   end
 end)
 
@@ -623,15 +626,19 @@ function Usage:charge(txn)
     return
   end
   self.charged = true
-  -- a stream that says nothing of what it cost is charged what it reserved, the most it could have
-  -- spent: a Responses stream cut before its last event (response.completed, the only one that vLLM
-  -- gives its usage: cutting a stream short is no way around a budget), and an external API's stream
-  -- whose client asked no usage (it streams usage only to a request that asks: and it costs money)
+  -- a stream that says nothing of what it cost is charged the most it could have spent: what it
+  -- reserved, and its request's body in bytes for its prompt. A Responses stream cut before its last
+  -- event (response.completed, the only one that vLLM gives its usage: cutting a stream short is no
+  -- way around a budget, for the prompt either), and an external API's stream whose client asked no
+  -- usage (it streams usage only to a request that asks: and it costs money)
   if txn:get_var("txn.completion_tokens") == nil and
      (self.responses or (self.stream and txn:get_var("txn.pool") == "upstream")) then
     local held = tonumber(txn:get_var("txn.tok_reserved"))
     if held and held > 0 then
       txn:set_var("txn.completion_tokens", held)
+      if txn:get_var("txn.prompt_tokens") == nil then
+        txn:set_var("txn.prompt_tokens", tonumber(txn:get_var("txn.tok_body")) or 0)
+      end
     end
   end
   give_back(txn)

@@ -21,10 +21,14 @@ def thresholds(v: dict) -> dict:
     return {**default_thresholds(), **(v.get("alert_thresholds") or {})}
 
 
-def render(v: dict) -> str:
+@lru_cache(maxsize=None)  # one per process: its cache keeps the template compiled
+def _templates() -> jinja2.Environment:
     # [[ ]] for our values: {{ }} is Prometheus's own template language in the annotations
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined, variable_start_string="[[",
-                             variable_end_string="]]")
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
+                              undefined=jinja2.StrictUndefined, variable_start_string="[[",
+                              variable_end_string="]]")
+
+
+def render(v: dict) -> str:
     t = thresholds(v)
-    return env.get_template("rules.yml.j2").render(t=t, waiting_range=f"[{int(t['waiting_seconds'])}s]")
+    return _templates().get_template("rules.yml.j2").render(t=t, waiting_range=f"[{int(t['waiting_seconds'])}s]")

@@ -5,6 +5,7 @@ restarted, gated, rolled back on failure); one that does not run gets its files,
 and handlers reload systemd and restart only what changed."""
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def is_nixos(ctx) -> bool:
     return (ctx.facts.get("os") or {}).get("ID") == "nixos"
 
 
+@functools.cache  # one per process: its cache keeps each template compiled
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)

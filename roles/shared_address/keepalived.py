@@ -3,6 +3,7 @@ inventory and the host's own addresses, and what a host's addresses say about wh
 holds it. Pure functions."""
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,7 @@ def priority(host: str, gateways: dict[str, str]) -> int:
     return max(1, 150 - 10 * position)
 
 
+@functools.cache  # one per process: its cache keeps each template compiled
 def _templates() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
                               undefined=jinja2.StrictUndefined)

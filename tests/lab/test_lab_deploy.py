@@ -190,7 +190,10 @@ def test_two_deploys_to_one_host_the_second_waits_for_the_lock(lab, lab_copy):
                                f"UserKnownHostsFile={config.STATE}/ssh/known_hosts", "-i",
                                str(config.STATE / "ssh/id_ed25519"), f"root@{ADDRESS['rtx01']}",
                                "exec 9>>/run/lock/dgemma.lock; flock 9; echo test-holder > /run/lock/dgemma.lock.holder;"
-                               " echo held; sleep 60"], stdout=subprocess.PIPE, text=True)
+                               # held until this end of the connection closes (its stdin ends): a remote
+                               # `sleep` would hold it on after the kill below, and the next test wait for it
+                               " echo held; timeout 60 cat >/dev/null"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     try:
         proc = invoke("deploy", "--hosts", "rtx01", "--lock-wait", "2", inventory=lab)

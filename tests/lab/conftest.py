@@ -109,16 +109,6 @@ def deploy_json(*args, inventory=LAB_INVENTORY, tmp=None):
     return proc, data
 
 
-# the deploy from scratch first, then the other modules in the order of their files: on a lab never
-# deployed (CI's), whichever module comes first deploys its hosts from nothing, and test_lab_deploy.py
-# gives spark01 and rtx01 new disks to deploy them from nothing; first, it does that work once
-FIRST = "tests/lab/test_lab_deploy.py::"
-
-
-def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # a stable sort: the rest keep their order
-
-
 @pytest.fixture(scope="session")
 def lab(request):
     if os.geteuid() != 0 or not shutil.which("apt-get"):

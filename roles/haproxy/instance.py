@@ -2,13 +2,13 @@
 keeps its files and sockets, its container and its unit. Pure."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
 from roles.container_unit import RUNTIME_PATHS, command_line, log_options
+from roles.templates import environment
 
 HERE = Path(__file__).parent
 CONTAINER_DIR = "/usr/local/etc/haproxy"  # where the official image looks for haproxy.cfg
@@ -74,10 +74,8 @@ def image_ref(v: dict) -> str:
     return catalog.image_ref(v, catalog.images()["frontdoor"], v.get("frontdoor_image"))
 
 
-@functools.cache  # one per process: its cache keeps each template compiled (a compile costs 25 ms)
 def templates() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)
+    return environment(HERE / "templates")
 
 
 def container(v: dict, proxy: Proxy = FRONTDOOR) -> dict:

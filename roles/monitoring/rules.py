@@ -4,8 +4,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-import jinja2
 import yaml
+
+from roles.templates import environment
 
 HERE = Path(__file__).parent
 
@@ -21,14 +22,8 @@ def thresholds(v: dict) -> dict:
     return {**default_thresholds(), **(v.get("alert_thresholds") or {})}
 
 
-@lru_cache(maxsize=None)  # one per process: its cache keeps the template compiled
-def _templates() -> jinja2.Environment:
-    # [[ ]] for our values: {{ }} is Prometheus's own template language in the annotations
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined, variable_start_string="[[",
-                              variable_end_string="]]")
-
-
 def render(v: dict) -> str:
     t = thresholds(v)
-    return _templates().get_template("rules.yml.j2").render(t=t, waiting_range=f"[{int(t['waiting_seconds'])}s]")
+    # [[ ]] for our values: {{ }} is Prometheus's own template language in the annotations
+    env = environment(HERE / "templates", variable_start_string="[[", variable_end_string="]]")
+    return env.get_template("rules.yml.j2").render(t=t, waiting_range=f"[{int(t['waiting_seconds'])}s]")

@@ -5,7 +5,6 @@ restarted, gated, rolled back on failure); one that does not run gets its files,
 and handlers reload systemd and restart only what changed."""
 from __future__ import annotations
 
-import functools
 import shlex
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from roles.haproxy.instance import nixos_container
 from roles.nixos_module import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
 from roles.replicas import Replica, Served, name_globs, units_of
 from roles.scrape_targets import uses_dcgm
+from roles.templates import environment
 from roles.systemd import folders_script, systemctl
 from roles.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, is_running,
                                 record_path, restart, step_name, unit_file, unit_state, units_fact)
@@ -52,10 +52,8 @@ def is_nixos(ctx) -> bool:
     return (ctx.facts.get("os") or {}).get("ID") == "nixos"
 
 
-@functools.cache  # one per process: its cache keeps each template compiled
 def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
+    env = environment(HERE / "templates")  # this folder's alone: the filters are set on it once more, alike
     env.filters["nix"] = nix_value
     env.filters["sh"] = lambda value: shlex.quote(str(value))
     return env

@@ -3,12 +3,13 @@ inventory and the host's own addresses, and what a host's addresses say about wh
 holds it. Pure functions."""
 from __future__ import annotations
 
-import functools
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+
+from roles.templates import environment
 
 HERE = Path(__file__).parent
 CONF = "/etc/keepalived/keepalived.conf"  # where Debian's and Fedora's keepalived.service read it
@@ -91,10 +92,8 @@ def priority(host: str, gateways: dict[str, str]) -> int:
     return max(1, 150 - 10 * position)
 
 
-@functools.cache  # one per process: its cache keeps each template compiled
 def _templates() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)
+    return environment(HERE / "templates")
 
 
 def render_config(host: str, v: dict, place: Placement, gateways: dict[str, str]) -> str:

@@ -18,8 +18,8 @@ GROUP_OF = {"gb10": "spark", "rtx5090": "rtx", "h100": "h100", "h200x4": "hgx"}
 GROUP_VARS = {
     # the GPU stand-in is Python, under qemu-user here: a reading of it takes about a second of CPU
     # (a real GB10's nvidia-smi, 0.05 s), so the lab reads it every 60 s, not every 10, and gives it
-    # 60 s, not 15, before calling it wedged: on a CI machine's 2 busy cores the facts' three calls
-    # once took more than 15 s (a deploy failed "nvidia-smi did not answer within 15 s")
+    # 60 s a call, not 15, before calling it wedged: on a CI machine's 2 busy cores, beside the other
+    # facts, one call once took more than 15 s (a deploy failed "nvidia-smi did not answer within 15 s")
     "spark": {"container_runtime": "docker", "gpu_memory_utilization": 0.7, "max_model_len": 100000,
               "autostart": True, "gpu_metrics_interval_s": 60, "nvidia_smi_timeout": 60},
     "rtx": {"container_runtime": "podman", "gpu_memory_utilization": 0.7, "autostart": False,

@@ -1102,8 +1102,14 @@ def test_the_usage_services_readers_share_the_records_and_one_that_ends_ends_the
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         _until(lambda: (folder / "usage.sock").exists(), "the service bound its socket")
-        readers = [int(p) for p in subprocess.run(["pgrep", "-P", str(service.pid)], capture_output=True,
-                                                  text=True).stdout.split()]
+
+        def children() -> list:
+            return [int(p) for p in subprocess.run(["pgrep", "-P", str(service.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        # the socket is bound before the readers are forked, one after another: on a busy machine
+        # the test can look between two forks
+        _until(lambda: len(children()) >= 3, "the service forked its 3 readers")
+        readers = children()
         assert len(readers) == 3, readers
         for i in range(3000):
             line = ('x @record {"t_ms": "%d", "key": "k%d", "status": "200", "prompt_tokens": "1", '

@@ -29,9 +29,9 @@ case "$1 $2" in
   "pull "*) {'echo "Error: manifest unknown" >&2; exit 125' if pull_fails else 'echo "Copying blob sha256:0123456789ab done"'};;
   "image inspect")
     case "$4" in
-      "{{{{.Digest}}}}") echo sha256:feed;;
-      "{{{{.Architecture}}}}") echo amd64;;
-      *) printf '{repo_digests}';;
+      "{{{{.Architecture}}}} {{{{.Digest}}}}") echo amd64 sha256:feed;;
+      "{{{{.Architecture}}}}{{{{range .RepoDigests}}}} {{{{.}}}}{{{{end}}}}") echo 'amd64{repo_digests}';;
+      *) echo "unexpected format: $4" >&2; exit 2;;
     esac;;
 esac
 exit 0
@@ -82,10 +82,11 @@ def test_a_failed_pull_records_nothing(tmp_path):
 
 @pytest.mark.parametrize("ref, digests, want", [
     # docker names Docker Hub's images without docker.io (and library/): the digest of the image's own repository
-    ("vllm/vllm-openai:v0.33.0", "other/repo@sha256:0ther\\nvllm/vllm-openai@sha256:cafe\\n", "sha256:cafe"),
-    ("docker.io/library/haproxy:2.6", "haproxy@sha256:beef\\n", "sha256:beef"),
-    (REF, f"{REF.rsplit(':', 1)[0]}@sha256:d00d\\n", "sha256:d00d"),
-    (REF, "elsewhere/vllm@sha256:0ther\\n", ""),
+    ("vllm/vllm-openai:v0.33.0", " other/repo@sha256:0ther vllm/vllm-openai@sha256:cafe", "sha256:cafe"),
+    ("docker.io/library/haproxy:2.6", " haproxy@sha256:beef", "sha256:beef"),
+    (REF, f" {REF.rsplit(':', 1)[0]}@sha256:d00d", "sha256:d00d"),
+    (REF, " elsewhere/vllm@sha256:0ther", ""),
+    (REF, "", ""),  # built here, never pulled: no digest
 ])
 def test_docker_keeps_the_digest_of_the_images_own_repository(tmp_path, ref, digests, want):
     rt = runtime(tmp_path, "docker", repo_digests=digests)
@@ -95,6 +96,7 @@ def test_docker_keeps_the_digest_of_the_images_own_repository(tmp_path, ref, dig
     assert out.returncode == 0, out.stdout + out.stderr
     assert PULL.result_of(out.stdout) == {"digest": want, "arch": "amd64"}
     assert not [c for c in calls(rt) if c.startswith("pull")]  # PULL=0: the record alone
+    assert len([c for c in calls(rt) if c.startswith("image inspect")]) == 1  # arch and digest, one CLI start
     assert record.read_text() == f"{ref}\n{want}\namd64\n"
     inspected = run(INSPECT_PROGRAM.script({"RUNTIME": "docker", "REF": ref}), rt["env"])
     assert INSPECT.result_of(inspected.stdout) == {"digest": want, "arch": "amd64"}  # what verify reads

@@ -1,23 +1,27 @@
 # shellcheck shell=dash
-# What the image role knows of a local image (roles/image/role.py): its registry digest and its
-# arch. RUNTIME: podman or docker.
+# What the image role knows of a local image (roles/image/role.py): its arch and its registry
+# digest. RUNTIME: podman or docker.
 
-# the registry digest of the local image $1: podman keeps it as .Digest; docker only in
-# .RepoDigests (repo@sha256:..., one per repository it was pulled from, with docker.io and
-# library/ left out of the name): the one of $1's repository
-registry_digest() {
+# the arch the local image $1 is built for (amd64, arm64) and its registry digest (empty: none
+# known), blank-separated, from one inspect (a runtime's CLI takes a second of CPU to start on an
+# emulated host). podman keeps the digest as .Digest; docker only in .RepoDigests (repo@sha256:...,
+# one per repository it was pulled from, with docker.io and library/ left out of the name): the
+# one of $1's repository
+arch_and_digest() {
   if [ "$RUNTIME" = podman ]; then
-    podman image inspect --format '{{.Digest}}' "$1"
+    podman image inspect --format '{{.Architecture}} {{.Digest}}' "$1"
     return
   fi
+  found=$(docker image inspect --format '{{.Architecture}}{{range .RepoDigests}} {{.}}{{end}}' "$1") || return
   repo=${1%:*}
   short=${repo#docker.io/}
   short=${short#library/}
-  docker image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$1" | while read -r rd; do
+  arch=${found%% *}
+  digest=
+  for rd in ${found#"$arch"}; do
     case "${rd%@*}" in
-      "$repo" | "$short" | "docker.io/$short") echo "${rd#*@}"; break ;;
+      "$repo" | "$short" | "docker.io/$short") digest=${rd#*@}; break ;;
     esac
   done
+  echo "$arch $digest"
 }
-# the arch the local image $1 is built for (amd64, arm64)
-image_arch() { "$RUNTIME" image inspect --format '{{.Architecture}}' "$1"; }

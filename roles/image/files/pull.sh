@@ -18,8 +18,10 @@ elif [ "$PULL" = 1 ]; then
   "$RUNTIME" pull "$REF"
 fi
 mkdir -p "$STATE_DIR"
-d=$(registry_digest "$REF")
-a=$(image_arch "$REF")
+found=$(arch_and_digest "$REF")
+a=${found%% *}
+d=${found#"$a"}
+d=${d# }
 tmp=$(mktemp "$RECORD.XXXXXX")
 printf '%s\n%s\n%s\n' "$REF" "$d" "$a" > "$tmp"
 mv -f "$tmp" "$RECORD"

@@ -56,6 +56,39 @@ def test_runtimes_and_what_keeps_docker_from_the_gpu():
     assert "CDI spec" in runtime_problem("podman", parse_runtimes("@podman podman version 4.3.1\n"))
 
 
+@pytest.mark.parametrize("daemon_answers", [True, False])
+def test_the_runtimes_fact_starts_docker_once_where_its_daemon_answers(tmp_path, daemon_answers):
+    """fact_runtimes run for real with a docker stand-in (20.10's answers) that logs each call:
+    its daemon's version and runtimes from one `docker info`; where the daemon does not answer,
+    `docker --version` for the client's, and the daemon called unreachable."""
+    import os
+    import subprocess
+    from converge.facts.containers import Runtimes
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    info = ("echo '20.10.24+dfsg1 {\"nvidia\":{\"path\":\"nvidia-container-runtime\"},\"runc\":{}}'"
+            if daemon_answers else "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
+    (bin_dir / "docker").write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$1" in
+  info) {info};;
+  --version) echo 'Docker version 20.10.24+dfsg1, build 297e128';;
+esac
+""")
+    (bin_dir / "docker").chmod(0o755)
+    fact = Runtimes()
+    out = subprocess.run(["sh", "-s"], input=fact.standalone(), capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    docker = fact.process(out.stdout, out.returncode)["docker"]
+    calls = log.read_text().splitlines()
+    if daemon_answers:
+        assert docker == {"version": "20.10.24", "runtimes": ["nvidia", "runc"], "daemon": True, "nvidia_hook": False}
+        assert calls == ["info --format {{.ServerVersion}} {{json .Runtimes}}"]
+    else:
+        assert docker == {"version": "20.10.24", "runtimes": [], "daemon": False, "nvidia_hook": False}
+        assert calls == ["info --format {{.ServerVersion}} {{json .Runtimes}}", "--version"]
+
+
 def test_unit_files_of_a_family_read_from_a_real_capture():
     """Replicas 1-3 of hgx01, as the UnitFiles fact printed them there (systemd 252)."""
     from converge.facts.host import UnitFiles

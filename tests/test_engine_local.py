@@ -25,6 +25,23 @@ def test_facts_gather_in_one_script_even_when_a_fact_exits():
     assert raw == {"bad": ("partial", 7)}
 
 
+def test_two_facts_with_one_command_run_it_once_and_both_get_its_answer(tmp_path):
+    class Counts(Arch):
+        command = f"echo run >> {tmp_path}/runs; wc -l < {tmp_path}/runs"
+
+    class Lines(MemInfo):
+        command = Counts.command  # another fact, the same command: it reads the same answer its own way
+
+        def process(self, output, rc):
+            return ("lines", output.strip(), rc)
+
+    gathering = Gathering({"counted": Counts(), "arch": Arch(), "lines": Lines()})
+    assert gathering.script.count("echo run >>") == 1
+    facts = gathering.parse(LocalConnection().run(gathering.script).stdout)
+    assert facts.values == {"counted": "1", "arch": os.uname().machine, "lines": ("lines", "1", 0)}
+    assert (tmp_path / "runs").read_text() == "run\n"
+
+
 class _Meets(Arch):
     """Says `together` when the other fact of its pair ran at the same time: each leaves a
     file and waits (up to 10 s, a bound against a hang, not a speed goal) for the other's."""

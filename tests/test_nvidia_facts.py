@@ -113,3 +113,60 @@ def test_the_fact_script_on_a_real_h100_reads_mig_mode_and_each_apps_gpu():
     (app,) = parse_compute_apps((H100 / "busy20g-compute-apps-uuid.csv").read_text())
     assert app == {"pid": 459, "name": "python3", "used_memory_mib": 20998, "gpu_uuid": busy["uuid"]}
     assert busy["memory_used_mib"] == 21007 and busy["mig_mode"] == "Disabled"
+
+
+def _nvidia_smi_stand_in(tmp_path, answer: str):
+    """An nvidia-smi on a PATH of its own: ``answer`` is the shell it runs once it knows which of
+    the fact's calls it is ($kind: query, version, apps, plain)."""
+    import os
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"""#!/bin/sh
+case "$*" in
+  --query-gpu=*) kind=query;;
+  --version) kind=version;;
+  --query-compute-apps=*) kind=apps;;
+  *) kind=plain;;
+esac
+{answer}
+""")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_the_fact_asks_nvidia_smi_its_three_questions_at_once(tmp_path):
+    """fact_nvidia_smi run for real: each call of the stand-in waits (up to 10 s, a bound against
+    a hang, not a speed goal) for the other two to have begun, and says whether they met; the
+    answers are real H100 captures, read as from a host."""
+    import subprocess
+    from converge.facts.nvidia import NvidiaSmi
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    answers = {"query": "busy-query.csv", "version": "idle-version.txt", "apps": "busy-compute-apps.csv"}
+    env = _nvidia_smi_stand_in(tmp_path, f"""touch {meet}/$kind
+all() {{ [ -e {meet}/query ] && [ -e {meet}/version ] && [ -e {meet}/apps ]; }}
+for i in $(seq 100); do all && break; sleep 0.1; done
+all && touch {meet}/$kind.met
+case $kind in query) cat {H100}/{answers['query']};; version) cat {H100}/{answers['version']};;
+  apps) cat {H100}/{answers['apps']};; esac""")
+    fact = NvidiaSmi(30)
+    out = subprocess.run(["sh", "-s"], input=fact.standalone(), capture_output=True, text=True, env=env, timeout=60)
+    assert sorted(p.name for p in meet.iterdir() if p.suffix == ".met") == ["apps.met", "query.met", "version.met"]
+    facts = fact.process(out.stdout, out.returncode)
+    assert facts["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3" and facts["cuda_version"]
+    assert facts["compute_apps"], out.stdout
+
+
+def test_a_wedged_nvidia_smi_costs_one_timeout_and_says_wedged(tmp_path):
+    """Every call hangs: the three time out together and the fact says the GPU is wedged (the
+    version's fallback, plain nvidia-smi, is not asked after a timeout: it would hang as long again)."""
+    import subprocess
+    from converge.facts.nvidia import NvidiaSmi
+    calls = tmp_path / "calls"
+    env = _nvidia_smi_stand_in(tmp_path, f"echo $kind >> {calls}; exec sleep 30")
+    fact = NvidiaSmi(1)
+    out = subprocess.run(["sh", "-s"], input=fact.standalone(), capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.splitlines()[0] == "@query 124" and "@version" not in out.stdout, out.stdout
+    assert sorted(calls.read_text().split()) == ["apps", "query", "version"]
+    with pytest.raises(FactError, match="did not answer within 1 s: the GPU or driver is wedged"):
+        fact.process(out.stdout, out.returncode)

@@ -69,9 +69,20 @@ class Facts:
 GATHER = Path(__file__).parent.parent / "host_scripts" / "gather.sh"
 
 
+def asked_first(facts: dict[str, Fact]) -> dict[str, str]:
+    """Each fact's name -> the name of the first fact that runs the same command: that one runs,
+    once, and answers for both (two roles asking the same thing of a host, such as the front door
+    and the gateway each asking what answers on its port, cost one program, not two: a second of
+    CPU each on an emulated host)."""
+    first: dict[tuple, str] = {}
+    return {name: first.setdefault((fact.library, fact.command), name) for name, fact in facts.items()}
+
+
 def script(facts: dict[str, Fact], boundary: str) -> str:
     """The facts' libraries (each once), a function per fact (``_fact_N``: its command), then
-    host_scripts/gather.sh, which runs them and frames what each prints."""
+    host_scripts/gather.sh, which runs them and frames what each prints. A command that two facts
+    share runs once (``asked_first``), under the first one's name."""
+    facts = {name: facts[name] for name, first in asked_first(facts).items() if name == first}
     libraries = dict.fromkeys(f.library for f in facts.values() if f.library is not None)
     functions = "".join(f"_fact_{n}() {{\n{fact.command}\n}}\n" for n, fact in enumerate(facts.values()))
     return (f"BOUNDARY={shlex.quote(boundary)}\nNAMES={shlex.quote(' '.join(facts))}\n"
@@ -125,7 +136,9 @@ class Gathering:
         self.script = script(facts, self.boundary)  # it ends with the line ``done``
 
     def parse(self, output: str) -> Facts:
-        return process_all(self.facts, split(output, self.boundary))
+        raw = split(output, self.boundary)
+        shared = {name: raw[first] for name, first in asked_first(self.facts).items() if first in raw}
+        return process_all(self.facts, shared)
 
 
 def gather(connection, facts: dict[str, Fact], timeout: float = 120) -> Facts:

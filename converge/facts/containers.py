@@ -9,7 +9,7 @@ from . import LIBRARIES, Fact, FactError, call
 LIBRARY = LIBRARIES / "containers.sh"
 # what files/containers.sh prints, a marker a line, and what follows each (read by the parsers below)
 MARKERS = {
-    "podman": "VERSION: `podman --version`", "docker": "VERSION: `docker --version`",
+    "podman": "VERSION: `podman --version`", "docker": "VERSION: the daemon's (`docker --version` where it does not answer)",
     "docker-runtimes": "JSON|unreachable: the daemon's runtimes", "nvidia-hook": "PATH|-: NVIDIA's runtime hook",
     "cdi": "PATH: a CDI spec naming nvidia.com/gpu", "absent": "the runtime is not installed",
     "index": "CODE: the store index's answer (0 there, 1 not, 2 no index)", "rc": "CODE: the runtime's answer",

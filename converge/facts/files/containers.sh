@@ -4,14 +4,22 @@
 # call it.
 
 # podman and docker: their versions, docker's runtimes and NVIDIA's hook, the CDI specs that name
-# nvidia.com/gpu; each "@name what" a line. A daemon that has not answered `docker info` in 30 s
-# is down or wedged; an answering one takes a second, several on a host busy with the facts' other
-# programs (the lab's spark01, emulated on two cores: 12 s for this fact beside the others)
+# nvidia.com/gpu; each "@name what" a line. docker's version and runtimes come from one `docker
+# info` where the daemon answers (its server's version: docker's CLI takes a second of CPU to
+# start on an emulated host, and the lab's spark01 started it twice here), `docker --version`
+# where it does not. A daemon that has not answered in 30 s is down or wedged; an answering one
+# takes a second, several on a host busy with the facts' other programs (the lab's spark01,
+# emulated on two cores: 12 s for this fact beside the others)
 fact_runtimes() {
   if command -v podman >/dev/null 2>&1; then echo "@podman $(podman --version 2>&1)"; fi
   if command -v docker >/dev/null 2>&1; then
-    echo "@docker $(docker --version 2>&1)"
-    echo "@docker-runtimes $(timeout 30 docker info --format '{{json .Runtimes}}' 2>/dev/null || echo unreachable)"
+    if info=$(timeout 30 docker info --format '{{.ServerVersion}} {{json .Runtimes}}' 2>/dev/null); then
+      echo "@docker ${info%% *}"
+      echo "@docker-runtimes ${info#* }"
+    else
+      echo "@docker $(docker --version 2>&1)"
+      echo "@docker-runtimes unreachable"
+    fi
     echo "@nvidia-hook $(command -v nvidia-container-runtime-hook || echo -)"
   fi
   for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do

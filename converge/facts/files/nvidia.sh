@@ -5,24 +5,37 @@
 # nvidia-smi asked for what the roles need, each call bounded by $1 seconds: the query $2, its
 # version (its plain output when --version names no CUDA version), the compute apps query $3; each
 # section "@query RC", "@version RC", "@apps RC" and what it printed; "@missing" when there is no
-# nvidia-smi. Output goes to a file, not a pipe: a wedged nvidia-smi must not hold our pipe open
+# nvidia-smi. The three are asked at once: each call starts NVML again (a second or more where the
+# driver is not kept loaded, as on the lab's emulated spark01), and a wedged GPU costs one timeout,
+# not three. Only the query's section where it timed out (what follows it would say the same).
+# Output goes to files, not a pipe: a wedged nvidia-smi must not hold our pipe open
 fact_nvidia_smi() {
   command -v nvidia-smi >/dev/null 2>&1 || { echo '@missing'; return 0; }
-  f=$(mktemp)
+  d=$(mktemp -d) || return 1
   # shellcheck disable=SC2086 # the query's options, blank-separated
-  timeout -k 2 "$1" nvidia-smi $2 >"$f" 2>&1
-  rc=$?
-  echo "@query $rc"; cat "$f"
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then rm -f "$f"; return 0; fi
-  timeout -k 2 "$1" nvidia-smi --version >"$f" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ] || ! grep -qiE 'CUDA (UMD )?Version' "$f"; then timeout -k 2 "$1" nvidia-smi >"$f" 2>&1; rc=$?; fi
-  echo "@version $rc"; cat "$f"
+  (timeout -k 2 "$1" nvidia-smi $2 >"$d/query" 2>&1; echo $? >"$d/query.rc") &
+  (
+    timeout -k 2 "$1" nvidia-smi --version >"$d/version" 2>&1
+    rc=$?
+    if { [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ]; } \
+       || { [ $rc -eq 0 ] && ! grep -qiE 'CUDA (UMD )?Version' "$d/version"; }; then
+      timeout -k 2 "$1" nvidia-smi >"$d/version" 2>&1
+      rc=$?
+    fi
+    echo $rc >"$d/version.rc"
+  ) &
   # shellcheck disable=SC2086 # the query's options, blank-separated
-  timeout -k 2 "$1" nvidia-smi $3 >"$f" 2>&1
-  rc=$?
-  echo "@apps $rc"; cat "$f"
-  rm -f "$f"
+  (timeout -k 2 "$1" nvidia-smi $3 >"$d/apps" 2>&1; echo $? >"$d/apps.rc") &
+  wait
+  read -r rc <"$d/query.rc"
+  echo "@query $rc"; cat "$d/query"
+  if [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
+    read -r rc <"$d/version.rc"
+    echo "@version $rc"; cat "$d/version"
+    read -r rc <"$d/apps.rc"
+    echo "@apps $rc"; cat "$d/apps"
+  fi
+  rm -rf "$d"
 }
 
 # whether NVIDIA's DCGM host engine runs (nvidia-dcgm.service, or an nv-hostengine process) and

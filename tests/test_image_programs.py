@@ -17,7 +17,7 @@ RELAYED = "10.213.0.1:7001/vllm/vllm-openai:gemma-x86_64-cu130"
 
 
 def runtime(tmp_path, name: str, relay_fails: bool = False, pull_fails: bool = False,
-            repo_digests: str = "") -> dict:
+            repo_digests: str = "", inspect_fails: bool = False) -> dict:
     """``name`` on a PATH of its own: it logs each call; pull prints a layer line."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -28,6 +28,7 @@ case "$1 $2" in
   "pull --tls-verify=false") {'echo "Error: connection refused" >&2; exit 125' if relay_fails else 'echo "Copying blob sha256:0123456789ab done"'};;
   "pull "*) {'echo "Error: manifest unknown" >&2; exit 125' if pull_fails else 'echo "Copying blob sha256:0123456789ab done"'};;
   "image inspect")
+    {'echo "Error: no such image" >&2; exit 125' if inspect_fails else ':'}
     case "$4" in
       "{{{{.Architecture}}}} {{{{.Digest}}}}") echo amd64 sha256:feed;;
       "{{{{.Architecture}}}}{{{{range .RepoDigests}}}} {{{{.}}}}{{{{end}}}}") echo 'amd64{repo_digests}';;
@@ -78,6 +79,17 @@ def test_a_failed_pull_records_nothing(tmp_path):
               rt["env"])
     assert out.returncode != 0 and not record.exists() and "@result" not in out.stdout
     assert calls(rt) == [f"pull {REF}"]
+
+
+@pytest.mark.parametrize("name", ["podman", "docker"])
+def test_an_image_the_runtime_cannot_inspect_is_not_recorded(tmp_path, name):
+    rt = runtime(tmp_path, name, inspect_fails=True)
+    record = tmp_path / "image"
+    out = run(pull_script(name, REF, str(record), pull=False).replace(
+        "STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path}"), rt["env"])
+    assert out.returncode != 0 and not record.exists() and "@result" not in out.stdout
+    inspected = run(INSPECT_PROGRAM.script({"RUNTIME": name, "REF": REF}), rt["env"])
+    assert inspected.returncode != 0 and "@result" not in inspected.stdout
 
 
 @pytest.mark.parametrize("ref, digests, want", [

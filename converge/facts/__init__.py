@@ -133,11 +133,12 @@ class Gathering:
         self.facts = facts
         self.boundary = "@@fact-" + secrets.token_hex(8)
         self.done = f"{self.boundary} done"
+        self.asked_first = asked_first(facts)
         self.script = script(facts, self.boundary)  # it ends with the line ``done``
 
     def parse(self, output: str) -> Facts:
         raw = split(output, self.boundary)
-        shared = {name: raw[first] for name, first in asked_first(self.facts).items() if first in raw}
+        shared = {name: raw[first] for name, first in self.asked_first.items() if first in raw}
         return process_all(self.facts, shared)
 
 

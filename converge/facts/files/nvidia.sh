@@ -17,11 +17,15 @@ fact_nvidia_smi() {
   (
     timeout -k 2 "$1" nvidia-smi --version >"$d/version" 2>&1
     rc=$?
-    if { [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ]; } \
-       || { [ $rc -eq 0 ] && ! grep -qiE 'CUDA (UMD )?Version' "$d/version"; }; then
-      timeout -k 2 "$1" nvidia-smi >"$d/version" 2>&1
-      rc=$?
-    fi
+    case $rc in
+      124 | 137) ;;  # it timed out: the plain call would hang as long again
+      *)
+        if [ $rc -ne 0 ] || ! grep -qiE 'CUDA (UMD )?Version' "$d/version"; then
+          timeout -k 2 "$1" nvidia-smi >"$d/version" 2>&1
+          rc=$?
+        fi
+        ;;
+    esac
     echo $rc >"$d/version.rc"
   ) &
   # shellcheck disable=SC2086 # the query's options, blank-separated

@@ -18,11 +18,8 @@ elif [ "$PULL" = 1 ]; then
   "$RUNTIME" pull "$REF"
 fi
 mkdir -p "$STATE_DIR"
-found=$(arch_and_digest "$REF")
-a=${found%% *}
-d=${found#"$a"}
-d=${d# }
+inspect_image "$REF"
 tmp=$(mktemp "$RECORD.XXXXXX")
-printf '%s\n%s\n%s\n' "$REF" "$d" "$a" > "$tmp"
+printf '%s\n%s\n%s\n' "$REF" "$digest" "$arch" > "$tmp"
 mv -f "$tmp" "$RECORD"
-printf '@result {"digest": "%s", "arch": "%s"}\n' "$d" "$a"
+printf '@result {"digest": "%s", "arch": "%s"}\n' "$digest" "$arch"

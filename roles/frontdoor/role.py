@@ -42,6 +42,11 @@ def facts(v):
             "dcgm": Dcgm()}
 
 
+def keys_facts(v):
+    # a keys run rewrites the key lists and the configuration naming the replicas the host has
+    return {**proxy.keys_facts(v, FRONTDOOR, "frontdoor"), **units_fact(v)}
+
+
 def _replicas(ctx) -> list:
     """vLLM's replicas on this host: those this deploy places, or else those the host has
     (replica 0 alone on a host that has none yet)."""
@@ -170,4 +175,4 @@ def plan_keys(ctx):
 
 ROLE = Role("frontdoor", facts, plan, summary=lambda ctx: proxy.summary(ctx, FRONTDOOR, "frontdoor", FRONTDOOR_GENERATION),
             hosts=is_serving)
-KEYS_ROLE = Role("frontdoor keys", facts, plan_keys, hosts=is_serving)
+KEYS_ROLE = Role("frontdoor keys", keys_facts, plan_keys, hosts=is_serving)

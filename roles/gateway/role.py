@@ -37,11 +37,18 @@ ENV_FILE = "/etc/dgemma/gateway.env"
 BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
 
 
-def facts(v):
-    return {**proxy.facts(v, GATEWAY, "gateway"), "gateway_env": FileState(ENV_FILE, secret=True),
+def keys_facts(v):
+    # a keys run rewrites the key lists and what the generation counts besides (the upstream keys,
+    # the peer certificate, the keys' names and limits)
+    return {**proxy.keys_facts(v, GATEWAY, "gateway"),
             "gateway_upstream_keys": FileState(f"{GATEWAY.dir}/{UPSTREAM_KEYS}", secret=True),
             "gateway_peer_pem": FileState(f"{GATEWAY.dir}/{accounting.PEER_PEM}", secret=True),
             "gateway_peers_ca": FileState(f"{GATEWAY.dir}/{accounting.PEERS_CA}"),
+            **usage_steps.map_facts(v)}
+
+
+def facts(v):
+    return {**proxy.facts(v, GATEWAY, "gateway"), **keys_facts(v), "gateway_env": FileState(ENV_FILE, secret=True),
             **usage_steps.facts(v)}
 
 
@@ -135,21 +142,10 @@ def plan(ctx):
     if problems:
         yield Check("model_fallback", ok=False, message="; ".join(problems))
         return
-    try:
-        upstream_map = upstream_keys(ctx)
-    except SecretError as exc:
-        yield Check("model_fallback", ok=False, message=str(exc))
+    read = yield from generation_inputs(ctx)
+    if read is None:
         return
-    try:
-        accepted, maps = keys_and_limits(ctx)
-    except CredentialError as exc:
-        yield Check("keys", ok=False, message=str(exc))
-        return
-    try:
-        maps += peer_files(ctx)  # read as the maps are: a change is a reload, and a new generation
-    except CredentialError as exc:
-        yield Check("peer certificate", ok=False, message=f"{ctx.name}: {exc}")
-        return
+    upstream_map, accepted, maps = read
     want = wanted(ctx, upstream_map, accepted, maps)
     yield Decision("generation", produces=GATEWAY_GENERATION, value=want.generation)
     env = File("gateway environment", path=ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
@@ -185,17 +181,35 @@ def fallback_problems(fleet, policy: dict) -> list[str]:
     return out
 
 
-def plan_keys(ctx):
+def generation_inputs(ctx):
+    """(the upstream keys' map, the accepted keys, the files besides the key lists that the
+    generation counts: the keys' names and limits, the peer certificate and CA), read on the
+    control machine: what a deploy and a keys run both count, so that neither makes the
+    other's configuration stale (a reload for nothing). None, after a failed Check naming
+    what could not be read."""
     try:
         upstream_map = upstream_keys(ctx)
     except SecretError as exc:
         yield Check("model_fallback", ok=False, message=str(exc))
-        return
+        return None
     try:
         accepted, maps = keys_and_limits(ctx)
     except CredentialError as exc:
         yield Check("keys", ok=False, message=str(exc))
+        return None
+    try:
+        maps += peer_files(ctx)  # read as the maps are: a change is a reload, and a new generation
+    except CredentialError as exc:
+        yield Check("peer certificate", ok=False, message=f"{ctx.name}: {exc}")
+        return None
+    return upstream_map, accepted, maps
+
+
+def plan_keys(ctx):
+    read = yield from generation_inputs(ctx)
+    if read is None:
         return
+    upstream_map, accepted, maps = read
     yield from proxy.reload_steps(ctx, GATEWAY, "gateway", wanted(ctx, upstream_map, accepted, maps),
                                   extra_files=(upstream_keys_file(ctx, upstream_map), *maps))
 
@@ -213,4 +227,4 @@ def summary(ctx) -> dict:
 
 
 ROLE = Role("gateway", facts, plan, summary=summary, hosts=is_gateway)
-KEYS_ROLE = Role("gateway keys", facts, plan_keys, hosts=is_gateway)
+KEYS_ROLE = Role("gateway keys", keys_facts, plan_keys, hosts=is_gateway)

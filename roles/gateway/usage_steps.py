@@ -23,11 +23,16 @@ USAGE_RUNNING_PROGRAM = Program((SYSTEMD_FILE, RESULT_LIBRARY, acc.FILES / "usag
 READY_TIMEOUT_S = 30
 
 
-def facts(v) -> dict:
+def map_facts(v) -> dict:
+    """The files `map_files` writes."""
     d = GATEWAY.dir
     return {"gateway_keys_map": FileState(f"{d}/{acc.KEYS_MAP}", secret=True),
             "gateway_limits_map": FileState(f"{d}/{acc.LIMITS_MAP}", secret=True),
-            "gateway_lua": FileState(f"{d}/{acc.LUA}"),
+            "gateway_lua": FileState(f"{d}/{acc.LUA}")}
+
+
+def facts(v) -> dict:
+    return {**map_facts(v),
             "usage_program": FileState(acc.PROGRAM),
             "usage_unit_file": FileState(acc.UNIT_PATH),
             "usage_unit": UnitState(acc.UNIT),

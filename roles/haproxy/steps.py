@@ -49,16 +49,25 @@ def local_url(v: dict, path: str = "/health") -> str:
     return f"https://{connect_address(v)}:{int(v.get('api_port', 8000))}{path}"
 
 
+# the files a keys run rewrites (`reload_steps`), by their facts' suffixes
+KEYS_RUN_FILES = {"config": "haproxy.cfg", "keys": "keys.sha256", "monitoring_keys": "monitoring.sha256",
+                  "targets": "targets.json"}
+
+
+def keys_facts(v: dict, proxy: Proxy, prefix: str) -> dict:
+    """What `reload_steps` reads: the files it rewrites and the unit's state. A keys run neither
+    pulls, nor renews the certificate, nor asks what the instance answers as (a deploy does):
+    each of those facts costs an emulated host a program start or more."""
+    return {**{f"{prefix}_{name}": FileState(f"{proxy.dir}/{file}") for name, file in KEYS_RUN_FILES.items()},
+            f"{prefix}_unit": UnitState(proxy.unit_name(v))}
+
+
 def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
-    return {f"{prefix}_served": HttpHeader(local_url(v), GENERATION_HEADER),
-            f"{prefix}_config": FileState(f"{proxy.dir}/haproxy.cfg"),
-            f"{prefix}_keys": FileState(f"{proxy.dir}/keys.sha256"),
-            f"{prefix}_monitoring_keys": FileState(f"{proxy.dir}/monitoring.sha256"),
-            f"{prefix}_targets": FileState(f"{proxy.dir}/targets.json"),
+    return {**keys_facts(v, proxy, prefix),
+            f"{prefix}_served": HttpHeader(local_url(v), GENERATION_HEADER),
             f"{prefix}_tls": FileState(f"{proxy.dir}/tls.pem", secret=True),
             f"{prefix}_ca": FileState(f"{proxy.dir}/ca.crt"),
             f"{prefix}_unit_file": FileState(proxy.unit_path(v)),
-            f"{prefix}_unit": UnitState(proxy.unit_name(v)),
             "os": OsRelease(),
             "images": Images(v.get("container_runtime", "podman"))}
 
@@ -240,7 +249,7 @@ def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted, extra_files: tupl
                     message="not deployed here yet: the keys take effect at its first deploy")
         return
     files = [f for f in file_steps(ctx, proxy, prefix, want)
-             if f.path.endswith(("/keys.sha256", "/monitoring.sha256", "/targets.json", "/haproxy.cfg"))]
+             if f.path.endswith(tuple(f"/{file}" for file in KEYS_RUN_FILES.values()))]
     files += list(extra_files)
     needed = any(f.needed() for f in files)
     yield from files

@@ -179,9 +179,10 @@ def _answers(case: dict):
     return answer
 
 
-def run(case: dict, facts: Facts | None = None, credentials_dir: str | None = None) -> Run:
-    """The case's roles on its facts, through the runner's own executor, in check mode
-    (``credentials_dir``: the control machine's credentials there, else the tests' own)."""
+def run(case: dict, facts: Facts | None = None, credentials_dir: str | None = None, run_roles: list | None = None) -> Run:
+    """The case's roles (or ``run_roles``: another command's, keys.add's) on its facts, through the
+    runner's own executor, in check mode (``credentials_dir``: the control machine's credentials
+    there, else the tests' own)."""
     with tempfile.TemporaryDirectory() as secrets_dir:
         v = hostvars(case, secrets_dir)
         v["credentials_dir"] = credentials_dir or credentials(secrets_dir)
@@ -198,7 +199,7 @@ def run(case: dict, facts: Facts | None = None, credentials_dir: str | None = No
         def observe(role, step, handler):
             done.taken.append(Taken(role, step, handler, len(done.report.tasks)))
 
-        executor = HostRun(Target(host, v, None), _roles(case), done.report, check=True, commands=_answers(case),
+        executor = HostRun(Target(host, v, None), run_roles or _roles(case), done.report, check=True, commands=_answers(case),
                            observe=observe)
         executor.converge(None, ctx)
     for taken in done.taken:  # each step's line of the report, the one it added as it was taken

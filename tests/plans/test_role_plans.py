@@ -97,3 +97,29 @@ def test_every_script_a_role_sends_is_program_files_and_their_parameters(path: P
         rest = ASSIGNMENT.sub("", WRITE.sub("", rest))
         left = [line for line in rest.splitlines() if line.strip() not in ("", "{", "}", "true")]
         assert left == [], f"{step.head}: shell that is no program file: {left[:3]}"
+
+
+@pytest.mark.parametrize("name", ["frontdoor/noop-rtx01", "gateway/noop-gateway01"])
+def test_a_keys_run_on_a_host_as_deploy_left_it_changes_nothing(name: str):
+    """`invoke keys.add`'s run (its role's own, smaller set of facts) on a host as a deploy left it,
+    with the same keys: nothing written, nothing reloaded. Its configuration's generation counts
+    what the deploy's counts, or each keys run would leave a configuration the next deploy
+    rewrites and reloads for nothing."""
+    from roles.frontdoor.role import KEYS_ROLE as FRONTDOOR_KEYS
+    from roles.gateway.role import KEYS_ROLE as GATEWAY_KEYS
+    case = plans.load(plans.HERE / "cases" / f"{name}.json")
+    keys_role = {"frontdoor": FRONTDOOR_KEYS, "gateway": GATEWAY_KEYS}[case["role"]]
+    settled = plans.settle(case)
+    done = plans.run(case, settled, run_roles=[keys_role])
+    statuses = [(t.task, t.status) for t in done.report.tasks]
+    assert statuses and not [s for s in statuses if s[1] not in ("ok",)], statuses
+    # a run on a deployed instance (not "the keys take effect at its first deploy"): its files, its reload
+    assert [s[0].rsplit(" ", 1)[-1] for s in statuses if s[0].endswith(("configuration", "reloaded"))] == \
+        ["configuration", "reloaded"], statuses
+    # what it reads is what the deploy's role gathers (the same facts, fewer of them)
+    with plans.tempfile.TemporaryDirectory() as secrets_dir:
+        v = plans.hostvars(case, secrets_dir)
+    deploy_facts = next(r for r in plans._roles(case) if r.name == case["role"]).facts(v)
+    keys_facts = keys_role.facts(v)
+    assert set(keys_facts) < set(deploy_facts)
+    assert {n: f.command for n, f in keys_facts.items()} == {n: deploy_facts[n].command for n in keys_facts}

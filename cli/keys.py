@@ -139,13 +139,17 @@ def keys_set(c, name, inventory=None, hosts=None, ask_become_pass=False, request
         raise Exit(code=1)
 
 
-@task(klass=runs.HostTask, help={**KEYS_HELP, "name": "whose key"})
+@task(klass=runs.HostTask, help={**KEYS_HELP, "name": "whose key; several, comma-separated: all revoked at once "
+                                                      "(one reload), or none if one is not there"})
 def keys_revoke(c, name, inventory=None, hosts=None, ask_become_pass=False):
     """Forget NAME's key and reload the front doors: it is refused (401) when this returns."""
     from credentials import CredentialError
+    names = [n.strip() for n in name.split(",") if n.strip()]
+    if not names:
+        raise Exit(f"keys.revoke {name!r}: name a key (invoke keys.list shows them)", code=2)
     _, store, _ = _play_and_store(inventory)
     try:
-        store.revoke(name)
+        store.revoke(*names)
     except CredentialError as exc:
         raise Exit(str(exc), code=2)
     report = _keys_reload(c, inventory, hosts, ask_become_pass)

@@ -97,16 +97,20 @@ class KeyStore:
         """Each key's own limits (empty: the inventory's)."""
         return {name: dict(entry.get("limits") or {}) for name, entry in sorted(self.load().items())}
 
-    def revoke(self, name: str):
+    def revoke(self, *names: str):
+        """Forget each of ``names``: all of them, or none when one is not there."""
         with locked(self.path.parent):
-            self._revoke(name)
+            self._revoke(names)
 
-    def _revoke(self, name: str):
+    def _revoke(self, names: tuple[str, ...]):
         data = self.load()
-        if name not in data:
+        unknown = [name for name in dict.fromkeys(names) if name not in data]
+        if unknown:
             have = ", ".join(sorted(data)) or "none"
-            raise CredentialError(f"no key named {name} (keys: {have}); see: invoke keys.list")
-        del data[name]
+            kept = " (none revoked)" if len(names) > len(unknown) else ""
+            raise CredentialError(f"no key named {', '.join(unknown)} (keys: {have}){kept}; see: invoke keys.list")
+        for name in names:
+            data.pop(name, None)
         self._save(data)
 
     def hashes(self) -> dict[str, str]:

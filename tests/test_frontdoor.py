@@ -68,6 +68,14 @@ def test_keys_are_shown_once_and_kept_as_sha256(tmp_path):
     assert list(store.hashes()) == ["bob"]
     with pytest.raises(CredentialError, match="no key named alice"):
         store.revoke("alice")
+    # several at once: all of them, or none when one is not there
+    store.add("carol")
+    with pytest.raises(CredentialError, match=r"no key named alice, dave \(keys: bob, carol\) \(none revoked\)"):
+        store.revoke("bob", "alice", "carol", "dave")
+    assert list(store.hashes()) == ["bob", "carol"]
+    store.revoke("carol", "bob")
+    assert store.hashes() == {}
+    store.add("bob")
     store.path.chmod(0o644)
     with pytest.raises(CredentialError, match="chmod 600"):
         store.load()

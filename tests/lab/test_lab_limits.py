@@ -35,8 +35,9 @@ def deployed(lab):
 
 @pytest.fixture
 def keys():
-    """keys(name, *options) -> the new key's secret; each revoked at the end."""
-    made = []
+    """keys(name, *options) -> the new key's secret; all revoked at the end, at once (one reload of
+    the front doors and gateways), and each refused then."""
+    made, secrets_made = [], []
 
     def add(name, *options):
         name = f"{name}-{secrets.token_hex(3)}"  # a fresh name: its usage starts from nothing
@@ -44,11 +45,14 @@ def keys():
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         made.append(name)
         add.names[name.rsplit("-", 1)[0]] = name
-        return proc.stdout.strip().splitlines()[-1]
+        secrets_made.append(proc.stdout.strip().splitlines()[-1])
+        return secrets_made[-1]
     add.names = {}
     yield add
-    for name in made:
-        invoke("keys.revoke", name)
+    if made:
+        invoke("keys.revoke", ",".join(made), check=True)
+        refused = [post(key, timeout=30)[0] for key in secrets_made]
+        assert refused == [401] * len(made), (made, refused)
 
 
 def post(key, body=CHAT, timeout=120):

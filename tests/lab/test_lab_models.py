@@ -206,13 +206,14 @@ def test_every_diffusiongemma_replica_stopped_falls_back_and_traffic_returns(dep
     outputs = []
     # users' keys (limited: the gateways' alone): one that may spend on the external API, one that may not
     suffix = secrets.token_hex(3)
-    users = {}
+    users, users_made = {}, []
+    # revoked after the test, at once (a revoke reloads the gateways, whose counters the test reads last)
+    request.addfinalizer(lambda: users_made and invoke("keys.revoke", ",".join(users_made)))
     for name, options in ((f"frugal-{suffix}", ()), (f"spender-{suffix}", ("--upstream", "yes"))):
         proc = invoke("keys.add", name, "--requests-per-minute", "1000", *options)
         assert proc.returncode == 0, proc.stdout[-2000:]
+        users_made.append(name)
         users[name.split("-")[0]] = proc.stdout.strip().splitlines()[-1]
-        # revoked after the test (a revoke reloads the gateways, whose counters the test reads last)
-        request.addfinalizer(lambda name=name: invoke("keys.revoke", name))
     on_upstream = {}
     try:
         with ModelLoad("diffusiongemma") as load:

@@ -19,12 +19,19 @@ MANAGED = ("/etc/dgemma", "/etc/systemd/system", "/etc/keepalived", "/var/lib/dg
 CHANGING = ("/var/lib/dgemma/metrics", "/var/lib/dgemma/prometheus", "/var/lib/dgemma/alertmanager")
 
 
+def tree(host, folders: str, prune: tuple, fields: str) -> str:
+    """Each file under ``folders`` (but ``prune``): a line of its path and find's ``fields``, and a
+    line of its sha256, from one find and one sha256sum for all (four programs a file took
+    spark01's emulated shell 7.8 s for its two trees; this takes 2.8 s)."""
+    skip = " -o ".join(f"-path {path}" for path in prune)
+    find = f"find {folders} \\( {skip} \\) -prune -o -type f"
+    return ssh(host, f"export LC_ALL=C; {find} -printf '%p {fields}\\n' 2>/dev/null | sort; "
+                     f"{find} -exec sha256sum {{}} + 2>/dev/null | sort -k 2", check=False).stdout
+
+
 def host_tree(host) -> str:
     """The sha256 of every file deploy manages on the host, with its mode and owner."""
-    prune = " -o ".join(f"-path {path}" for path in CHANGING)
-    return ssh(host, "find " + " ".join(MANAGED) + f" \\( {prune} \\) -prune -o -type f -print "
-                     "2>/dev/null | sort | while read -r f; do stat -c '%a %U:%G' \"$f\" | tr '\\n' ' '; "
-                     "sha256sum < \"$f\" | sed \"s|-|$f|\"; done", check=False).stdout
+    return tree(host, " ".join(MANAGED), CHANGING, "%m %u:%g")
 
 
 def folder_tree(folder) -> dict:
@@ -76,10 +83,7 @@ RUN_NOT_OURS = ("/run/systemd", "/run/log", "/run/user", "/run/sudo", "/run/cont
 def run_tree(host) -> str:
     """Every file in /run (the host lock's folder, our services' state, pid files) with its mode,
     owner, mtime and sha256, but what changes there by itself (RUN_NOT_OURS)."""
-    prune = " -o ".join(f"-path {path}" for path in RUN_NOT_OURS)
-    return ssh(host, f"find /run \\( {prune} \\) -prune -o -type f -print 2>/dev/null | sort | while read -r f; do "
-                     "stat -c '%a %U:%G %Y' \"$f\" | tr '\\n' ' '; sha256sum < \"$f\" | sed \"s|-|$f|\"; done",
-               check=False).stdout
+    return tree(host, "/run", RUN_NOT_OURS, "%m %u:%g %T@")
 
 
 def hold_lock(host) -> subprocess.Popen:

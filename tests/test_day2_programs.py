@@ -247,6 +247,32 @@ def test_the_status_probe_reads_each_replica_from_what_runs(pages, tmp_path):
     assert vllm.asked == ["/health", "/metrics"]
 
 
+@pytest.mark.parametrize("ps_says_state", [True, False], ids=["docker 20.10+", "older docker"])
+def test_the_status_probe_asks_docker_for_its_containers_states_with_one_ps(tmp_path, ps_says_state):
+    """docker's ps says each container's state itself (its .State, since 20.10): one docker start,
+    not two (a second of CPU each on an emulated host); an older docker, whose ps has no .State,
+    is asked as podman is (ps, then inspect). Either way the same states, by name."""
+    from day2.readings import ServiceProbe
+    from roles.replicas import replica
+    zero, two = replica({}, 0), replica({}, 2)
+    host = replica_host(tmp_path, {zero.unit: 0, two.unit: 0})
+    calls = tmp_path / "docker-calls"
+    ps_format = (f"printf '/{zero.container} running\\n/{two.container} exited\\n'" if ps_says_state else
+                 "echo 'template: :1:23: executing \"\" at <.State>: can'\\''t evaluate field State' >&2; exit 1")
+    (tmp_path / "bin" / "docker").write_text(
+        f"#!/bin/sh\necho \"$*\" >>{calls}\ncase \"$1 $2 $3\" in\n"
+        f"  'ps -a --format') {ps_format};;\n  'ps -aq '*) printf 'id1\\nid2\\n';;\n"
+        f"  'inspect --format '*) printf '/{zero.container} running\\n/{two.container} exited\\n';;\nesac\n")
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    script = readings.REPLICAS_PROGRAM.script({"RUNTIME": "docker", "UNIT_GLOBS": host["globs"],
+                                               "FIRST_UNIT": zero.unit})
+    found = ServiceProbe({}).process(run(script, host["env"]), 0)  # which replica each name is: as podman names them
+    assert {i: r["container"] for i, r in found.items()} == {0: "running", 2: "exited"}
+    asked = calls.read_text().splitlines()
+    assert asked[0] == "ps -a --format /{{.Names}} {{.State}}"
+    assert len(asked) == (1 if ps_says_state else 3), asked
+
+
 def _stub(tmp_path, name: str, body: str) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)

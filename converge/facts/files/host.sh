@@ -34,13 +34,13 @@ fact_commands() {
   for name in "$@"; do printf '%s %s\n' "$name" "$(command -v "$name" || echo -)"; done
 }
 
-# the file $1: its mode, owner, group and size, its sha256, then (unless $2 is "secret": a secret's
-# content never leaves the host) its content in base64; "absent" when there is no such file
+# the file $1: its mode, owner, group and size, then its content in base64, or (when $2 is "secret":
+# a secret's content never leaves the host) its sha256; "absent" when there is no such file
 fact_file_state() {
   if [ -f "$1" ]; then
     stat -c '%a %U %G %s' "$1"
-    sha256sum < "$1"
-    [ "$2" = secret ] || base64 "$1"
+    # a secret's hash (its content never leaves the host); a file sent whole is hashed on our side
+    if [ "$2" = secret ]; then sha256sum < "$1"; else base64 "$1"; fi
   else
     echo absent
   fi

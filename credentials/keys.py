@@ -104,13 +104,14 @@ class KeyStore:
 
     def _revoke(self, names: tuple[str, ...]):
         data = self.load()
-        unknown = [name for name in dict.fromkeys(names) if name not in data]
+        names = tuple(dict.fromkeys(names))  # a name given twice is one key
+        unknown = [name for name in names if name not in data]
         if unknown:
             have = ", ".join(sorted(data)) or "none"
             kept = " (none revoked)" if len(names) > len(unknown) else ""
             raise CredentialError(f"no key named {', '.join(unknown)} (keys: {have}){kept}; see: invoke keys.list")
         for name in names:
-            data.pop(name, None)
+            del data[name]
         self._save(data)
 
     def hashes(self) -> dict[str, str]:

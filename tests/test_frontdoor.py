@@ -73,7 +73,9 @@ def test_keys_are_shown_once_and_kept_as_sha256(tmp_path):
     with pytest.raises(CredentialError, match=r"no key named alice, dave \(keys: bob, carol\) \(none revoked\)"):
         store.revoke("bob", "alice", "carol", "dave")
     assert list(store.hashes()) == ["bob", "carol"]
-    store.revoke("carol", "bob")
+    with pytest.raises(CredentialError, match=r"no key named dave \(keys: bob, carol\); see"):
+        store.revoke("dave", "dave")  # twice the same missing name: one missing key, nothing else kept
+    store.revoke("carol", "bob", "carol")
     assert store.hashes() == {}
     store.add("bob")
     store.path.chmod(0o644)

@@ -4,6 +4,7 @@ code, to be read before committing."""
 import functools
 import re
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ def test_a_keys_run_on_a_host_as_deploy_left_it_changes_nothing(name: str):
     assert [s[0].rsplit(" ", 1)[-1] for s in statuses if s[0].endswith(("configuration", "reloaded"))] == \
         ["configuration", "reloaded"], statuses
     # what it reads is what the deploy's role gathers (the same facts, fewer of them)
-    with plans.tempfile.TemporaryDirectory() as secrets_dir:
+    with tempfile.TemporaryDirectory() as secrets_dir:
         v = plans.hostvars(case, secrets_dir)
     deploy_facts = next(r for r in plans._roles(case) if r.name == case["role"]).facts(v)
     keys_facts = keys_role.facts(v)

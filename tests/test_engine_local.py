@@ -51,6 +51,57 @@ class _Meets(Arch):
                         f"sleep 0.1; done; [ -e {folder}/{theirs} ] && echo together || echo alone")
 
 
+def test_file_states_asked_together_answer_as_each_asked_alone(tmp_path, monkeypatch):
+    """Files of one gathering are read by one stat and one cat (secrets: one sha256sum): each
+    file's state is what it is asked alone, whatever the file is (empty, binary, a link, gone, a
+    folder), and a secret's bytes are not in what the host sends."""
+    from converge.facts import batched
+    from converge.facts import host as host_facts
+    files = {"text": b"a: 1\n", "empty": b"", "binary": bytes(range(256)) * 3, "key": b"s3cret-value\n"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "key").chmod(0o600)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "text")
+    asked = {f"{name}": FileState(str(tmp_path / name)) for name in ("text", "empty", "binary", "link", "gone", "folder")}
+    asked.update(key=FileState(str(tmp_path / "key"), secret=True), key2=FileState(str(tmp_path / "text"), secret=True),
+                 arch=Arch())
+    together = Gathering(asked)
+    assert len(batched(asked)[1]) == 2 and together.script.count("fact_file_states ") == 2
+    output = LocalConnection().run(together.script).stdout
+    assert "s3cret" not in output
+    found = together.parse(output)
+    monkeypatch.setattr(host_facts.FileState, "batch", lambda self: None)
+    alone = Gathering(asked)
+    assert "fact_file_states " not in alone.script
+    assert found.values == alone.parse(LocalConnection().run(alone.script).stdout).values
+    assert found["gone"] is None and found["folder"] is None and found["binary"]["size"] == 768
+    assert found["link"]["content"] == "a: 1\n" and found["link"]["mode"] == "0777"  # the link's own, as alone
+    assert "content" not in found["key"] and found["key"]["mode"] == "0600"
+
+
+def test_a_batch_that_cannot_be_read_fails_its_facts_not_the_run():
+    from converge.facts.host import FILE_STATES, UNIT_STATES, UnitState
+    files = [FileState("/etc/a"), FileState("/etc/b")]
+    # sizes and bytes disagree (a file rewritten between the stat and the cat)
+    gathering = Gathering({"a": files[0], "b": files[1], "arch": Arch()})
+    boundary = gathering.boundary
+    output = (f"{boundary} begin +0\n@state 644 root root 3 /etc/a\n@state 644 root root 1 /etc/b\n@content\nYQ==\n"
+              f"{boundary} end +0 0\n{boundary} begin arch\nx86_64\n{boundary} end arch 0\n{boundary} done\n")
+    facts = gathering.parse(output)
+    assert facts.values == {"arch": "x86_64"} and "changed while they were read" in facts.errors["a"], facts.errors
+    assert FILE_STATES[False].split("@state 644 root root 1 /etc/b\n@content\nYg==", 0, files) == \
+        [("absent", 0), ("644 root root 1\nYg==", 0)]
+    units = [UnitState("a.service"), UnitState("b.service")]
+    shown = "LoadState=loaded\nActiveState=active\n\nLoadState=not-found\nActiveState=inactive\n"
+    assert [u.process(*answer) for u, answer in zip(units, UNIT_STATES.split(shown, 0, units))] == \
+        [{"LoadState": "loaded", "ActiveState": "active"}, {"LoadState": "not-found", "ActiveState": "inactive"}]
+    unit_gathering = Gathering({"a": units[0], "b": units[1]})
+    ub = unit_gathering.boundary
+    lone = unit_gathering.parse(f"{ub} begin +0\nSystem has not been booted with systemd\n{ub} end +0 1\n{ub} done\n")
+    assert set(lone.errors) == {"a", "b"} and "answered 1 of 2 units" in lone.errors["a"], lone.errors
+
+
 def test_facts_run_side_by_side_and_one_by_one_where_no_temporary_folder_can_be_made(tmp_path):
     class Exits(Arch):
         command = "echo partial; exit 7"

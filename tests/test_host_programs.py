@@ -456,7 +456,7 @@ def _fact_cases():
     one) that carries it."""
     from converge.facts import FactError
     from converge.facts.containers import ImagePresent, Images, parse_runtimes
-    from converge.facts.host import TextFiles, UnitFiles
+    from converge.facts.host import FILE_STATES, FileState, TextFiles, UnitFiles
     from converge.facts.nvidia import parse_nvidia_smi_sections
     from tests.conftest import FIXTURES
 
@@ -482,6 +482,12 @@ def _fact_cases():
             "file": (reading(lambda o: TextFiles("/etc/nixos/*.nix").process(o, 0)), "@file /etc/nixos/a.nix\nYQ==\n"),
             "unit": (reading(lambda o: UnitFiles("/etc/systemd/system/*.service").process(o, 0)), units),
             "state": (reading(lambda o: UnitFiles("/etc/systemd/system/*.service").process(o, 0)), units),
+            # a batch of file states (fact_file_states): a link's own answer, the others' stat lines and bytes
+            **{marker: (reading(lambda o: FILE_STATES[False].split(o, 0, [FileState("/etc/a"), FileState("/etc/b")])),
+                        "@one /etc/a\n777 root root 4\nYQ==\n@one-end\n@state 644 root root 1 /etc/b\n@content\nYg==\n")
+               for marker in ("one", "one-end", "content")},
+            "hashes": (reading(lambda o: FILE_STATES[True].split(o, 0, [FileState("/etc/k", secret=True)])),
+                       "@state 600 root root 3 /etc/k\n@hashes\n" + "ab" * 32 + "  /etc/k\n"),
             **{marker: (reading(parse_nvidia_smi_sections), smi) for marker in ("query", "version", "apps")},
             "missing": (reading(parse_nvidia_smi_sections), "@missing\n")}
 

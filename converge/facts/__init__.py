@@ -15,6 +15,11 @@ read-only /tmp), they run one after another, straight to the output, as before.
 A fact whose command is more than a word or two calls a function of a library of shell
 functions (``files/*.sh``, its ``library``); the gathering sends each library once, before
 the facts, so that a host with 40 file facts is not sent 40 copies of one program.
+
+Facts of one kind that one program answers for many (a file's state, a unit's: `Batch`) run as
+one command: fifteen files cost a `stat`, a `cat` and a `base64`, not thirty programs, and four
+units one `systemctl show`. Each answer is cut back into the output the fact would have printed
+alone, so its ``process`` is the same either way.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import secrets
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..shell_files import as_sent
 
@@ -45,6 +51,23 @@ class Fact:
 
     def process(self, output: str, rc: int):
         raise NotImplementedError
+
+    def batch(self) -> "Batch | None":
+        """The batch that answers this fact together with others of its kind (None: alone)."""
+        return None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Facts one program answers together: ``key`` says which facts may share it (equal keys,
+    one batch), ``command(members)`` is that program's call for them (a function of ``library``),
+    and ``split(output, rc, members)`` cuts its output into each member's (output, rc), as the
+    member's own command would have printed it (a `FactError`: none of them could be read)."""
+
+    key: tuple
+    library: Path
+    command: Callable[[list], str]
+    split: Callable[[str, int, list], list]
 
 
 def call(function: str, *args) -> str:
@@ -78,15 +101,58 @@ def asked_first(facts: dict[str, Fact]) -> dict[str, str]:
     return {name: first.setdefault((fact.library, fact.command), name) for name, fact in facts.items()}
 
 
+def batched(facts: dict[str, Fact]) -> tuple[dict[str, Fact], dict[str, tuple[Batch, list[str]]]]:
+    """The facts that run alone, and each batch of two or more facts (a name of its own, which
+    no fact's name can be: ``+N``) with its members' names, in the order they were asked."""
+    groups: dict[tuple, tuple[Batch, list[str]]] = {}
+    for name, fact in facts.items():
+        batch = fact.batch()
+        if batch is not None:
+            groups.setdefault(batch.key, (batch, []))[1].append(name)
+    shared = {key: group for key, group in groups.items() if len(group[1]) > 1}
+    inside = {name for _, names in shared.values() for name in names}
+    alone = {name: fact for name, fact in facts.items() if name not in inside}
+    return alone, {f"+{n}": group for n, group in enumerate(shared.values())}
+
+
 def script(facts: dict[str, Fact], boundary: str) -> str:
-    """The facts' libraries (each once), a function per fact (``_fact_N``: its command), then
-    host_scripts/gather.sh, which runs them and frames what each prints. A command that two facts
-    share runs once (``asked_first``), under the first one's name."""
+    """The facts' libraries (each once), a function per fact (``_fact_N``: its command) or batch
+    of facts (its one command for them all), then host_scripts/gather.sh, which runs them and
+    frames what each prints. A command that two facts share runs once (``asked_first``), under
+    the first one's name."""
     facts = {name: facts[name] for name, first in asked_first(facts).items() if name == first}
-    libraries = dict.fromkeys(f.library for f in facts.values() if f.library is not None)
-    functions = "".join(f"_fact_{n}() {{\n{fact.command}\n}}\n" for n, fact in enumerate(facts.values()))
-    return (f"BOUNDARY={shlex.quote(boundary)}\nNAMES={shlex.quote(' '.join(facts))}\n"
+    alone, batches = batched(facts)
+    commands = {name: (fact.library, fact.command) for name, fact in alone.items()}
+    commands.update({name: (batch.library, batch.command([facts[m] for m in members]))
+                     for name, (batch, members) in batches.items()})
+    libraries = dict.fromkeys(library for library, _ in commands.values() if library is not None)
+    functions = "".join(f"_fact_{n}() {{\n{command}\n}}\n" for n, (_, command) in enumerate(commands.values()))
+    return (f"BOUNDARY={shlex.quote(boundary)}\nNAMES={shlex.quote(' '.join(commands))}\n"
             + "".join(as_sent(path) for path in libraries) + functions + as_sent(GATHER))
+
+
+def unbatch(facts: dict[str, Fact], raw: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """``raw`` with each batch's answer cut into its members' (a batch that could not be read:
+    each member's error, as a `FactError` text in place of an output, and rc None)."""
+    facts = {name: facts[name] for name, first in asked_first(facts).items() if name == first}
+    _, batches = batched(facts)
+    found = {name: answer for name, answer in raw.items() if name not in batches}
+    for name, (batch, members) in batches.items():
+        if name not in raw:
+            continue
+        output, rc = raw[name]
+        try:
+            parts = batch.split(output, rc, [facts[m] for m in members])
+            if len(parts) != len(members):
+                raise FactError(f"one program answered {len(parts)} of these facts for {len(members)} asked: "
+                                f"{output.strip()[:200]!r}")
+        except FactError as exc:
+            parts = [(str(exc), None)] * len(members)
+        except Exception as exc:  # noqa: BLE001 - whatever a host prints must fail those facts, not the run
+            parts = [(f"could not read the answer of facts {', '.join(members)} ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}): {output.strip()[:200]!r}", None)] * len(members)
+        found.update(zip(members, parts))
+    return found
 
 
 def split(output: str, boundary: str) -> dict[str, tuple[str, int]]:
@@ -114,6 +180,9 @@ def process_all(facts: dict[str, Fact], raw: dict[str, tuple[str, int]]) -> Fact
             result.errors[name] = "gathering stopped before this fact answered"
             continue
         output, rc = raw[name]
+        if rc is None:  # its batch could not be read (unbatch): the output says why
+            result.errors[name] = output
+            continue
         try:
             result.values[name] = fact.process(output, rc)
         except FactError as exc:
@@ -137,7 +206,7 @@ class Gathering:
         self.script = script(facts, self.boundary)  # it ends with the line ``done``
 
     def parse(self, output: str) -> Facts:
-        raw = split(output, self.boundary)
+        raw = unbatch(self.facts, split(output, self.boundary))
         shared = {name: raw[first] for name, first in self.asked_first.items() if first in raw}
         return process_all(self.facts, shared)
 

@@ -46,9 +46,41 @@ fact_file_state() {
   fi
 }
 
-# the unit $1's load, active and enabled state, and when it entered it
+# the files $2... as fact_file_state answers each ($1: "secret" or not), in one program of each
+# kind for them all: a link, "@one PATH", fact_file_state's lines, "@one-end"; then a line
+# "@state MODE OWNER GROUP SIZE PATH" for each other regular file (one stat; a file that no line
+# names is absent), and "@hashes" and sha256sum's line of each, or "@content" and the bytes of
+# them all, one after the other in that order, in base64 (cut back by their sizes on our side)
+fact_file_states() {
+  kind=$1
+  shift
+  count=$#
+  for f; do
+    if [ -L "$f" ]; then
+      printf '@one %s\n' "$f"
+      fact_file_state "$f" "$kind"
+      echo '@one-end'
+    elif [ -f "$f" ]; then
+      set -- "$@" "$f"
+    fi
+  done
+  shift "$count"
+  [ $# -gt 0 ] || return 0
+  # (a file gone since the test above: no line of its own, no bytes; its error not among the lines)
+  stat -c '@state %a %U %G %s %n' -- "$@" 2>/dev/null
+  if [ "$kind" = secret ]; then
+    echo '@hashes'
+    sha256sum -- "$@" 2>/dev/null
+  else
+    echo '@content'
+    cat -- "$@" 2>/dev/null | base64
+  fi
+}
+
+# the unit $1's load, active and enabled state, and when it entered it (units $1...: one
+# block each, in that order, a blank line between)
 fact_unit_state() {
-  systemctl show "$1" -p LoadState -p ActiveState -p SubState -p UnitFileState -p NRestarts -p MainPID \
+  systemctl show "$@" -p LoadState -p ActiveState -p SubState -p UnitFileState -p NRestarts -p MainPID \
     -p ActiveEnterTimestampMonotonic -p ExecMainStatus -p NeedDaemonReload -p Result
 }
 

@@ -112,3 +112,47 @@ def test_docker_keeps_the_digest_of_the_images_own_repository(tmp_path, ref, dig
     assert record.read_text() == f"{ref}\n{want}\namd64\n"
     inspected = run(INSPECT_PROGRAM.script({"RUNTIME": "docker", "REF": ref}), rt["env"])
     assert INSPECT.result_of(inspected.stdout) == {"digest": want, "arch": "amd64"}  # what verify reads
+
+
+def _docker_that_pulls(tmp_path, digest: str, moved: bool = False, fails: int = 0) -> dict:
+    """A docker whose pull says what docker 24 says of a tag (unmoved or moved to ``digest``),
+    or fails with ``fails``; its inspect answers as the image now here."""
+    rt = runtime(tmp_path, "docker", repo_digests=f" {REF.rsplit(':', 1)[0]}@{digest}")
+    pulled = ("echo 'Error response from daemon: manifest unknown' >&2; exit %d" % fails if fails else
+              f"echo '{REF.rsplit(':', 1)[1]}: Pulling from vllm/vllm-openai'; echo 'Digest: {digest}'; "
+              f"echo 'Status: {'Downloaded newer image' if moved else 'Image is up to date'} for {REF}'; echo '{REF}'")
+    script = (tmp_path / "bin" / "docker").read_text().replace('  "pull "*)', f'  "pull {REF}") {pulled};;\n  "pull "*)', 1)
+    (tmp_path / "bin" / "docker").write_text(script)
+    return rt
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_an_always_pull_that_finds_the_tag_unmoved_keeps_the_record_and_inspects_nothing(tmp_path, moved):
+    """image_pull: always pulls at every deploy: where docker says the image is up to date at the
+    digest recorded, that is the answer (no inspect, the record untouched); a tag that moved is
+    inspected and recorded as before. The pull's lines pass through either way."""
+    record = tmp_path / "image"
+    record.write_text(f"{REF}\nsha256:0ld\namd64\n")
+    rt = _docker_that_pulls(tmp_path, "sha256:0ld" if not moved else "sha256:n3w", moved=moved)
+    out = run(pull_script("docker", REF, str(record), known=("sha256:0ld", "amd64")).replace(
+        "STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path}"), rt["env"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Pulling from vllm/vllm-openai" in out.stdout and "pull exit status" not in out.stdout
+    inspects = [c for c in calls(rt) if c.startswith("image inspect")]
+    if moved:
+        assert PULL.result_of(out.stdout) == {"digest": "sha256:n3w", "arch": "amd64"} and len(inspects) == 1
+        assert record.read_text() == f"{REF}\nsha256:n3w\namd64\n"
+    else:
+        assert PULL.result_of(out.stdout) == {"digest": "sha256:0ld", "arch": "amd64"} and inspects == []
+        assert record.read_text() == f"{REF}\nsha256:0ld\namd64\n"
+    assert [c for c in calls(rt) if c.startswith("pull")] == [f"pull {REF}"]
+
+
+def test_an_always_pull_that_fails_exits_with_dockers_status_and_says_why(tmp_path):
+    record = tmp_path / "image"
+    record.write_text(f"{REF}\nsha256:0ld\namd64\n")
+    rt = _docker_that_pulls(tmp_path, "sha256:0ld", fails=18)
+    out = run(pull_script("docker", REF, str(record), known=("sha256:0ld", "amd64")).replace(
+        "STATE_DIR=/var/lib/dgemma", f"STATE_DIR={tmp_path}"), rt["env"])
+    assert out.returncode == 18 and "manifest unknown" in out.stdout, out.stdout + out.stderr
+    assert "@result" not in out.stdout and record.read_text() == f"{REF}\nsha256:0ld\namd64\n"

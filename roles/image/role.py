@@ -39,15 +39,19 @@ INSPECT = Protocol("inspect the image", result=IMAGE_FACTS)
 INSPECT_PROGRAM = Program((FILES / "digest.sh", FILES / "inspect.sh"), INSPECT)
 
 
-def pull_script(runtime: str, ref: str, record: str, pull: bool = True, relayed: str | None = None) -> str:
+def pull_script(runtime: str, ref: str, record: str, pull: bool = True, relayed: str | None = None,
+                known: tuple[str, str] | None = None) -> str:
     """Pull (unless ``pull`` is false), then record ref, digest and arch atomically.
 
     ``relayed``: the same image through the run's relay (podman): pulled from there
     (its digest is the manifest's, wherever it came from), tagged as ``ref``, the
-    relay's name dropped; if that fails, pulled from the registry itself."""
+    relay's name dropped; if that fails, pulled from the registry itself. ``known``:
+    the digest and arch recorded for the image here (docker): a pull that finds the
+    tag where it was leaves the record as it is."""
     return PULL_PROGRAM.script({"RUNTIME": runtime, "REF": ref, "PULL": int(bool(pull)),
                                 "RELAYED": relayed if pull and relayed else "", "RECORD": record,
-                                "STATE_DIR": STATE_DIR})
+                                "STATE_DIR": STATE_DIR, "KNOWN_DIGEST": known[0] if known else "",
+                                "KNOWN_ARCH": known[1] if known else ""})
 
 
 def restart_all(ctx) -> tuple:
@@ -108,7 +112,9 @@ def plan(ctx):
             digest = pulled(result)
             return f"{ref} {digest}", digest != before  # changed only if the tag moved
 
-        yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v)),
+        # the record is right (reason None): a pull that finds the tag unmoved need not inspect again
+        known = (recorded[1], want_arch) if recorded[2:3] == [want_arch] else None
+        yield Command(f"pull {ref}", script=pull_script(runtime, ref, record_path(v), known=known),
                       describe=f"{runtime} pull {ref} (image_pull: always)", progress=pull_reader(),
                       timeout=v.get("image_pull_timeout", 3600), interpret=newer, notify=restart_all(ctx),
                       maybe=True, background=True)

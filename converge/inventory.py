@@ -72,8 +72,8 @@ class Host:
     name: str
     groups: list[str]
     vars: dict = field(default_factory=dict)
-    origins: dict[str, Origin] = field(default_factory=dict)
-    # the sources that made this host's vars, lowest precedence first
+    # the sources that made this host's vars, lowest precedence first (a value's file and line:
+    # the last source that sets it, `VarSource.origin_of`, read only where a problem is reported)
     sources: list[VarSource] = field(default_factory=list)
 
 
@@ -174,12 +174,9 @@ class Inventory:
         if overrides:
             sources.append(VarSource(CLI, dict(overrides), {k: Origin("--set " + k) for k in overrides}))
         merged: dict = {}
-        origins: dict[str, Origin] = {}
         for src in sources:
-            for key, value in src.values.items():
-                merged[key] = value
-                origins[key] = src.origin_of((key,))
-        return Host(name=name, groups=groups, vars=merged, origins=origins, sources=sources)
+            merged.update(src.values)
+        return Host(name=name, groups=groups, vars=merged, sources=sources)
 
 
 def _group_loop(groups: dict[str, Group]) -> list[str] | None:

@@ -101,18 +101,23 @@ def asked_first(facts: dict[str, Fact]) -> dict[str, str]:
     return {name: first.setdefault((fact.library, fact.command), name) for name, fact in facts.items()}
 
 
-def batched(facts: dict[str, Fact]) -> tuple[dict[str, Fact], dict[str, tuple[Batch, list[str]]]]:
+def batched(facts: dict[str, Fact]) -> tuple[dict[str, Fact], dict[str, tuple[Batch, dict[str, Fact]]]]:
     """The facts that run alone, and each batch of two or more facts (a name of its own, which
-    no fact's name can be: ``+N``) with its members' names, in the order they were asked."""
-    groups: dict[tuple, tuple[Batch, list[str]]] = {}
+    no fact's name can be: ``+N``) with its members by name, in the order they were asked."""
+    groups: dict[tuple, tuple[Batch, dict[str, Fact]]] = {}
     for name, fact in facts.items():
         batch = fact.batch()
         if batch is not None:
-            groups.setdefault(batch.key, (batch, []))[1].append(name)
-    shared = {key: group for key, group in groups.items() if len(group[1]) > 1}
-    inside = {name for _, names in shared.values() for name in names}
+            groups.setdefault(batch.key, (batch, {}))[1][name] = fact
+    shared = [group for group in groups.values() if len(group[1]) > 1]
+    inside = {name for _, members in shared for name in members}
     alone = {name: fact for name, fact in facts.items() if name not in inside}
-    return alone, {f"+{n}": group for n, group in enumerate(shared.values())}
+    return alone, {f"+{n}": (batch, members) for n, (batch, members) in enumerate(shared)}
+
+
+def _first_askers(facts: dict[str, Fact], firsts: dict[str, str]) -> dict[str, Fact]:
+    """The facts whose commands run: of two that share one, the first (``firsts``: `asked_first`)."""
+    return {name: facts[name] for name, first in firsts.items() if name == first}
 
 
 def script(facts: dict[str, Fact], boundary: str) -> str:
@@ -120,10 +125,12 @@ def script(facts: dict[str, Fact], boundary: str) -> str:
     of facts (its one command for them all), then host_scripts/gather.sh, which runs them and
     frames what each prints. A command that two facts share runs once (``asked_first``), under
     the first one's name."""
-    facts = {name: facts[name] for name, first in asked_first(facts).items() if name == first}
-    alone, batches = batched(facts)
+    return _script(*batched(_first_askers(facts, asked_first(facts))), boundary)
+
+
+def _script(alone: dict[str, Fact], batches: dict[str, tuple[Batch, dict[str, Fact]]], boundary: str) -> str:
     commands = {name: (fact.library, fact.command) for name, fact in alone.items()}
-    commands.update({name: (batch.library, batch.command([facts[m] for m in members]))
+    commands.update({name: (batch.library, batch.command(list(members.values())))
                      for name, (batch, members) in batches.items()})
     libraries = dict.fromkeys(library for library, _ in commands.values() if library is not None)
     functions = "".join(f"_fact_{n}() {{\n{command}\n}}\n" for n, (_, command) in enumerate(commands.values()))
@@ -131,18 +138,17 @@ def script(facts: dict[str, Fact], boundary: str) -> str:
             + "".join(as_sent(path) for path in libraries) + functions + as_sent(GATHER))
 
 
-def unbatch(facts: dict[str, Fact], raw: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+def unbatch(batches: dict[str, tuple[Batch, dict[str, Fact]]],
+            raw: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
     """``raw`` with each batch's answer cut into its members' (a batch that could not be read:
     each member's error, as a `FactError` text in place of an output, and rc None)."""
-    facts = {name: facts[name] for name, first in asked_first(facts).items() if name == first}
-    _, batches = batched(facts)
     found = {name: answer for name, answer in raw.items() if name not in batches}
     for name, (batch, members) in batches.items():
         if name not in raw:
             continue
         output, rc = raw[name]
         try:
-            parts = batch.split(output, rc, [facts[m] for m in members])
+            parts = batch.split(output, rc, list(members.values()))
             if len(parts) != len(members):
                 raise FactError(f"one program answered {len(parts)} of these facts for {len(members)} asked: "
                                 f"{output.strip()[:200]!r}")
@@ -203,10 +209,11 @@ class Gathering:
         self.boundary = "@@fact-" + secrets.token_hex(8)
         self.done = f"{self.boundary} done"
         self.asked_first = asked_first(facts)
-        self.script = script(facts, self.boundary)  # it ends with the line ``done``
+        alone, self.batches = batched(_first_askers(facts, self.asked_first))
+        self.script = _script(alone, self.batches, self.boundary)  # it ends with the line ``done``
 
     def parse(self, output: str) -> Facts:
-        raw = unbatch(self.facts, split(output, self.boundary))
+        raw = unbatch(self.batches, split(output, self.boundary))
         shared = {name: raw[first] for name, first in self.asked_first.items() if first in raw}
         return process_all(self.facts, shared)
 

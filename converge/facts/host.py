@@ -148,7 +148,6 @@ class FileState(Fact):
         return state
 
 
-
 def _file_states_command(members: list) -> str:
     return call("fact_file_states", "secret" if members[0].secret else "", *(m.path for m in members))
 

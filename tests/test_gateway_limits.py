@@ -207,8 +207,10 @@ class Gateway:
         return sorted((r for r in self._journal() if "t" in r), key=lambda r: r["t"])  # an access line alone has no "t"
 
     def _journal(self) -> list[dict]:
-        """Every line the usage service wrote: the records, and access lines alone."""
-        return [json.loads(line) for line in (self.dir / "records.log").read_text().splitlines() if line.strip()]
+        """Every line the usage service wrote: the records, and access lines alone. A line it is still
+        writing (after the last newline) is not one yet: read as it is, it is cut JSON."""
+        written = (self.dir / "records.log").read_text().split("\n")[:-1]
+        return [json.loads(line) for line in written if line.strip()]
 
     def settled_count(self) -> int:
         """The records once the last request's has come (the service's readers hand theirs over each

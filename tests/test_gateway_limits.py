@@ -363,6 +363,13 @@ def _until(check, what: str, timeout: float = 15):
         time.sleep(0.05)
 
 
+def _until_gemma4_goes_upstream(fleet):
+    """Until the gateway's checks have found gemma4's pool down (a fleet just started has not yet):
+    its requests, with a key that may spend there, go to the external API."""
+    _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
+           "gemma4's pool is down: its requests go to the external API")
+
+
 def _usage_of(data) -> int:
     """What a client counts: the usage of a JSON answer, or the last usage of a stream."""
     if isinstance(data, dict):
@@ -587,9 +594,7 @@ def test_a_clients_fleet_headers_never_reach_a_front_door(fleet):
 
 
 def test_only_a_key_that_may_spend_reaches_the_external_upstream(fleet):
-    # once the gateway's checks have found gemma4's pool down (a fleet just started has not yet)
-    _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
-           "gemma4's pool is down: its requests go to the external API")
+    _until_gemma4_goes_upstream(fleet)
     status, body, _ = fleet.chat("plain", model="gemma4")
     assert status == 403 and body["error"]["code"] == "upstream_not_allowed", body
 
@@ -599,8 +604,7 @@ def test_an_external_apis_answer_comes_uncompressed_so_its_usage_is_counted(flee
     Accept-Encoding: gzip), and a gzip answer's usage is unreadable to the gateway's filter: the
     gateway asks the external API for an uncompressed answer, and its tokens are counted."""
     gw = fleet.gateways["gateway01"]
-    _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
-           "gemma4's pool is down: its requests go to the external API")
+    _until_gemma4_goes_upstream(fleet)
     before = gw.settled_count()
     status, data, headers = fleet.chat("spender", model="gemma4", max_tokens=6,
                                        headers={"Accept-Encoding": "gzip, deflate"})
@@ -701,8 +705,7 @@ def test_a_reload_and_a_restart_keep_the_days_tokens(fleet):
 def test_the_records_and_counts_name_every_request_its_key_model_and_diffusion_settings(fleet):
     # an answer of the external upstream for the key (the upstream tests send more; this one may
     # run without them, on another worker with gateways of its own)
-    _until(lambda: fleet.chat("spender", model="gemma4")[2].get("x-dgemma-pool") == "upstream",
-           "gemma4's pool is down: its requests go to the external API")
+    _until_gemma4_goes_upstream(fleet)
     sent = [fleet.chat("spender", max_tokens=4), fleet.chat("spender", stream=True, max_tokens=6,
                                                                  stream_options={"include_usage": True}),
             fleet.chat("spender", model="nope")]

@@ -252,13 +252,23 @@ def _load(path: Path, problems: list[str]) -> yamlsrc.Sourced | None:
     return None
 
 
-def _var_files(directory: Path, name: str, problems: list[str]) -> list[Path]:
-    """``group_vars/NAME.yml`` (or .yaml, or no suffix) and ``group_vars/NAME/*.yml``.
+def _entries(directory: Path) -> frozenset[str]:
+    """The names in ``directory`` (none where it is not a folder)."""
+    try:
+        return frozenset(os.listdir(directory))
+    except OSError:
+        return frozenset()
+
+
+def _var_files(directory: Path, name: str, problems: list[str], entries: frozenset[str]) -> list[Path]:
+    """``group_vars/NAME.yml`` (or .yaml, or no suffix) and ``group_vars/NAME/*.yml``, of the
+    folder's ``entries`` (listed once: a name it does not hold costs no lookup, which an
+    inventory of thousands of hosts with few vars files would otherwise pay three times a host).
     A symbolic link that leads nowhere (missing, or a loop) is a problem, not a file
     quietly left out."""
-    files = [directory / f"{name}{suffix}" for suffix in (".yml", ".yaml", "")]
+    files = [directory / f"{name}{suffix}" for suffix in (".yml", ".yaml", "") if f"{name}{suffix}" in entries]
     folder = directory / name
-    if folder.is_dir():
+    if name in entries and folder.is_dir():
         files.extend(sorted(p for p in folder.iterdir() if p.suffix in (".yml", ".yaml")))
     for f in files:
         if f.is_symlink() and not f.exists():
@@ -367,15 +377,16 @@ def load_inventory(root: str | Path, path_variable: str | None = None) -> Invent
             f"{_display(hosts_file)}:{line}: group {loop[0]!r} is its own descendant "
             f"({' -> '.join(loop)}): Ansible refuses such a loop too; remove one of these children links"])
 
+    group_entries, host_entries = _entries(base / "group_vars"), _entries(base / "host_vars")
     for gname, group in groups.items():
-        for f in _var_files(base / "group_vars", gname, problems):
+        for f in _var_files(base / "group_vars", gname, problems, group_entries):
             sourced = _load(f, problems)
             if sourced is not None:
                 src = _mapping_source(f"group_vars {gname}", sourced, (), sourced.data, problems)
                 if src is not None:
                     group.files.append(src)
     for hname in host_order:
-        for f in _var_files(base / "host_vars", hname, problems):
+        for f in _var_files(base / "host_vars", hname, problems, host_entries):
             sourced = _load(f, problems)
             if sourced is not None:
                 src = _mapping_source(f"host_vars {hname}", sourced, (), sourced.data, problems)

@@ -87,6 +87,24 @@ def test_vars_file_for_missing_host_is_reported(inv):
         play(inv)
 
 
+def test_vars_come_from_each_form_ansible_reads_and_only_from_the_vars_folders(inv):
+    """host_vars/NAME with no suffix, NAME.yaml, and group_vars/NAME/ (a folder of files) are
+    read, as Ansible reads them; an inventory with no host_vars folder loads too."""
+    (inv / "host_vars" / "rtx01.yml").rename(inv / "host_vars" / "rtx01")
+    (inv / "host_vars" / "spark01.yaml").write_text("max_num_seqs: 3\n")
+    (inv / "group_vars" / "h100").mkdir()
+    (inv / "group_vars" / "h100" / "a.yml").write_text("max_num_seqs: 5\n")
+    (inv / "group_vars" / "h100" / "b.yaml").write_text("restart_sec: 9\n")
+    (inv / "group_vars" / "h100" / "notes.txt").write_text("restart_sec: 99\n")
+    p = play(inv)
+    assert p.problems() == []
+    assert p.hostvars("rtx01")["api_key_file"] == "~/.config/dgemma/rtx01.api-key"
+    assert p.hostvars("spark01")["max_num_seqs"] == 3
+    assert (p.hostvars("h100-01")["max_num_seqs"], p.hostvars("h100-01")["restart_sec"]) == (5, 9)
+    shutil.rmtree(inv / "host_vars")
+    assert "api_key_file" not in play(inv).inventory.host("rtx01").vars
+
+
 def test_ansible_reads_the_same_inventory():
     ansible = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
     if not Path(ansible).exists():

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,36 @@ def pytest_xdist_make_scheduler(config, log):
             return "lab" if nodeid.startswith("tests/lab/") else nodeid
 
     return LabTestsTogether(config, log)
+
+
+# A unit test that only computes gets this CPU priority while the lab's tests run on the other
+# worker: the suite lasts as long as the lab's tests, one after another, and at the same priority
+# such a test took half the cores from the lab's first deploys (under qemu, CPU-bound); lowered,
+# it runs in what the lab leaves idle (its waits). Tests that keep time (servers, timeouts, a
+# pace) stay at the lab's priority: starved, they would fail for want of CPU
+LOWEST_PRIORITY = 19
+
+
+def _beside_the_lab(item) -> bool:
+    """Whether ``item`` runs in a pytest-xdist worker of a session that has lab tests, as root
+    (who alone may raise a priority back)."""
+    session = item.session
+    if not hasattr(session, "_beside_the_lab"):
+        session._beside_the_lab = (bool(os.environ.get("PYTEST_XDIST_WORKER")) and os.geteuid() == 0
+                                   and any(i.nodeid.startswith("tests/lab/") for i in session.items))
+    return session._beside_the_lab
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("compute_only") and _beside_the_lab(item):
+        os.setpriority(os.PRIO_PROCESS, 0, LOWEST_PRIORITY)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    if item.get_closest_marker("compute_only") and _beside_the_lab(item):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
 
 
 def pytest_sessionfinish(session, exitstatus):

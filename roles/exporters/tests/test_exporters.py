@@ -58,7 +58,8 @@ def test_the_metrics_are_closed_without_the_monitoring_key(host, name, expected,
     port, ca = proxy["port"], shlex.quote(proxy["dir"] + "/ca.crt")
     resolve = shlex.quote(f"{name}:{port}:{proxy['connect']}")
     paths = ("/metrics/node", "/metrics/haproxy", "/metrics/sd", "/metrics/replica/0")
-    out = host.run(f"for p in {' '.join(paths)}; do echo \"$p $(curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 "
-                   f"--cacert {ca} --resolve {resolve} https://{shlex.quote(name)}:{port}$p)\"; done").stdout
-    codes = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+    # one curl for them all (a program start costs ~0.4 s on a host under emulation), a status a line
+    transfers = " --next ".join(f"-s -o /dev/null -w '%{{http_code}}\\n' --max-time 10 --cacert {ca} "
+                                f"--resolve {resolve} {shlex.quote(f'https://{name}:{port}{p}')}" for p in paths)
+    codes = dict(zip(paths, host.run(f"curl {transfers}").stdout.split()))
     assert codes == {p: "404" for p in paths}, f"answers without the monitoring key: {codes}; {fix}"

@@ -7,6 +7,7 @@ import json
 import shlex
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -17,6 +18,12 @@ HOSTS = ("spark01", "rtx01", "h100-01", "hgx01", "gateway01", "gateway02", "moni
 # what deploy manages on a host (the collector's textfiles and the monitoring data change by themselves)
 MANAGED = ("/etc/dgemma", "/etc/systemd/system", "/etc/keepalived", "/var/lib/dgemma")
 CHANGING = ("/var/lib/dgemma/metrics", "/var/lib/dgemma/prometheus", "/var/lib/dgemma/alertmanager")
+
+
+def on_every_host(snapshot) -> dict:
+    """``snapshot(host)`` of every host, taken side by side (spark01's alone takes ~2.6 s)."""
+    with ThreadPoolExecutor(len(HOSTS)) as pool:
+        return dict(zip(HOSTS, pool.map(snapshot, HOSTS)))
 
 
 def tree(host, folders: str, prune: tuple, fields: str) -> str:
@@ -50,7 +57,7 @@ def test_a_check_with_a_fresh_credentials_folder_changes_nothing(deployed, tmp_p
     """(A real deploy with a fresh folder makes them: tests/test_read_only.py. Not here: the lab's
     hosts serve the other tests meanwhile, whose keys and CA a fresh folder would replace.)"""
     fresh = tmp_path / "credentials"
-    before = {host: host_tree(host) for host in HOSTS}
+    before = on_every_host(host_tree)
     lab_credentials = folder_tree(config.CREDENTIALS)
     proc, data = deploy_json("--check", "--set", f"credentials_dir={fresh}")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -62,7 +69,7 @@ def test_a_check_with_a_fresh_credentials_folder_changes_nothing(deployed, tmp_p
         == "changed"
     assert not fresh.exists(), sorted(folder_tree(fresh)) if fresh.exists() else None
     assert folder_tree(config.CREDENTIALS) == lab_credentials
-    assert {host: host_tree(host) for host in HOSTS} == before
+    assert on_every_host(host_tree) == before
     # verify, facts and the render for Kubernetes make nothing there either
     for command in (["verify", "--hosts", "rtx01", "--set", f"credentials_dir={fresh}"],
                     ["facts", "--hosts", "rtx01", "--set", f"credentials_dir={fresh}"],
@@ -110,7 +117,7 @@ def test_reads_take_no_lock_write_nothing_and_do_not_wait_for_a_deploy(deployed,
     on any host (/run, where the lock lives, included) nor in the control machine's credentials."""
     held = {host: hold_lock(host) for host in HOSTS}
     try:
-        before = {host: host_tree(host) + run_tree(host) for host in HOSTS}
+        before = on_every_host(lambda host: host_tree(host) + run_tree(host))
         credentials = folder_tree(config.CREDENTIALS)
         took = {}
         for name, args in (("deploy --check", ["deploy", "--check", "--json", tmp_path / "check.json"]),
@@ -130,7 +137,7 @@ def test_reads_take_no_lock_write_nothing_and_do_not_wait_for_a_deploy(deployed,
             {h: "a deploy of the read-only test" for h in HOSTS}
         assert all(seconds < 120 for seconds in took.values()), took
         assert folder_tree(config.CREDENTIALS) == credentials
-        after = {host: host_tree(host) + run_tree(host) for host in HOSTS}
+        after = on_every_host(lambda host: host_tree(host) + run_tree(host))
         assert after == before, {h: sorted(set(after[h].splitlines()) ^ set(before[h].splitlines()))
                                  for h in HOSTS if after[h] != before[h]}
         print(", ".join(f"{name} {seconds:.0f} s" for name, seconds in took.items()) + " with every lock held")

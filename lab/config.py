@@ -15,9 +15,10 @@ CREDENTIALS = STATE / "credentials"
 CA_FILE = CREDENTIALS / "ca" / "ca.crt"
 # seconds the vLLM stand-in takes from its start to its first answer (a real vLLM: ~140 s, seed
 # 000). Every start in the lab waits it: the suite starts replicas ~110 times, most of them on
-# its critical path (rolls one at a time), so it is short; a test that needs a slow start sets
-# the per-host knob (lab/stubs/vllm: COLD_START_KNOB)
-COLD_START_S = 2.0
+# its critical path (rolls one at a time), so it is short (spark01's stand-in takes ~5 s more to
+# start under qemu anyway); a test that needs a slow start sets the per-host knob
+# (lab/stubs/vllm: COLD_START_KNOB)
+COLD_START_S = 1.0
 MIRROR = os.environ.get("DGEMMA_LAB_MIRROR", "http://deb.debian.org/debian")
 SUITE = "bookworm"
 

@@ -51,15 +51,10 @@ def test_what_deploy_knows_is_in_the_textfiles(host, exporters, expected, fix):
         assert "certificates.prom" in files, f"no certificates textfile; {fix}"
 
 
-def test_the_metrics_are_closed_without_the_monitoring_key(host, name, expected, fix):
+def test_the_metrics_are_closed_without_the_monitoring_key(https_to, expected, fix):
     proxy = expected.get("frontdoor") or expected.get("gateway")
     if not proxy:
         pytest.skip("no front door or gateway here")
-    port, ca = proxy["port"], shlex.quote(proxy["dir"] + "/ca.crt")
-    resolve = shlex.quote(f"{name}:{port}:{proxy['connect']}")
     paths = ("/metrics/node", "/metrics/haproxy", "/metrics/sd", "/metrics/replica/0")
-    # one curl for them all (a program start costs ~0.4 s on a host under emulation), a status a line
-    transfers = " --next ".join(f"-s -o /dev/null -w '%{{http_code}}\\n' --max-time 10 --cacert {ca} "
-                                f"--resolve {resolve} {shlex.quote(f'https://{name}:{port}{p}')}" for p in paths)
-    codes = dict(zip(paths, host.run(f"curl {transfers}").stdout.split()))
-    assert codes == {p: "404" for p in paths}, f"answers without the monitoring key: {codes}; {fix}"
+    codes = dict(zip(paths, https_to(proxy).statuses([(p, "GET") for p in paths])))
+    assert codes == {p: 404 for p in paths}, f"answers without the monitoring key: {codes}; {fix}"

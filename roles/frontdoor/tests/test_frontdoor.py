@@ -1,6 +1,5 @@
 """The front door as deployed: running, the fleet CA's certificate for this host's
 name, its current configuration answering, only the allowlist through, a key asked."""
-import shlex
 
 import pytest
 
@@ -13,34 +12,8 @@ def door(expected):
 
 
 @pytest.fixture
-def https(host, name, door):
-    """curl on the host to its own front door, checking the certificate against the fleet
-    CA under the host's inventory name: ``https(path, method)`` is (status, headers, stderr);
-    ``https.statuses([(path, method), ...])`` asks them all in one curl (one program start:
-    on a host under emulation each start costs ~0.4 s), a status each (0: no answer)."""
-    port = door["port"]
-    options = (f"--max-time 10 --cacert {shlex.quote(door['dir'] + '/ca.crt')} "
-               f"--resolve {shlex.quote(f'{name}:{port}:' + door['connect'])}")
-
-    def url(path):
-        return shlex.quote(f"https://{name}:{port}{path}")
-
-    def call(path, method="GET"):
-        out = host.run(f"curl -sS -o /dev/null -D - {options} -X {method} {url(path)}")
-        lines = out.stdout.replace("\r", "").splitlines()
-        status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
-        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if v}
-        return status, headers, out.stderr
-
-    def statuses(probes):
-        # each transfer its own options (--next), its status on a line of its own
-        transfers = " --next ".join(f"-s -o /dev/null -w '%{{http_code}}\\n' {options} -X {method} {url(path)}"
-                                    for path, method in probes)
-        codes = host.run(f"curl {transfers}").stdout.split()
-        return [int(c) for c in codes] + [0] * (len(probes) - len(codes))
-
-    call.statuses = statuses
-    return call
+def https(https_to, door):
+    return https_to(door)
 
 
 def test_front_door_runs_and_starts_at_boot(host, door, fix):

@@ -2,7 +2,6 @@
 allowlist and keys as at a front door, and every serving host in it and UP."""
 import csv
 import io
-import shlex
 
 import pytest
 
@@ -13,20 +12,8 @@ def gateway(expected):
 
 
 @pytest.fixture
-def https(host, name, gateway):
-    port = gateway["port"]
-
-    def call(path, method="GET"):
-        out = host.run(f"curl -sS -o /dev/null -D - --max-time 10 -X {method} "
-                       f"--cacert {shlex.quote(gateway['dir'] + '/ca.crt')} "
-                       f"--resolve {shlex.quote(f'{name}:{port}:' + gateway['connect'])} "
-                       f"{shlex.quote(f'https://{name}:{port}{path}')}")
-        lines = out.stdout.replace("\r", "").splitlines()
-        status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
-        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if v}
-        return status, headers, out.stderr
-
-    return call
+def https(https_to, gateway):
+    return https_to(gateway)
 
 
 def test_gateway_runs_and_starts_at_boot(host, gateway, fix):

@@ -377,16 +377,16 @@ def load_inventory(root: str | Path, path_variable: str | None = None) -> Invent
             f"{_display(hosts_file)}:{line}: group {loop[0]!r} is its own descendant "
             f"({' -> '.join(loop)}): Ansible refuses such a loop too; remove one of these children links"])
 
-    group_entries, host_entries = _entries(base / "group_vars"), _entries(base / "host_vars")
+    entries = {kind: _entries(base / kind) for kind in ("group_vars", "host_vars")}
     for gname, group in groups.items():
-        for f in _var_files(base / "group_vars", gname, problems, group_entries):
+        for f in _var_files(base / "group_vars", gname, problems, entries["group_vars"]):
             sourced = _load(f, problems)
             if sourced is not None:
                 src = _mapping_source(f"group_vars {gname}", sourced, (), sourced.data, problems)
                 if src is not None:
                     group.files.append(src)
     for hname in host_order:
-        for f in _var_files(base / "host_vars", hname, problems, host_entries):
+        for f in _var_files(base / "host_vars", hname, problems, entries["host_vars"]):
             sourced = _load(f, problems)
             if sourced is not None:
                 src = _mapping_source(f"host_vars {hname}", sourced, (), sourced.data, problems)
@@ -394,16 +394,14 @@ def load_inventory(root: str | Path, path_variable: str | None = None) -> Invent
                     host_sources[hname].append(src)
     # vars files for hosts or groups that do not exist are almost always typos
     for kind, known in (("group_vars", groups), ("host_vars", host_sources)):
-        folder = base / kind
-        if folder.is_dir():
-            for f in sorted(folder.iterdir()):
-                stem = f.stem if f.suffix in (".yml", ".yaml") and not f.is_dir() else f.name
-                if f.name.startswith(".") or stem in known:
-                    continue
-                close = difflib.get_close_matches(stem, list(known), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                problems.append(f"{_display(f)}:1: no {'group' if kind == 'group_vars' else 'host'} "
-                                f"named {stem!r} in {_display(hosts_file)}{hint}")
+        for f in sorted(base / kind / entry for entry in entries[kind]):  # the listing above
+            stem = f.stem if f.suffix in (".yml", ".yaml") and not f.is_dir() else f.name
+            if f.name.startswith(".") or stem in known:
+                continue
+            close = difflib.get_close_matches(stem, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(f"{_display(f)}:1: no {'group' if kind == 'group_vars' else 'host'} "
+                            f"named {stem!r} in {_display(hosts_file)}{hint}")
     if problems:
         raise InventoryError(problems)
     return Inventory(root=hosts_file, groups=groups, host_sources=host_sources, host_order=host_order)

@@ -4,6 +4,8 @@ at step boundaries, disks that fill, a hub and a registry that stop answering, a
 corrupt blob, a wedged nvidia-smi, an sshd too slow to answer. After each: the
 host failed clearly (or the run stopped with its recap), nothing was left
 half-written, no lock is held, and the next deploy converges."""
+import csv
+import io
 import json
 import os
 import signal
@@ -108,6 +110,22 @@ def lock_released(host="rtx01", within=70) -> float:
     return time.monotonic() - started
 
 
+def roll_ended(host="rtx01", within=120) -> None:
+    """Until no roll is under way on the host (its front door's flags all down). A roll whose
+    script reached the host only as the link came back (TCP delivered what the lost run had sent)
+    runs to its end on its own, as roll.sh means to; the next deploy is run after it, not beside it."""
+    started = time.monotonic()
+    while True:
+        out = ssh(host, "curl -sS --max-time 3 --unix-socket /run/dgemma-frontdoor/admin-http.sock 'http://x/;csv'",
+                  check=False).stdout
+        raised = [r["svname"] for r in csv.DictReader(io.StringIO(out.lstrip("# ")))
+                  if r["pxname"] == "rolling" and r["svname"] != "BACKEND" and not r["status"].startswith("MAINT")]
+        if out.strip() and not raised:
+            return
+        assert time.monotonic() - started < within, f"a roll is still under way on {host} ({raised})"
+        time.sleep(1)
+
+
 def converges(inventory=LAB_INVENTORY, host="rtx01", *args):
     proc, data = deploy_json("--hosts", host, *args, inventory=inventory)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -163,6 +181,7 @@ def test_the_link_drops_as_the_unit_is_written(clean_links, lab_copy):
     assert (written and after[-1] == "1") or (not written and after[-1] == "0")
     held = lock_released()
     assert leftovers() == ""
+    roll_ended()
     assert converges(lab_copy)
     assert "max-num-seqs 7" in ssh("rtx01", f"cat {UNIT}").stdout
     assert deploy_json("--hosts", "rtx01")[0].returncode == 0

@@ -345,7 +345,7 @@ def test_invoke_stop_of_a_host_under_load_then_start_through_the_gate(fleet, tmp
 
 def test_verify_and_status_through_a_pipe_print_every_name_whole(fleet, tmp_path):
     """Off a terminal (`| cat`) each check and host name is whole, a line per check or replica."""
-    proc, _ = deploy_json("--hosts", "rtx01")  # the lab's own values again (a test above set another)
+    proc, _ = deploy_json("--hosts", "hgx01,rtx01")  # the lab's own values again (a test above set others)
     assert proc.returncode == 0, proc.stdout[-3000:]
     env = {"DGEMMA_INVENTORY": str(LAB_INVENTORY), "PATH": "/usr/bin:/bin", "COLUMNS": "80"}
     out = _json(tmp_path, "verify")

@@ -97,6 +97,16 @@ def ssh(host, command, timeout=120, check=True, input=""):
     return proc
 
 
+def frontdoor_stats(host, check=False) -> list[dict]:
+    """The host's front door stats page as CSV rows (its admin page, a unix socket only root
+    reaches); none when it does not answer and ``check`` is false."""
+    import csv
+    import io
+    out = ssh(host, "curl -sS --max-time 3 --unix-socket /run/dgemma-frontdoor/admin-http.sock 'http://x/;csv'",
+              check=check).stdout
+    return list(csv.DictReader(io.StringIO(out.lstrip("# "))))
+
+
 # what OpenSSH's client says when the connection it shares died before its session began
 _HELD_CONNECTION_LOST = "mux_client_request_session"
 

@@ -4,8 +4,6 @@ at step boundaries, disks that fill, a hub and a registry that stop answering, a
 corrupt blob, a wedged nvidia-smi, an sshd too slow to answer. After each: the
 host failed clearly (or the run stopped with its recap), nothing was left
 half-written, no lock is held, and the next deploy converges."""
-import csv
-import io
 import json
 import os
 import signal
@@ -19,7 +17,8 @@ import pytest
 
 from lab import config, machines, services, sh
 from tests import reliability
-from tests.lab.conftest import LAB_INVENTORY, ROOT, deploy_json, front_door, invoke, ssh, ssh_args
+from tests.lab.conftest import (LAB_INVENTORY, ROOT, deploy_json, front_door, frontdoor_stats, invoke, ssh,
+                                ssh_args)
 
 RTX = config.host("rtx01")
 UNIT = "/etc/systemd/system/podman-vllm-diffusiongemma.service"
@@ -116,11 +115,10 @@ def roll_ended(host="rtx01", within=120) -> None:
     runs to its end on its own, as roll.sh means to; the next deploy is run after it, not beside it."""
     started = time.monotonic()
     while True:
-        out = ssh(host, "curl -sS --max-time 3 --unix-socket /run/dgemma-frontdoor/admin-http.sock 'http://x/;csv'",
-                  check=False).stdout
-        raised = [r["svname"] for r in csv.DictReader(io.StringIO(out.lstrip("# ")))
+        rows = frontdoor_stats(host)
+        raised = [r["svname"] for r in rows
                   if r["pxname"] == "rolling" and r["svname"] != "BACKEND" and not r["status"].startswith("MAINT")]
-        if out.strip() and not raised:
+        if rows and not raised:
             return
         assert time.monotonic() - started < within, f"a roll is still under way on {host} ({raised})"
         time.sleep(1)

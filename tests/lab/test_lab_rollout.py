@@ -21,7 +21,7 @@ import pytest
 from lab import config, images
 from tests import reliability
 from tests.conftest import ROOT
-from tests.lab.conftest import LAB_INVENTORY, deploy_json, front_door, invoke, ssh
+from tests.lab.conftest import LAB_INVENTORY, deploy_json, front_door, frontdoor_stats, invoke, ssh
 
 GATEWAYS = ("gateway01", "gateway02")
 ALL = "spark01,rtx01,h100-01,hgx01," + ",".join(GATEWAYS)
@@ -66,9 +66,7 @@ def drained_anywhere() -> dict[str, list[str]]:
     """Host -> replicas its front door has drained (none may be left so)."""
     left = {}
     for host in SERVING:
-        out = ssh(host, "curl -sS --max-time 3 --unix-socket /run/dgemma-frontdoor/admin-http.sock "
-                        "'http://x/;csv'", check=False).stdout
-        rows = csv.DictReader(io.StringIO(out.lstrip("# ")))
+        rows = frontdoor_stats(host)
         drained = [r["svname"] for r in rows if r["pxname"] == "servers" and r["status"].startswith("DRAIN")]
         if drained:
             left[host] = drained

@@ -1,9 +1,19 @@
 """The image-presence fact: which way it asks, and what each answer means.
 (tests/lab/test_lab_hosts.py checks it agrees with `podman image exists` on a real host.)"""
+import json
+import os
+import socketserver
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler
+
 import pytest
 
 from converge.facts import FactError
-from converge.facts.containers import ImagePresent
+from converge.facts.containers import DOCKER_SOCKET, ImagePresent, Images, Runtimes
+from tests.conftest import ROOT
+
+DOCKER_API = ROOT / "tests/fixtures/docker-api"
 
 QUALIFIED = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"
 
@@ -77,7 +87,9 @@ esac
 """)
     (bin_dir / "docker").chmod(0o755)
     fact = Runtimes()
-    out = subprocess.run(["sh", "-s"], input=fact.standalone(), capture_output=True, text=True, timeout=60,
+    # no Engine API socket: the CLI is asked (test_docker_is_asked_through_its_engine_api_where_the_cli_would_be)
+    script = fact.standalone().replace(DOCKER_SOCKET, str(tmp_path / "no-docker.sock"))
+    out = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
     docker = fact.process(out.stdout, out.returncode)["docker"]
     calls = log.read_text().splitlines()
@@ -136,3 +148,93 @@ def test_the_store_index_is_read_on_the_host_and_podman_asked_when_storage_conf_
     assert not present("registry.lab:5000/a/b:c") and present.said == "@index 1"
     conf.write_text('[storage]\ndriver = "overlay"\ngraphroot = "/srv/containers"\n')
     assert present(QUALIFIED) and present.said == "@rc 0", "storage.conf moved the store: podman is asked"
+
+
+@pytest.mark.parametrize("fact", ["runtimes", "images"])
+def test_the_engine_apis_answers_read_as_the_clis_do(fact):
+    """Real captures of one host (the lab's spark01, docker 20.10.24 on arm64) through each way of
+    asking: the Engine API on its socket (what the facts ask where they can), then docker's CLI."""
+    parse = (Runtimes() if fact == "runtimes" else Images("docker")).process
+    api, cli = ((DOCKER_API / f"{fact}-spark01-{way}.txt").read_text() for way in ("api", "cli"))
+    assert api.split("\n", 2)[fact == "runtimes"].startswith("@docker-api")
+    assert parse(api, 0) == parse(cli, 0)
+    if fact == "images":
+        assert {i["arch"] for i in parse(api, 0)} == {"arm64"} and len(parse(api, 0)) == 3
+    else:
+        assert parse(api, 0)["docker"] == {"version": "20.10.24", "daemon": True, "nvidia_hook": True,
+                                           "runtimes": ["io.containerd.runc.v2", "io.containerd.runtime.v1.linux",
+                                                        "nvidia", "runc", "runcx86"]}
+
+
+class _EngineApi(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _engine_api(path, documents: dict[str, str]):
+    """An HTTP server on the unix socket ``path`` answering GET path -> document (404 otherwise)."""
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = documents.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write((body or '{"message":"No such image"}').encode() + b"\n")
+
+        def address_string(self):
+            return "engine-api"
+
+        def log_message(self, *args):
+            pass
+    server = _EngineApi(str(path), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("elsewhere", [None, "DOCKER_HOST", "DOCKER_CONTEXT", "currentContext"])
+def test_docker_is_asked_through_its_engine_api_where_the_cli_would_be(tmp_path, elsewhere):
+    """fact_runtimes and fact_images run for real beside an Engine API on a socket (the captures'
+    answers) and a docker CLI stand-in that logs its calls: with nothing pointing docker elsewhere,
+    curl asks the socket and the CLI is not started; with DOCKER_HOST, DOCKER_CONTEXT or a context
+    chosen in its config, the CLI is asked, as before. Either way the facts say the same. An image
+    removed between the list and its document is left out."""
+    captured = [json.loads(line) for line in (DOCKER_API / "images-spark01-api.txt").read_text().splitlines()[1:]]
+    info = (DOCKER_API / "runtimes-spark01-api.txt").read_text().split("@docker-api ", 1)[1].split("\n", 1)[0]
+    gone = "sha256:" + "e" * 64
+    documents = {"/info": info, "/images/json": json.dumps([{"Id": d["Id"], "ParentId": gone} for d in captured]
+                                                           + [{"Id": gone, "RepoTags": ["x:1"]}])}
+    documents.update({f"/images/{d['Id']}/json": json.dumps(d) for d in captured})
+    sock = tmp_path / "docker.sock"
+    server = _engine_api(sock, documents)
+    bin_dir, log, home = tmp_path / "bin", tmp_path / "calls", tmp_path / "home"
+    bin_dir.mkdir()
+    (home / ".docker").mkdir(parents=True)
+    cli = {"info": f"echo '20.10.24+dfsg1 {json.dumps(json.loads(info)['Runtimes'], separators=(',', ':'))}'",
+           "images": "echo " + " ".join(d["Id"] for d in captured),
+           "image": "\n".join(f"echo '{d['Id']}\t{d['Architecture']}\t{json.dumps(d['RepoTags'])}\t"
+                              f"{json.dumps(d['RepoDigests'])}'" for d in captured)}
+    (bin_dir / "docker").write_text(f"#!/bin/sh\necho \"$1\" >> {log}\ncase \"$1\" in\n"
+                                    + "".join(f"  {word}) {answer};;\n" for word, answer in cli.items()) + "esac\n")
+    (bin_dir / "docker").chmod(0o755)
+    (bin_dir / "nvidia-container-runtime-hook").write_text("#!/bin/sh\n")
+    (bin_dir / "nvidia-container-runtime-hook").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home)}
+    if elsewhere == "currentContext":
+        (home / ".docker" / "config.json").write_text('{"auths": {}, "currentContext": "remote"}')
+    elif elsewhere:
+        env[elsewhere] = "tcp://elsewhere:2375" if elsewhere == "DOCKER_HOST" else "remote"
+    try:
+        found = {}
+        for name, fact in (("runtimes", Runtimes()), ("images", Images("docker"))):
+            out = subprocess.run(["sh", "-s"], input=fact.standalone().replace(DOCKER_SOCKET, str(sock)),
+                                 capture_output=True, text=True, timeout=60, env=env)
+            found[name] = fact.process(out.stdout, out.returncode)
+    finally:
+        server.shutdown()
+        server.server_close()
+    calls = log.read_text().split() if log.exists() else []
+    assert calls == ([] if elsewhere is None else ["info", "images", "image"])
+    assert found["runtimes"]["docker"] == {"version": "20.10.24", "daemon": True, "nvidia_hook": True,
+                                           "runtimes": ["io.containerd.runc.v2", "io.containerd.runtime.v1.linux",
+                                                        "nvidia", "runc", "runcx86"]}
+    assert [(i["id"], i["arch"], i["tags"]) for i in found["images"]] == \
+        [(d["Id"], "arm64", d["RepoTags"]) for d in sorted(captured, key=lambda d: d["Id"])]

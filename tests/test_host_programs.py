@@ -475,6 +475,8 @@ def _fact_cases():
     return {"podman": (reading(parse_runtimes), "@podman podman version 4.3.1\n"),
             "docker": (reading(parse_runtimes), docker), "docker-runtimes": (reading(parse_runtimes), docker),
             "nvidia-hook": (reading(parse_runtimes), docker),
+            # the Engine API's /info, as the lab's spark01 answered it
+            "docker-api": (reading(parse_runtimes), (FIXTURES / "docker-api" / "runtimes-spark01-api.txt").read_text()),
             "cdi": (reading(parse_runtimes), "@podman podman version 4.3.1\n@cdi /etc/cdi/nvidia.yaml\n"),
             "absent": (reading(lambda o: Images("podman").process(o, 0)), "@absent\n"),
             "index": (reading(lambda o: ImagePresent("podman", "10.0.0.1:5000/v/v:t").process(o, 0)), "@index 0\n"),

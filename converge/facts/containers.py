@@ -7,9 +7,13 @@ import re
 from . import LIBRARIES, Fact, FactError, call
 
 LIBRARY = LIBRARIES / "containers.sh"
+# where docker's CLI finds its daemon when nothing (DOCKER_HOST, a context) says otherwise; the
+# facts ask its Engine API there (files/containers.sh: docker_api_usable)
+DOCKER_SOCKET = "/var/run/docker.sock"
 # what files/containers.sh prints, a marker a line, and what follows each (read by the parsers below)
 MARKERS = {
     "podman": "VERSION: `podman --version`", "docker": "VERSION: the daemon's (`docker --version` where it does not answer)",
+    "docker-api": "JSON: the Engine API's /info, on one line (runtimes); nothing: its image documents follow (images)",
     "docker-runtimes": "JSON|unreachable: the daemon's runtimes", "nvidia-hook": "PATH|-: NVIDIA's runtime hook",
     "cdi": "PATH: a CDI spec naming nvidia.com/gpu", "absent": "the runtime is not installed",
     "index": "CODE: the store index's answer (0 there, 1 not, 2 no index)", "rc": "CODE: the runtime's answer",
@@ -25,7 +29,7 @@ class Runtimes(Fact):
     CDI spec naming ``nvidia.com/gpu`` in /etc/cdi or /var/run/cdi.
     """
 
-    library, command = LIBRARY, "fact_runtimes"
+    library, command = LIBRARY, call("fact_runtimes", DOCKER_SOCKET)
 
     def process(self, output, rc):
         return parse_runtimes(output)
@@ -40,6 +44,11 @@ def parse_runtimes(text: str) -> dict:
         elif line.startswith("@docker "):
             m = re.search(r"(\d+\.\d+(?:\.\d+)?)", line)
             out["docker"] = {"version": m.group(1) if m else None, "runtimes": [], "daemon": False}
+        elif line.startswith("@docker-api "):
+            info = json.loads(line.split(" ", 1)[1])
+            m = re.search(r"(\d+\.\d+(?:\.\d+)?)", str(info.get("ServerVersion", "")))
+            out["docker"] = {"version": m.group(1) if m else None, "runtimes": sorted(info.get("Runtimes") or {}),
+                             "daemon": True}
         elif line.startswith("@docker-runtimes ") and out["docker"] is not None:
             raw = line.split(" ", 1)[1].strip()
             if raw != "unreachable":
@@ -63,7 +72,8 @@ class Images(Fact):
             raise ValueError(runtime)
         self.runtime = runtime
         fmt = "{{.Id}}\t{{.Architecture}}\t{{json .RepoTags}}\t{{json .RepoDigests}}"
-        self.library, self.command = LIBRARY, call("fact_images", runtime, fmt)
+        self.library = LIBRARY
+        self.command = call("fact_images", runtime, fmt, *([DOCKER_SOCKET] if runtime == "docker" else []))
 
     def process(self, output, rc):
         return parse_images(output)
@@ -72,6 +82,8 @@ class Images(Fact):
 def parse_images(text: str) -> list[dict] | None:
     if text.strip() == "@absent":
         return None
+    if text.startswith("@docker-api\n") or text.strip() == "@docker-api":
+        return _api_images(text.split("\n", 1)[1] if "\n" in text else "")
     images = []
     for line in text.splitlines():
         cells = line.split("\t")
@@ -82,6 +94,20 @@ def parse_images(text: str) -> list[dict] | None:
         images.append({"id": cells[0], "arch": cells[1], "tags": tags, "repo_digests": digests,
                        "digests": sorted({d.split("@", 1)[1] for d in digests if "@" in d})})
     return images
+
+
+def _api_images(text: str) -> list[dict]:
+    """The Engine API's documents of images (/images/ID/json), one after another, as the CLI's lines read."""
+    decoder, images, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            return images
+        doc, at = decoder.raw_decode(text, at)
+        digests = doc.get("RepoDigests") or []
+        images.append({"id": doc["Id"], "arch": doc.get("Architecture"), "tags": doc.get("RepoTags") or [],
+                       "repo_digests": digests, "digests": sorted({d.split("@", 1)[1] for d in digests if "@" in d})})
 
 
 def normalise_ref(ref: str) -> str:

@@ -158,6 +158,11 @@ ROLLS = [
                                      _rolled("failed", 600000, "no answer within 600 s", U2, 600000)]),
     # a roll cut off before it said how it ended (its host rebooted, sh was killed)
     (_roll(), 137, ["@begin 0", "@drained 10 0"]),
+    # another roll of the host under way (its run had lost its link): waited for, then this one
+    (_roll(), 0, ["@waited 4200", "@begin 4200", "@drained 10 0", f"@replica-ready {U1} 6000",
+                  "@gate-passed 1 the front door", "@in-service 1 6500", _rolled("done", 6500, ready_ms=1800)]),
+    (_roll(), 4, [_rolled("failed", 120000, "another roll of this host's replicas was still under way after 120 s",
+                          failed_ms=120000)]),
 ]
 
 

@@ -74,7 +74,8 @@ def host(tmp_path):
     admin.close()
 
 
-def _roll(host, fail_first: int, action="restart", write=True, replicas=(R1,), refuse_ready=False, **change):
+def _roll(host, fail_first: int, action="restart", write=True, replicas=(R1,), refuse_ready=False, lock_wait_s=120,
+          **change):
     unit = File("unit file", path=str(host / "unit.service"), content="new unit\n", current=None,
                 owner=str(os.getuid()), group=str(os.getgid()))
     deploy = dict(unit_file=unit, unit_path=unit.path, image="img:tag", same_image_ref=True) if write else {}
@@ -83,11 +84,13 @@ def _roll(host, fail_first: int, action="restart", write=True, replicas=(R1,), r
                         env_path=str(host / "env"), api_port=8000,
                         frontdoor_address="127.0.0.1", drain_timeout=5, ready_timeout=5, alone=False,
                         **{**paths, **deploy, **change})
-    text = rollout.script(roll).replace(ADMIN_SOCKET, str(host / "admin.sock"))
+    text = rollout.script(roll).replace(ADMIN_SOCKET, str(host / "admin.sock")) \
+        .replace(rollout.ROLL_LOCK, str(host / "roll.lock")) \
+        .replace(f"ROLL_LOCK_WAIT_S={rollout.ROLL_LOCK_WAIT_S}\n", f"ROLL_LOCK_WAIT_S={lock_wait_s}\n")
     env = {"PATH": f"{host / 'bin'}:/usr/bin:/bin", "LOG": str(host / "log"), "FAIL_FIRST": str(fail_first),
            "REFUSE_READY": "1" if refuse_ready else ""}
     proc = subprocess.run(["dash", "-s"], input=text, capture_output=True, text=True, env=env, timeout=60)
-    log = (host / "log").read_text().splitlines()
+    log = (host / "log").read_text().splitlines() if (host / "log").exists() else []
     return roll, Result(proc.returncode, proc.stdout, proc.stderr), log
 
 
@@ -102,6 +105,37 @@ def test_a_roll_that_passes_drains_writes_restarts_gates_and_puts_back(host):
     assert (host / "unit.service").read_text() == "new unit\n"
     assert (host / "unit.service.previous").read_text() == "old unit\n"
     assert rollout.interpret(roll)(result).message.startswith(f"{U} rolled: drained in")
+
+
+def _another_roll(host, seconds: float) -> subprocess.Popen:
+    """A roll of the same host under way for ``seconds``: the host's roll lock held (flock(1), as
+    roll.sh holds it), the way a roll whose run lost its link holds it while it runs on."""
+    proc = subprocess.Popen(["flock", str(host / "roll.lock"), "sh", "-c", f"echo held; sleep {seconds}"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_roll_waits_for_another_roll_of_its_host_to_end_then_rolls(host):
+    other = _another_roll(host, 1.5)
+    roll, result, log = _roll(host, fail_first=0)
+    assert other.wait(5) == 0
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + [f"restart {U}", "admin replica1 hrunn"] + BACK
+    waited = int(result.stdout.split("@waited ", 1)[1].split()[0])
+    assert 1000 <= waited < 5000, result.stdout
+    assert rollout.interpret(roll)(result).message.startswith(f"{U} rolled: waited 1.")
+
+
+def test_a_roll_that_another_roll_outlasts_fails_having_changed_nothing(host):
+    other = _another_roll(host, 4)
+    roll, result, log = _roll(host, fail_first=0, lock_wait_s=1)
+    other.kill()
+    assert result.rc == 4 and log == [], result.stdout + result.stderr  # no drain, no flag, no restart
+    assert (host / "unit.service").read_text() == "old unit\n" and not (host / "unit.service.previous").exists()
+    with pytest.raises(StepFailed, match=r"did not begin, and nothing was changed: another roll of this host.s "
+                                         r"replicas was still under way after 1 s .*invoke logs --hosts hgx01.*Run this again"):
+        rollout.interpret(roll)(result)
 
 
 def test_a_roll_that_fails_its_gate_goes_back_to_its_unit_and_image_and_is_put_back(host):

@@ -50,6 +50,7 @@ from .container import handed_gpus
 
 FILES = Path(__file__).parent / "files"
 ROLL = Protocol("the roll", markers={
+    "waited": "MS: waited MS for another roll of the host to end (one whose run had lost its link)",
     "begin": "MS: the roll began",
     "drained": "MS LEFT: drained after MS, LEFT requests still in flight (the drain timeout)",
     "no-frontdoor": "no front door holds the replicas: nothing to drain",
@@ -71,6 +72,9 @@ ROLL = Protocol("the roll", markers={
 PROGRAM = Program((PRELUDE, RESULT_LIBRARY, *TABLE_READER, ADMIN_LIBRARY, READY, WRITE_FILE, FILES / "roll.sh"), ROLL)
 
 THROTTLE = "rollout"
+# one roll at a time on a host (files/roll.sh, step 0): its lock, and how long a roll waits there
+ROLL_LOCK = "/run/lock/dgemma-roll.lock"
+ROLL_LOCK_WAIT_S = 120
 ACTIONS = ("restart", "start", "stop", "recover", "remove")
 GATED = ("restart", "start", "recover")
 
@@ -139,8 +143,8 @@ class Roll:
         return self.action in GATED and (self.action != "recover" or self.started)
 
     def timeout(self) -> int:
-        """Draining, then at most two starts and gates (the way back), and the rest."""
-        return self.drain_timeout + 2 * (self.ready_timeout + 160) + 60
+        """Another roll's end, draining, then at most two starts and gates (the way back), and the rest."""
+        return ROLL_LOCK_WAIT_S + self.drain_timeout + 2 * (self.ready_timeout + 160) + 60
 
 
 GATE_BODY = json.dumps({"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8,
@@ -157,6 +161,7 @@ def script(roll: Roll) -> str:
               "DRAIN_TIMEOUT_MS": int(roll.drain_timeout) * 1000, "READY_TIMEOUT_S": int(roll.ready_timeout),
               "GATEWAY_WAIT": int(roll.gateway_wait), "GATEWAY_SEES_FLAG_S": f"{GATEWAY_SEES_FLAG_S:g}",
               "START_AGAIN": int(roll.started), "GO_BACK": int(roll.can_go_back),
+              "ROLL_LOCK": ROLL_LOCK, "ROLL_LOCK_WAIT_S": ROLL_LOCK_WAIT_S,
               "WRITE": int(roll.unit_file is not None), "UNIT_PATH": roll.unit_path,
               "REF": roll.image if roll.same_image_ref else "",
               "BEFORE_REPLICAS": shell_table([roll.replaces.with_gpus(roll.replicas[0].gpus)]) if roll.replaces else "",
@@ -270,9 +275,11 @@ def _said(roll: Roll, result) -> str:
     def since_begin(ms: str) -> str:
         return f"{(int(ms) - int(begin[0])) / 1000:.1f}" if begin else "?"
     outcome = said["outcome"]
+    waited = ROLL.first(out, "waited")
     if outcome == "done":
         drained = ROLL.first(out, "drained")
-        parts = [f"drained in {_seconds(drained[0])} s"
+        parts = ([f"waited {_seconds(waited[0])} s for another roll of the host to end"] if waited else []) + [
+                 f"drained in {_seconds(drained[0])} s"
                  + (f" ({drained[1]} still in flight after drain_timeout)" if drained[1] != "0" else "")
                  if drained else "no front door yet: nothing to drain" if ROLL.first(out, "no-frontdoor") is not None
                  else "not drained"]
@@ -303,6 +310,11 @@ def _said(roll: Roll, result) -> str:
         return f"{roll.units} {VERBS[roll.action]}: {'; '.join(parts)}{down}"
     if outcome == "write-failed":
         raise StepFailed(f"writing {roll.unit_path} failed; {roll.units} was not restarted and is back in service")
+    if outcome == "failed" and begin is None:  # it never began: another roll of the host held the lock throughout
+        raise StepFailed(f"the {roll.action} of {roll.units} on {roll.host} did not begin, and nothing was changed: "
+                         f"{said['why']} (a roll whose run lost its link runs on to its end: its replicas' units "
+                         f"restart meanwhile, `invoke logs --hosts {roll.host}` shows them). Run this again once it "
+                         f"has ended")
     why = said["why"] or f"exit {result.rc}: {(out + result.stderr).strip()[-300:]}"
     logs = _journal(out)
     named = ", ".join(str(said["units"]).split()) or roll.units

@@ -21,7 +21,7 @@ import pytest
 from lab import config, images
 from tests import reliability
 from tests.conftest import ROOT
-from tests.lab.conftest import LAB_INVENTORY, deploy_json, front_door, frontdoor_stats, invoke, ssh
+from tests.lab.conftest import LAB_INVENTORY, deploy_json, front_door, frontdoor_stats, invoke, ssh, ssh_args
 
 GATEWAYS = ("gateway01", "gateway02")
 ALL = "spark01,rtx01,h100-01,hgx01," + ",".join(GATEWAYS)
@@ -316,6 +316,26 @@ def test_invoke_restart_of_every_serving_host_rolls_one_replica_at_a_time_with_n
                        "invoke restart --hosts spark01,rtx01,h100-01,hgx01 (7 replicas), 4 clients through the "
                        "gateway", took, saw, "every replica restarted, one at a time, drained in the gateway", True,
                        failed_requests=0, requests=len(load.outcomes))
+
+
+def test_a_roll_waits_for_a_roll_of_its_host_already_under_way(fleet, tmp_path):
+    """A roll whose run lost its link runs on, without the run's host lock; the next run's roll
+    waits for it on the host (the roll lock, held here for 6 s as such a roll holds it), then
+    rolls, and says that it waited."""
+    from roles.service.rollout import ROLL_LOCK
+    holder = subprocess.Popen([*ssh_args("rtx01"), f"flock {ROLL_LOCK} sh -c 'echo held; sleep 6'"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        out = _json(tmp_path, "restart")
+        proc = invoke("restart", "--hosts", "rtx01", "--json", out)
+    finally:
+        holder.wait(30)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    steps = rolled(json.loads(out.read_text()))
+    assert len(steps) == 1 and re.search(r"rolled: waited [1-5]\.\d s for another roll of the host to end; drained",
+                                         steps[0]["message"]), steps
+    assert not drained_anywhere()
 
 
 def test_invoke_stop_of_a_host_under_load_then_start_through_the_gate(fleet, tmp_path):

@@ -13,7 +13,8 @@
 # runtime; ENV_FILE, vLLM's key; ADMIN and the front door's names (admin.sh); FRONTDOOR_CA,
 # RESOLVE, GATE_URL, GATE_BODY: the gate's completion through the front door;
 # DRAIN_TIMEOUT_MS, READY_TIMEOUT_S; GATEWAY_WAIT (1: a gateway fronts the fleet) and
-# GATEWAY_SEES_FLAG_S; START_AGAIN (recover: 1, start it again). A deploy's change
+# GATEWAY_SEES_FLAG_S; START_AGAIN (recover: 1, start it again); ROLL_LOCK, the host's roll
+# lock file, and ROLL_LOCK_WAIT_S, how long a roll waits for another to end. A deploy's change
 # (GO_BACK=1): WRITE=1 and UNIT_PATH, the unit `write_unit` writes (WRITE=0: a new image or
 # weights alone); REF, the image reference the unit
 # that runs names too (a moved tag is pointed back at what ran); BEFORE_REPLICAS, the
@@ -69,6 +70,22 @@ finish() {
     again="$again" ready_ms="$ready_ms"
 }
 trap finish EXIT
+
+# 0. one roll at a time on a host. The run's host lock keeps two runs apart, but a roll that
+# reached the host as its run lost the link (TCP delivers what was sent, and sshd starts it)
+# runs on without that lock, to its end by design: the next run's roll waits here for it
+# (ROLL_LOCK_WAIT_S at most: then it fails, having changed nothing) instead of draining and
+# restarting the same replicas beside it. The lock is the file's: it goes with this shell
+[ -d "${ROLL_LOCK%/*}" ] || mkdir -p "${ROLL_LOCK%/*}"
+exec 9>>"$ROLL_LOCK"
+if ! flock -n 9; then
+  waited_from=$(now_ms)
+  if ! flock -w "$ROLL_LOCK_WAIT_S" 9; then
+    outcome=failed; failed "another roll of this host's replicas was still under way after ${ROLL_LOCK_WAIT_S} s"
+    exit "$EXIT_FAILED"
+  fi
+  say "@waited $(( $(now_ms) - waited_from ))"
+fi
 say "@begin $(now_ms)"
 
 # 1. out of service: the host's rolling flag up (the gateway holds it out while none is in

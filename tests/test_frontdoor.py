@@ -21,7 +21,7 @@ from cryptography import x509
 from credentials import CredentialError, ca as fleet_ca
 from credentials.keys import KeyStore, digest
 from roles import scrape_targets
-from roles.haproxy.instance import render_unit, run_command
+from roles.haproxy.instance import GATEWAY_SEES_FLAG_S, render_unit, run_command
 from roles.haproxy.config import ALLOWED, Server, render_config, render_keys
 from roles.haproxy.stats import stats_rows
 from roles.replicas import Served, replica
@@ -214,7 +214,7 @@ def _front_door(tmp_path, replicas: int, pools=None):
     call.ports = [b.server_address[1] for b in backends]
     call.base, call.context = base, context
     call.proc, call.write_config = proc, write_config
-    call.admin = str(tmp_path / "admin-http.sock")
+    call.admin, call.runtime = str(tmp_path / "admin-http.sock"), str(tmp_path / "admin.sock")
     call.backends = backends
     yield call
     proc.terminate()
@@ -326,8 +326,9 @@ def _roll_shell(door, index: int, command: str) -> str:
     door, run by dash as a host's sh runs it; ``$S`` is replica ``index``'s server."""
     from roles.haproxy.admin import ADMIN_LIBRARY, admin_parameters
     from roles.host_programs import Program
-    params = {**admin_parameters(), "ADMIN": door.admin, "S": replica({}, index).server}
-    script = Program((ADMIN_LIBRARY,)).script(params) + command + "\n"
+    from roles.replica_ready import PRELUDE
+    params = {**admin_parameters(), "ADMIN": door.admin, "RUNTIME": door.runtime, "S": replica({}, index).server}
+    script = Program((PRELUDE, ADMIN_LIBRARY)).script(params) + command + "\n"
     proc = subprocess.run(["dash", "-c", script], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()
@@ -599,6 +600,39 @@ def test_a_roll_taking_a_pools_last_replicas_raises_its_flag_first(front_door_of
     assert door("/v1/chat/completions", "Bearer alice-key", body={"model": "gemma4"})[0] == 200
     assert _roll_shell(door, 0, "pool_flag gemma4 maint && raised_pool_flags") == ""
     assert door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0] == 200
+
+
+def test_a_roll_waits_for_every_gateway_to_check_the_pool_again_not_a_fixed_time(front_door_of_two_families):
+    """The gateways' checks (a pool's /health, no key) are counted by where they come from; what a
+    gateway passes on carries its key and is no check. Once a pool's flag is up, the roll waits
+    until each one checking has asked again (its answer was 404), or the most a check takes when
+    one stops asking or none is seen."""
+    door = front_door_of_two_families
+    for _ in range(3):
+        door("/health", headers={"X-Dgemma-Pool": "gemma4"})
+    door("/health", "Bearer alice-key", headers={"X-Dgemma-Pool": "gemma4"})  # passed on by a gateway
+    assert _roll_shell(door, 0, "checks_seen ' gemma4'") == "127.0.0.1@gemma4 3"
+    assert _roll_shell(door, 0, "checks_seen diffusiongemma") == ""
+    assert _roll_shell(door, 0, "pool_flag gemma4 ready && raised_pool_flags") == "gemma4"
+    stop, answers = threading.Event(), []
+
+    def gateway():  # checks gemma4 every 0.3 s, as the gateway's http-check does
+        while not stop.wait(0.3):
+            answers.append(door("/health", headers={"X-Dgemma-Pool": "gemma4"})[0])
+    checking = threading.Thread(target=gateway)
+    checking.start()
+    try:
+        said = _roll_shell(door, 0, "gateways_see ' gemma4'")
+    finally:
+        stop.set()
+        checking.join()
+    assert said.split()[0] == "seen" and answers and set(answers) == {404}, (said, answers)
+    # the checker stopped asking (its entry is still there): the most a check takes
+    how, took = _roll_shell(door, 0, "gateways_see gemma4").split()
+    assert how == "waited" and int(took) >= GATEWAY_SEES_FLAG_S * 1000, (how, took)
+    # nobody checks that pool here at all: the same
+    how, took = _roll_shell(door, 0, "gateways_see diffusiongemma").split()
+    assert how == "waited" and int(took) >= GATEWAY_SEES_FLAG_S * 1000, (how, took)
 
 
 @pytest.fixture(params=[False, True], ids=["header", "refuse"])

@@ -156,6 +156,12 @@ ROLLS = [
                                              3000)]),
     (_roll("start", replicas=2), 4, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 900",
                                      _rolled("failed", 600000, "no answer within 600 s", U2, 600000)]),
+    # a host's last replica behind the gateways: they had it out once each had checked it again, or
+    # after the most a check takes
+    (_roll(), 0, ["@begin 0", "@gateways-saw seen 800", "@drained 900 0", f"@replica-ready {U1} 2000",
+                  "@gate-passed 1 the front door", "@in-service 1 2500", _rolled("done", 2500, ready_ms=2000)]),
+    (_roll("stop"), 0, ["@begin 0", "@gateways-saw waited 3500", "@drained 3600 0", "@stopped 5000",
+                        "@in-service 1 5100", _rolled("done", 5100)]),
     # a roll cut off before it said how it ended (its host rebooted, sh was killed)
     (_roll(), 137, ["@begin 0", "@drained 10 0"]),
     # another roll of the host under way (its run had lost its link): waited for, then this one

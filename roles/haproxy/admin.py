@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roles.haproxy.instance import FRONTDOOR, admin_socket
+from roles.haproxy.instance import (FRONTDOOR, GATEWAY_SAW_MARGIN_S, GATEWAY_SEES_FLAG_S, admin_socket,
+                                    runtime_socket)
 from roles.haproxy.stats import POOL_PREFIX
 
 ADMIN_SOCKET = admin_socket(FRONTDOOR)  # the front door's stats page with admin actions (root only)
@@ -21,6 +22,8 @@ ADMIN_LIBRARY = Path(__file__).parent / "files" / "admin.sh"
 
 
 def admin_parameters() -> dict:
-    """What admin.sh needs to know of the front door: its admin socket, the flags' names."""
-    return {"ADMIN": ADMIN_SOCKET, "ROLLING_BACKEND": ROLLING_BACKEND, "ROLLING_SERVER": ROLLING_SERVER,
-            "POOL_PREFIX": POOL_PREFIX}
+    """What admin.sh needs to know of the front door: its admin socket and runtime API, the
+    flags' names, how long the gateways may take to see a flag."""
+    return {"ADMIN": ADMIN_SOCKET, "RUNTIME": runtime_socket(FRONTDOOR), "ROLLING_BACKEND": ROLLING_BACKEND,
+            "ROLLING_SERVER": ROLLING_SERVER, "POOL_PREFIX": POOL_PREFIX,
+            "GATEWAY_SEES_FLAG_S": f"{GATEWAY_SEES_FLAG_S:g}", "GATEWAY_SAW_MARGIN_S": f"{GATEWAY_SAW_MARGIN_S:g}"}

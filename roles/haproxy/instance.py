@@ -45,11 +45,15 @@ GATEWAY = Proxy("gateway", "gateway_name", "dgemma-gateway", "/etc/dgemma/gatewa
 # how often the gateway checks each front door for each pool, and how long one check may take
 GATEWAY_CHECK_INTERVAL_S = 1
 GATEWAY_CHECK_TIMEOUT_S = 2
-# a roll taking a pool's last replicas out raises its flag, then waits this long for every
-# gateway to see it: a check answered just before the flag may reach its gateway up to its
-# timeout later, and the next begins an interval after that one ends (waiting one interval
+# a roll taking a pool's last replicas out raises its flag, then waits for every gateway that
+# checks the host to check that pool once more (the front door counts each gateway's checks), and
+# this long at most, when one does not: a check answered just before the flag may reach its gateway
+# up to its timeout later, and the next begins an interval after that one ends (waiting one interval
 # alone, a gateway slow to check on a busy host still sent requests to the drained pool: 503)
 GATEWAY_SEES_FLAG_S = GATEWAY_CHECK_TIMEOUT_S + GATEWAY_CHECK_INTERVAL_S + 0.5
+# a check answered after the flag went up takes the host out once its answer reaches the gateway;
+# what the gateway sent meanwhile is on its way: the roll drains this much later
+GATEWAY_SAW_MARGIN_S = 0.3
 
 
 def runtime_socket(proxy: Proxy) -> str:

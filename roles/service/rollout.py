@@ -40,7 +40,6 @@ from converge.errors import StepFailed
 
 from roles.handoffs import UNITS, gated
 from roles.haproxy.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
-from roles.haproxy.instance import GATEWAY_SEES_FLAG_S
 from roles.host_programs import RESULT_LIBRARY, Program, ProgramResultError, Protocol
 from roles.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
 from roles.replicas import TABLE_READER, Replica, installed, shell_table
@@ -54,6 +53,8 @@ ROLL = Protocol("the roll", markers={
     "begin": "MS: the roll began",
     "drained": "MS LEFT: drained after MS, LEFT requests still in flight (the drain timeout)",
     "no-frontdoor": "no front door holds the replicas: nothing to drain",
+    "gateways-saw": "seen|waited MS: the gateways had the host out for the pools it empties after MS (seen: each "
+                    "gateway checking it had asked again; waited: the most a check takes)",
     "in-service": "INDEX MS: back in service",
     "undrain-failed": "INDEX SERVER: its front door refused to put it back in service",
     "unflag-failed": "FLAG: its front door refused to lower the roll's flag",
@@ -159,8 +160,7 @@ def script(roll: Roll) -> str:
               "RESOLVE": f"{roll.host}:{roll.api_port}:{roll.frontdoor_address}",
               "GATE_URL": f"https://{roll.host}:{roll.api_port}/v1/chat/completions", "GATE_BODY": GATE_BODY,
               "DRAIN_TIMEOUT_MS": int(roll.drain_timeout) * 1000, "READY_TIMEOUT_S": int(roll.ready_timeout),
-              "GATEWAY_WAIT": int(roll.gateway_wait), "GATEWAY_SEES_FLAG_S": f"{GATEWAY_SEES_FLAG_S:g}",
-              "START_AGAIN": int(roll.started), "GO_BACK": int(roll.can_go_back),
+              "GATEWAY_WAIT": int(roll.gateway_wait), "START_AGAIN": int(roll.started), "GO_BACK": int(roll.can_go_back),
               "ROLL_LOCK": ROLL_LOCK, "ROLL_LOCK_WAIT_S": ROLL_LOCK_WAIT_S,
               "WRITE": int(roll.unit_file is not None), "UNIT_PATH": roll.unit_path,
               "REF": roll.image if roll.same_image_ref else "",
@@ -278,9 +278,12 @@ def _said(roll: Roll, result) -> str:
     waited = ROLL.first(out, "waited")
     if outcome == "done":
         drained = ROLL.first(out, "drained")
+        saw = ROLL.first(out, "gateways-saw")
         parts = ([f"waited {_seconds(waited[0])} s for another roll of the host to end"] if waited else []) + [
                  f"drained in {_seconds(drained[0])} s"
                  + (f" ({drained[1]} still in flight after drain_timeout)" if drained[1] != "0" else "")
+                 + (f", once the gateways had the host out ({_seconds(saw[1])} s"
+                    + ("; not seen, the most a check takes)" if saw[0] != "seen" else ")") if saw else "")
                  if drained else "no front door yet: nothing to drain" if ROLL.first(out, "no-frontdoor") is not None
                  else "not drained"]
         cleared = ROLL.every(out, "cleared")

@@ -2,7 +2,8 @@
 # The front door's admin actions (roles/haproxy/admin.py), for scripts that run on the host
 # as root: its stats page with admin actions at $ADMIN (a unix socket only root reaches).
 # $S names the replica's server (roles/replicas.py); $ROLLING_BACKEND and $ROLLING_SERVER
-# the roll's flag, $POOL_PREFIX the pools' backends.
+# the roll's flag, $POOL_PREFIX the pools' backends; $RUNTIME its runtime API (root only);
+# $GATEWAY_SEES_FLAG_S and $GATEWAY_SAW_MARGIN_S (gateways_see).
 
 # an admin action on one server: $1 its backend, $2 its name, $3 the action (HAProxy's stats
 # page answers a POST with a redirect ending in ;st=DONE)
@@ -34,3 +35,29 @@ fd_state() { stats_csv | awk -F, -v s="$S" -v prefix="$POOL_PREFIX" '
     $2 == s && ($1 == "servers" || index($1, prefix) == 1) { n += $3 + $5 }
     $1 == "servers" && $2 == s { state = $18 }
     END { if (state != "") print n, state }'; }
+# the gateways' checks of the pools $1 ("a b") counted here, "address@pool count" a line (the
+# front door's checks_seen table, through its runtime API: curl speaks telnet to the unix socket)
+checks_seen() { echo 'show table checks_seen' | curl -sS --max-time 5 --unix-socket "$RUNTIME" telnet://localhost 2>/dev/null \
+  | awk -v pools=" $1 " '{ k = ""; n = ""
+      for (i = 2; i <= NF; i++) { if (index($i, "key=") == 1) k = substr($i, 5); if (index($i, "http_req_cnt=") == 1) n = substr($i, 14) } }
+    k != "" && n != "" { p = k; sub(/^.*@/, "", p); if (index(pools, " " p " ")) print k, n }'; }
+# once the pools $1 have their flags up: wait until every gateway that checks here has checked each
+# of them once more (a check counted now saw the flag), then GATEWAY_SAW_MARGIN_S for its answer to
+# arrive; GATEWAY_SEES_FLAG_S at most (a gateway that stopped checking, none seen at all). Says
+# "seen MS" or "waited MS"
+gateways_see() {
+  since=$(now_ms); most=$(awk -v s="$GATEWAY_SEES_FLAG_S" 'BEGIN { print int(s * 1000) }')
+  was=$(checks_seen "$1")
+  while [ -n "$was" ] && [ $(( $(now_ms) - since )) -lt "$most" ]; do
+    sleep 0.1
+    if checks_seen "$1" | awk -v was="$was" '
+        BEGIN { n = split(was, line, "\n"); for (i = 1; i <= n; i++) { split(line[i], f, " "); before[f[1]] = f[2] + 0 } }
+        ($1 in before) && $2 + 0 > before[$1] { moved[$1] = 1 }
+        END { for (k in before) if (!(k in moved)) exit 1 }'; then
+      sleep "$GATEWAY_SAW_MARGIN_S"; echo "seen $(( $(now_ms) - since ))"; return 0
+    fi
+  done
+  left=$(( most - ($(now_ms) - since) ))
+  if [ "$left" -gt 0 ]; then sleep "$(awk -v ms="$left" 'BEGIN { printf "%.3f", ms / 1000 }')"; fi
+  echo "waited $(( $(now_ms) - since ))"
+}

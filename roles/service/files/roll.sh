@@ -12,9 +12,10 @@
 # on (roles/replicas.py: index unit container port server gpus, a line each); RT, the
 # runtime; ENV_FILE, vLLM's key; ADMIN and the front door's names (admin.sh); FRONTDOOR_CA,
 # RESOLVE, GATE_URL, GATE_BODY: the gate's completion through the front door;
-# DRAIN_TIMEOUT_MS, READY_TIMEOUT_S; GATEWAY_WAIT (1: a gateway fronts the fleet) and
-# GATEWAY_SEES_FLAG_S; START_AGAIN (recover: 1, start it again); ROLL_LOCK, the host's roll
-# lock file, and ROLL_LOCK_WAIT_S, how long a roll waits for another to end. A deploy's change
+# DRAIN_TIMEOUT_MS, READY_TIMEOUT_S; GATEWAY_WAIT (1: a gateway fronts the fleet: the gateways
+# see a pool's flag before its last replicas here drain); START_AGAIN (recover: 1, start it again);
+# ROLL_LOCK, the host's roll lock file, and ROLL_LOCK_WAIT_S, how long a roll waits for another to
+# end. A deploy's change
 # (GO_BACK=1): WRITE=1 and UNIT_PATH, the unit `write_unit` writes (WRITE=0: a new image or
 # weights alone); REF, the image reference the unit
 # that runs names too (a moved tag is pointed back at what ran); BEFORE_REPLICAS, the
@@ -95,7 +96,7 @@ say "@begin $(now_ms)"
 if [ -S "$ADMIN" ]; then
   servers=" "; for i in $EACH; do use "$i"; servers="$servers$S "; done
   for p in $(leaving_pools "$servers"); do pool_flag "$p" ready && leaving="$leaving $p"; done
-  if [ -n "$leaving" ] && [ "$GATEWAY_WAIT" = 1 ]; then sleep "$GATEWAY_SEES_FLAG_S"; fi
+  if [ -n "$leaving" ] && [ "$GATEWAY_WAIT" = 1 ]; then say "@gateways-saw $(gateways_see "$leaving")"; fi
 fi
 for i in $EACH; do
   use "$i"

@@ -82,17 +82,15 @@ class Images(Fact):
 def parse_images(text: str) -> list[dict] | None:
     if text.strip() == "@absent":
         return None
-    if text.startswith("@docker-api\n") or text.strip() == "@docker-api":
-        return _api_images(text.split("\n", 1)[1] if "\n" in text else "")
+    head, _, rest = text.partition("\n")
+    if head == "@docker-api":
+        return _api_images(rest)
     images = []
     for line in text.splitlines():
         cells = line.split("\t")
         if len(cells) != 4:
             continue
-        tags = json.loads(cells[2]) or []
-        digests = json.loads(cells[3]) or []
-        images.append({"id": cells[0], "arch": cells[1], "tags": tags, "repo_digests": digests,
-                       "digests": sorted({d.split("@", 1)[1] for d in digests if "@" in d})})
+        images.append(_image(cells[0], cells[1], json.loads(cells[2]), json.loads(cells[3])))
     return images
 
 
@@ -105,9 +103,14 @@ def _api_images(text: str) -> list[dict]:
         if at == len(text):
             return images
         doc, at = decoder.raw_decode(text, at)
-        digests = doc.get("RepoDigests") or []
-        images.append({"id": doc["Id"], "arch": doc.get("Architecture"), "tags": doc.get("RepoTags") or [],
-                       "repo_digests": digests, "digests": sorted({d.split("@", 1)[1] for d in digests if "@" in d})})
+        images.append(_image(doc["Id"], doc.get("Architecture"), doc.get("RepoTags"), doc.get("RepoDigests")))
+
+
+def _image(image_id: str, arch: str | None, tags: list | None, repo_digests: list | None) -> dict:
+    """One local image as the facts give it, whichever way docker or podman was asked."""
+    repo_digests = repo_digests or []
+    return {"id": image_id, "arch": arch, "tags": tags or [], "repo_digests": repo_digests,
+            "digests": sorted({d.split("@", 1)[1] for d in repo_digests if "@" in d})}
 
 
 def normalise_ref(ref: str) -> str:

@@ -42,6 +42,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "fe_many": limits.Limits(requests_per_minute=3, front_end=True, all_users_requests_per_minute=4),
         "fe_tokens": limits.Limits(tokens_per_day=1000, front_end=True, all_users_tokens_per_day=50),
         "fe_whole": limits.Limits(front_end=True, all_users_tokens_per_day=10**6),
+        "fe_held": limits.Limits(front_end=True, all_users_tokens_per_day=2100),
         "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
         "cutter": limits.Limits(tokens_per_day=1000), "paying": limits.Limits(tokens_per_day=1000, upstream=True),
         "api_key_file": limits.UNLIMITED}
@@ -655,15 +656,54 @@ def test_a_front_end_has_a_cap_of_its_own_over_all_its_users(fleet):
             break
         spent += _usage_of(data)  # 12 each: each user far from its own 1000
         _until(lambda: gw.table("tokens_day").get(f"fe_tokens/*:{day}") == spent, "the front end's count")
+    # reserved: 4 answers (48 tokens) leave 2, and the next asks for 7
     assert status == 429 and data["error"]["code"] == "insufficient_quota", data
-    assert data["error"]["message"].startswith("The front end fe_tokens has spent its 50 tokens of today (UTC) over all "
-                                               "its users"), data
-    assert spent >= 50 and spent - 12 < 50, spent
+    assert data["error"]["message"].startswith("The front end fe_tokens has 2 of its 50 tokens of today (UTC) left "
+                                               "over all its users, and this request may spend up to 7 tokens"), data
+    assert spent == 48, spent
+    status, data, _ = fleet.chat("fe_tokens", headers={"X-OpenWebUI-User-Email": "last@lab.org"}, max_tokens=2)
+    assert status == 200, data
+    spent += _usage_of(data)  # past 50 by this one's prompt (5), no more
+    _until(lambda: gw.table("tokens_day").get(f"fe_tokens/*:{day}") == spent, "the front end's count")
+    status, data, _ = fleet.chat("fe_tokens", headers={"X-OpenWebUI-User-Email": "later@lab.org"}, max_tokens=1)
+    assert status == 429 and data["error"]["message"].startswith(
+        "The front end fe_tokens has spent its 50 tokens of today (UTC) over all its users"), data
     assert gw.table("tokens_day")[f"fe_tokens/t0@lab.org:{day}"] == 12
     metrics = gw.metrics()
     assert f'dgemma_key_all_users_tokens_today{{key="fe_tokens"}} {spent}' in metrics
     assert 'dgemma_key_all_users_tokens_per_day_limit{key="fe_tokens"} 50' in metrics
     assert 'user="*"' not in metrics
+
+
+def test_a_front_ends_cap_over_all_its_users_holds_what_its_requests_in_flight_may_spend(fleet):
+    """12 users at once, each asking for up to 400 tokens, under a front end's 2,100 a day: what they
+    may spend is held over all of them, across the gateway's threads (each on a connection of its own),
+    so 5 are let through and 7 refused before any answer is counted; once answered, what they did not
+    spend is given back."""
+    gw, day = fleet.gateways["gateway01"], int(time.time()) // 86400
+    answers: dict = {}
+
+    def ask(i):
+        answers[i] = fleet.chat("fe_held", headers={"X-OpenWebUI-User-Email": f"h{i}@lab.org"}, max_tokens=400,
+                                hold=1.5)
+
+    users = [threading.Thread(target=ask, args=(i,)) for i in range(12)]
+    for user in users:
+        user.start()
+    for user in users:
+        user.join()
+    statuses = sorted(a[0] for a in answers.values())
+    assert statuses == [200] * 5 + [429] * 7, statuses
+    refused = [a[1]["error"] for a in answers.values() if a[0] == 429]
+    assert all(e["code"] == "insufficient_quota" and " left over all its users" in e["message"] for e in refused), refused
+    spent = sum(_usage_of(a[1]) for a in answers.values() if a[0] == 200)
+    assert spent == 5 * 405, spent
+    _until(lambda: gw.table("tokens_day").get(f"fe_held/*:{day}") == spent, "the front end's count")
+    # settled: 75 left (2,100 less 2,025 spent), none still held
+    status, data, _ = fleet.chat("fe_held", headers={"X-OpenWebUI-User-Email": "h0@lab.org"}, max_tokens=76)
+    assert status == 429 and "has 75 of its 2100 tokens" in data["error"]["message"], data
+    status, data, _ = fleet.chat("fe_held", headers={"X-OpenWebUI-User-Email": "h0@lab.org"}, max_tokens=75)
+    assert status == 200, data
 
 
 def test_a_reload_and_a_restart_keep_the_days_tokens(fleet):

@@ -424,6 +424,33 @@ def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_anothe
     assert status == 429 and "over all its users" in json.loads(raw)["error"]["message"], raw
 
 
+def test_a_front_ends_cap_over_all_its_users_holds_what_their_requests_in_flight_may_spend(deployed, keys):
+    """Eight users of a front end at once, each asking for up to 200 tokens, under its 600 a day over
+    all of them: what each may spend is held over all of them (the gateway's threads each see the
+    others'), so three are let through and five refused as insufficient_quota before any answer is
+    counted; the day's spend passes 600 by their prompts at most, and `invoke usage` says what the
+    clients received, to the token."""
+    webui = keys("held", "--front-end", "yes", "--all-users-tokens-per-day", "600")
+    name = keys.names["held"]
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+    answers = at_once(8, lambda i: _post_with(webui, body, {"X-OpenWebUI-User-Email": f"h{i}@lab.org"}))
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses == [200] * 3 + [429] * 5, statuses
+    refused = [json.loads(raw)["error"] for status, raw, _ in answers if status == 429]
+    assert all(e["code"] == "insufficient_quota" and e["message"].startswith(f"The front end {name} has ")
+               and "left over all its users" in e["message"] for e in refused), refused
+    usages = [json.loads(raw)["usage"] for status, raw, _ in answers if status == 200]
+    assert all(u["completion_tokens"] == 200 for u in usages), usages
+    spent = sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    assert 600 < spent <= 600 + sum(u["prompt_tokens"] for u in usages), usages
+    records_of(name, 3)
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in usage_of(name)["usage"] if r["key"] == name) \
+        == spent
+    status, raw, _ = _post_with(webui, {**CHAT, "max_tokens": 1}, {"X-OpenWebUI-User-Email": "late@lab.org"})
+    assert status == 429 and json.loads(raw)["error"]["message"].startswith(
+        f"The front end {name} has spent its 600 tokens of today (UTC) over all its users"), raw
+
+
 def _post_with(key, body, headers):
     return _post_raw(key, json.dumps(body), headers)
 

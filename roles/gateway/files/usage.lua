@@ -302,32 +302,99 @@ local function in_flight(txn)
   return total
 end
 
+-- The tokens a front end's requests in flight hold over all its users, across this process's
+-- threads. HAProxy 2.6 tracks three sticky counters a request, and a front end's request already
+-- tracks three (its user's minute, its own minute, its user's requests in flight): no table entry
+-- can be tracked for this one. So each thread keeps its share in a process variable of its own
+-- (proc.whole_held_KEY_THREAD: only that thread writes it, so no addition is lost) and a reservation
+-- sums them over the threads (added first, then summed, as above: of two at once, the later to sum
+-- sees both). A stream stays on its thread: it gives back on the thread that reserved
+local held_here = {} -- key -> what this thread's requests in flight hold
+local whole_names = {} -- key -> its variables' names, one per thread
+local function whole_slots(key)
+  local names = whole_names[key]
+  if names == nil then
+    -- a variable's name takes letters, digits, "." and "_": any other byte is written as _XX
+    local safe = key:gsub("[^%w]", function(c) return string.format("_%02x", c:byte()) end)
+    names = {}
+    for thread = 1, tonumber(core.get_info().Nbthread) or 1 do
+      names[thread] = "proc.whole_held_" .. safe .. "_" .. thread
+    end
+    whole_names[key] = names
+  end
+  return names
+end
+
+local function whole_in_flight(txn, key)
+  local total = 0
+  for _, name in ipairs(whole_slots(key)) do
+    total = total + (tonumber(txn:get_var(name)) or 0)
+  end
+  return total
+end
+
+local function hold_whole(txn, key, tokens)
+  local now = (held_here[key] or 0) + tokens
+  held_here[key] = now
+  txn:set_var(whole_slots(key)[core.thread], now)
+end
+
 local function give_back(txn)
   local tokens = tonumber(txn:get_var("txn.tok_reserved"))
   if tokens and tokens > 0 then
     txn:set_var("txn.tok_reserved", 0)
     add(txn, tokens, DIGITS)
   end
+  local whole = tonumber(txn:get_var("txn.all_tok_reserved"))
+  if whole and whole > 0 then
+    txn:set_var("txn.all_tok_reserved", 0)
+    hold_whole(txn, txn:get_var("txn.key"), -whole)
+  end
 end
 
--- The budget, reserve then settle. `budget`: what the table says the subject spent today (or what
--- was charged on this thread, when more: the usage service has not added the latest answers yet)
--- against its limit, and what this request may spend (read from its body; txn.tok_default, the
--- model's context, set for a request that generates). Sets txn.tok_used and
--- txn.tok_left; txn.tok_spent when nothing is left; txn.tok_unread when its body cannot be read;
--- else txn.tok_need (and txn.tok_asks, how it was read)
-core.register_action("budget", {"http-req"}, function(txn)
-  local day_key = txn:get_var("txn.day_key")
-  local used = tonumber(txn:get_var("txn.tok_used")) or 0
-  local here = charges_of(txn:get_var("txn.day"))[day_key] or 0
+-- Two budgets are counted alike: a key's (a front end's user's), held in the table, and a front end's
+-- over all its users, held in the threads' variables. Each its request variables' names, and how what
+-- its requests in flight hold is added to and read
+local KEY_BUDGET = {limit = "txn.tok_limit", used = "txn.tok_used", left = "txn.tok_left", spent = "txn.tok_spent",
+                    short = "txn.tok_short", day_key = "txn.day_key", reserved = "txn.tok_reserved",
+                    hold = function(txn, tokens) add(txn, tokens, 0) end,
+                    held = in_flight}
+local WHOLE_BUDGET = {limit = "txn.all_tok_limit", used = "txn.all_tok_used", left = "txn.all_tok_left",
+                      spent = "txn.all_tok_spent", short = "txn.all_tok_short", day_key = "txn.all_day_key",
+                      reserved = "txn.all_tok_reserved",
+                      hold = function(txn, tokens) hold_whole(txn, txn:get_var("txn.key"), tokens) end,
+                      held = function(txn) return whole_in_flight(txn, txn:get_var("txn.key")) end}
+
+-- Whether the budget has tokens left today: what the table says was spent, or what was charged on this
+-- thread when more (the usage service has not added the latest answers yet), against its limit. Sets
+-- its used and left; its spent when nothing is left. A budget of no limit has tokens left
+local function has_left(txn, budget, charges)
+  local limit = tonumber(txn:get_var(budget.limit)) or 0
+  if limit <= 0 then
+    return true
+  end
+  local used = tonumber(txn:get_var(budget.used)) or 0
+  local here = charges[txn:get_var(budget.day_key) or ""] or 0
   if here > used then
     used = here
   end
-  local limit = tonumber(txn:get_var("txn.tok_limit")) or 0
-  txn:set_var("txn.tok_used", used)
-  txn:set_var("txn.tok_left", math.max(limit - used, 0))
+  txn:set_var(budget.used, used)
+  txn:set_var(budget.left, math.max(limit - used, 0))
   if used >= limit then
-    txn:set_var("txn.tok_spent", 1)
+    txn:set_var(budget.spent, 1)
+    return false
+  end
+  return true
+end
+
+-- The budget, reserve then settle. `budget`: what the key (a front end's user) spent today against its
+-- limit, and a front end's over all its users against theirs, and what this request may spend (read
+-- from its body; txn.tok_default, the model's context, set for a request that generates). Sets each
+-- budget's used and left (has_left); txn.tok_unread when its body cannot be read; else txn.tok_need (and
+-- txn.tok_asks, how it was read)
+core.register_action("budget", {"http-req"}, function(txn)
+  local charges = charges_of(txn:get_var("txn.day"))
+  if not has_left(txn, KEY_BUDGET, charges) or not has_left(txn, WHOLE_BUDGET, charges) then
     return
   end
   -- the model's context is set for a request that generates (a POST) alone: any other has nothing
@@ -348,34 +415,43 @@ core.register_action("budget", {"http-req"}, function(txn)
   end
 end)
 
--- `reserve`, once every other limit has let the request through: its share is added to what the
--- subject's requests in flight hold, then the whole is checked against what is left (added first,
--- then checked: of two requests at once on two threads, the later to read sees both, so two that do
--- not both fit are never both let through). Over: given back at once, txn.tok_short. Let through: held
--- until its answer is charged (Usage:charge gives it back; the usage service has the answer's usage
--- in the table a few ms later)
+-- What the request may spend, added to what the budget's requests in flight hold, then the whole
+-- checked against what is left (added first, then checked: of two requests at once on two threads, the
+-- later to read sees both, so two that do not both fit are never both let through). Over: everything
+-- this request holds given back at once, and the budget's short set. A budget of no limit lets it through
+local function reserved_in(txn, budget, need)
+  local limit = tonumber(txn:get_var(budget.limit)) or 0
+  if limit <= 0 then
+    return true
+  end
+  local used = tonumber(txn:get_var(budget.used)) or 0
+  local held = 0
+  if used + need <= limit then
+    budget.hold(txn, need)
+    txn:set_var(budget.reserved, need)
+    held = budget.held(txn)
+    if used + held <= limit then
+      txn:set_var(budget.left, limit - used - held)
+      return true
+    end
+    held = held - need
+  else
+    held = budget.held(txn)
+  end
+  give_back(txn)
+  txn:set_var(budget.left, math.max(limit - used - held, 0))
+  txn:set_var(budget.short, 1)
+  return false
+end
+
+-- `reserve`, once every other limit has let the request through: the key's budget (a front end's
+-- user's), then a front end's over all its users. Let through: held until its answer is charged
+-- (Usage:charge gives it back; the usage service has the answer's usage in the table a few ms later)
 core.register_action("reserve", {"http-req"}, function(txn)
   local need = tonumber(txn:get_var("txn.tok_need"))
-  if need == nil then
-    return
+  if need ~= nil and reserved_in(txn, KEY_BUDGET, need) then
+    reserved_in(txn, WHOLE_BUDGET, need)
   end
-  local limit = tonumber(txn:get_var("txn.tok_limit")) or 0
-  local used = tonumber(txn:get_var("txn.tok_used")) or 0
-  if used + need > limit then
-    txn:set_var("txn.tok_left", math.max(limit - used - in_flight(txn), 0))
-    txn:set_var("txn.tok_short", 1)
-    return
-  end
-  add(txn, need, 0)
-  txn:set_var("txn.tok_reserved", need)
-  local held = in_flight(txn)
-  if used + held > limit then
-    give_back(txn)
-    txn:set_var("txn.tok_left", math.max(limit - used - (held - need), 0))
-    txn:set_var("txn.tok_short", 1)
-    return
-  end
-  txn:set_var("txn.tok_left", limit - used - held)
 end)
 
 -- The day's tokens are known here once the usage service has put them in this process's table and
@@ -634,6 +710,9 @@ function Usage:charge(txn)
   if txn:get_var("txn.completion_tokens") == nil and
      (self.responses or (self.stream and txn:get_var("txn.pool") == "upstream")) then
     local held = tonumber(txn:get_var("txn.tok_reserved"))
+    if not held or held == 0 then
+      held = tonumber(txn:get_var("txn.all_tok_reserved"))
+    end
     if held and held > 0 then
       txn:set_var("txn.completion_tokens", held)
       if txn:get_var("txn.prompt_tokens") == nil then
@@ -642,12 +721,16 @@ function Usage:charge(txn)
     end
   end
   give_back(txn)
-  local day_key = txn:get_var("txn.day_key")
-  if day_key then
-    local tokens = (tonumber(txn:get_var("txn.prompt_tokens")) or 0) +
-                   (tonumber(txn:get_var("txn.completion_tokens")) or 0)
-    if tokens > 0 then
-      charge(day_key, txn:get_var("txn.day"), tonumber(txn:get_var("txn.tok_used")) or 0, tokens)
+  local tokens = (tonumber(txn:get_var("txn.prompt_tokens")) or 0) +
+                 (tonumber(txn:get_var("txn.completion_tokens")) or 0)
+  if tokens > 0 then
+    local day = txn:get_var("txn.day")
+    local day_key, whole_key = txn:get_var("txn.day_key"), txn:get_var("txn.all_day_key")
+    if day_key then
+      charge(day_key, day, tonumber(txn:get_var("txn.tok_used")) or 0, tokens)
+    end
+    if whole_key then
+      charge(whole_key, day, tonumber(txn:get_var("txn.all_tok_used")) or 0, tokens)
     end
   end
 end

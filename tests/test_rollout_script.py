@@ -86,7 +86,7 @@ def _roll(host, fail_first: int, action="restart", write=True, replicas=(R1,), r
                         **{**paths, **deploy, **change})
     text = rollout.script(roll).replace(ADMIN_SOCKET, str(host / "admin.sock")) \
         .replace(rollout.ROLL_LOCK, str(host / "roll.lock")) \
-        .replace(f"ROLL_LOCK_WAIT_S={rollout.ROLL_LOCK_WAIT_S}\n", f"ROLL_LOCK_WAIT_S={lock_wait_s}\n")
+        .replace(f"ROLL_LOCK_WAIT_S={roll.lock_wait_s}\n", f"ROLL_LOCK_WAIT_S={lock_wait_s}\n")
     env = {"PATH": f"{host / 'bin'}:/usr/bin:/bin", "LOG": str(host / "log"), "FAIL_FIRST": str(fail_first),
            "REFUSE_READY": "1" if refuse_ready else ""}
     proc = subprocess.run(["dash", "-s"], input=text, capture_output=True, text=True, env=env, timeout=60)

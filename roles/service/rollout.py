@@ -73,9 +73,9 @@ ROLL = Protocol("the roll", markers={
 PROGRAM = Program((PRELUDE, RESULT_LIBRARY, *TABLE_READER, ADMIN_LIBRARY, READY, WRITE_FILE, FILES / "roll.sh"), ROLL)
 
 THROTTLE = "rollout"
-# one roll at a time on a host (files/roll.sh, step 0): its lock, and how long a roll waits there
+# one roll at a time on a host (files/roll.sh, step 0): its lock (a roll waits there as long as a roll
+# of the host may take: Roll.lock_wait_s)
 ROLL_LOCK = "/run/lock/dgemma-roll.lock"
-ROLL_LOCK_WAIT_S = 120
 ACTIONS = ("restart", "start", "stop", "recover", "remove")
 GATED = ("restart", "start", "recover")
 
@@ -143,9 +143,23 @@ class Roll:
     def gates(self) -> bool:
         return self.action in GATED and (self.action != "recover" or self.started)
 
+    @property
+    def work_s(self) -> int:
+        """The most this roll's own work takes: draining, then at most two starts and gates (the way
+        back), and the rest."""
+        return self.drain_timeout + 2 * (self.ready_timeout + 160) + 60
+
+    @property
+    def lock_wait_s(self) -> int:
+        """How long it waits for another roll of its host to end (one whose run lost its link runs on):
+        as long as such a roll may take, its host's replicas being this one's. A fixed bound shorter
+        than that (it was 120 s) failed the next run's roll behind a roll that was only waiting for a
+        cold start (vLLM's can take 140 s)."""
+        return self.work_s
+
     def timeout(self) -> int:
-        """Another roll's end, draining, then at most two starts and gates (the way back), and the rest."""
-        return ROLL_LOCK_WAIT_S + self.drain_timeout + 2 * (self.ready_timeout + 160) + 60
+        """Another roll's end, then its own."""
+        return self.lock_wait_s + self.work_s
 
 
 GATE_BODY = json.dumps({"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8,
@@ -161,7 +175,7 @@ def script(roll: Roll) -> str:
               "GATE_URL": f"https://{roll.host}:{roll.api_port}/v1/chat/completions", "GATE_BODY": GATE_BODY,
               "DRAIN_TIMEOUT_MS": int(roll.drain_timeout) * 1000, "READY_TIMEOUT_S": int(roll.ready_timeout),
               "GATEWAY_WAIT": int(roll.gateway_wait), "START_AGAIN": int(roll.started), "GO_BACK": int(roll.can_go_back),
-              "ROLL_LOCK": ROLL_LOCK, "ROLL_LOCK_WAIT_S": ROLL_LOCK_WAIT_S,
+              "ROLL_LOCK": ROLL_LOCK, "ROLL_LOCK_WAIT_S": roll.lock_wait_s,
               "WRITE": int(roll.unit_file is not None), "UNIT_PATH": roll.unit_path,
               "REF": roll.image if roll.same_image_ref else "",
               "BEFORE_REPLICAS": shell_table([roll.replaces.with_gpus(roll.replicas[0].gpus)]) if roll.replaces else "",

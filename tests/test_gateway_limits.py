@@ -43,6 +43,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "fe_tokens": limits.Limits(tokens_per_day=1000, front_end=True, all_users_tokens_per_day=50),
         "fe_whole": limits.Limits(front_end=True, all_users_tokens_per_day=10**6),
         "fe_held": limits.Limits(front_end=True, all_users_tokens_per_day=2100),
+        "quick": limits.Limits(tokens_per_day=120), "fe_quick": limits.Limits(front_end=True, all_users_tokens_per_day=120),
         "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
         "cutter": limits.Limits(tokens_per_day=1000), "paying": limits.Limits(tokens_per_day=1000, upstream=True),
         "api_key_file": limits.UNLIMITED}
@@ -520,6 +521,32 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
     assert 2000 < spent <= 2000 + data["usage"]["prompt_tokens"], "over by this request's prompt at most"
     _until(lambda: table() == spent, "the table holds every answer's usage")
     assert fleet.chat("reserve", max_tokens=1)[0] == 429
+
+
+@pytest.mark.parametrize("key, users", [("quick", False), ("fe_quick", True)])
+def test_an_answer_counts_at_once_on_every_thread_before_the_table_has_it(fleet, key, users):
+    """A client that sends its next request the moment an answer ends, on a new connection (another
+    of the gateway's threads), before the usage service has added that answer to the table: the
+    answers its threads charged count there too. The usage service is stopped for the whole burst,
+    so the table says 0 throughout: 12 tokens an answer, 120 a day (the key's, or a front end's over
+    all its users), exactly 10 answered, none past the budget (each thread counting only its own
+    charges let about twice that through)."""
+    gw, day = fleet.gateways["gateway01"], int(time.time()) // 86400
+    subject = f"{key}/*" if users else key
+    os.kill(gw.service.pid, signal.SIGSTOP)
+    try:
+        answers = [fleet.chat(key, max_tokens=7, headers={"X-OpenWebUI-User-Email": f"q{i}@lab.org"} if users else None)
+                   for i in range(20)]
+        assert gw.table("tokens_day").get(f"{subject}:{day}", 0) == 0, "the table had none of them meanwhile"
+    finally:
+        os.kill(gw.service.pid, signal.SIGCONT)
+    statuses = [a[0] for a in answers]
+    assert statuses == [200] * 10 + [429] * 10, statuses
+    assert all(a[1]["error"]["code"] == "insufficient_quota" for a in answers[10:]), answers[10]
+    spent = sum(_usage_of(a[1]) for a in answers[:10])
+    assert spent == 120
+    _until(lambda: gw.table("tokens_day").get(f"{subject}:{day}") == spent, "the usage service counted them")
+    assert fleet.chat(key, max_tokens=1)[0] == 429
 
 
 def test_a_request_whose_client_leaves_gives_its_reservation_back(fleet):

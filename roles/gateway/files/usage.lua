@@ -16,29 +16,76 @@ local now_ms = function()
   return t.sec * 1000 + t.usec // 1000
 end
 
--- tokens charged by this thread since the process started, per subject and day: subject:day ->
--- tokens (entries of earlier days are dropped as the day changes). Each thread has its own Lua
--- state (lua-load-per-thread: HAProxy 2.6's shared state broke this filter under load, "attempt
--- to index a thread value", then a crash); a connection stays on its thread, so a client's next
--- request on it sees what its last answer spent even before the usage service has told the table
+-- Variables of the process that each thread writes its own of (lua-load-per-thread: each thread
+-- has its own Lua state, and HAProxy 2.6's shared one broke this filter under load, "attempt to
+-- index a thread value", then a crash; a process variable is seen by every thread): for a name,
+-- one per thread, proc.PREFIX_NAME_THREAD. Only its thread writes one, so no addition is lost;
+-- every thread reads them all
+local threads = nil
+local function per_thread(cache, prefix, name)
+  local names = cache[name]
+  if names == nil then
+    threads = threads or tonumber(core.get_info().Nbthread) or 1
+    -- a variable's name takes letters, digits, "." and "_": any other byte is written as _XX
+    local safe = name:gsub("[^%w]", function(c) return string.format("_%02x", c:byte()) end)
+    names = {}
+    for thread = 1, threads do
+      names[thread] = "proc." .. prefix .. "_" .. safe .. "_" .. thread
+    end
+    cache[name] = names
+  end
+  return names
+end
+
+-- What each thread has charged a subject today, as the count it expects the table to reach once the
+-- usage service has added its answers (subject:day -> tokens; entries of earlier days dropped as the
+-- day changes): ``charged`` this thread's, and in proc.charged_SUBJECT:DAY_THREAD for the others.
+-- The usage service adds an answer's tokens to the table a few ms after its end, when its reservation
+-- is given back; until then a next request, on any thread, counts them from here (a client that sends
+-- its next request at once on a new connection, on another thread, spent a budget by a whole answer
+-- more before)
 local charged = {}
+local charged_names = {}
 local charged_day = nil
 
 -- the charges of `day`: those of an earlier day are dropped as the day changes
 local function charges_of(day)
   if charged_day ~= day then
-    charged, charged_day = {}, day
+    charged, charged_names, charged_day = {}, {}, day
   end
   return charged
 end
 
--- ``seen``: what the subject had spent when the request came (the table's count, or this
--- process's): a process started mid-day (a reload) counts on from the table, not from 0
-local function charge(day_key, day, seen, tokens)
+-- An answer's tokens, charged by its thread: the count it expects the table to reach, from the table's
+-- count now (not from what was counted against the request: that holds the other threads' charges,
+-- which would then be counted twice) or from what it expects already when more
+local function charge(txn, day_key, day, tokens)
   -- the day's table first, then its count read from it (Lua leaves the order of an assignment's two
   -- sides undefined: read first, the count could be the day before's)
   local charges = charges_of(day)
-  charges[day_key] = math.max(charges[day_key] or 0, seen) + tokens
+  local entry = core.backends.tokens_day.stktable:lookup(day_key)
+  local expected = math.max(charges[day_key] or 0, entry and tonumber(entry.gpc0) or 0) + tokens
+  charges[day_key] = expected
+  txn:set_var(per_thread(charged_names, "charged", day_key)[core.thread], expected)
+end
+
+-- What a subject spent today: the table's count, and what any thread charged it beyond that (the
+-- answers the usage service has not added yet). A thread whose charges the table holds forgets them
+local function spent_today(txn, day_key, table_count)
+  local names = per_thread(charged_names, "charged", day_key)
+  local used = table_count
+  for thread, name in ipairs(names) do
+    local expected = tonumber(txn:get_var(name))
+    if expected then
+      if expected > table_count then
+        used = used + (expected - table_count)
+      elseif thread == core.thread then
+        txn:unset_var(name)
+        charged[day_key] = nil
+      end
+    end
+  end
+  return used
 end
 
 -- What a request may spend, read from its body as vLLM reads it. vLLM takes the JSON object's top
@@ -312,17 +359,7 @@ end
 local held_here = {} -- key -> what this thread's requests in flight hold
 local whole_names = {} -- key -> its variables' names, one per thread
 local function whole_slots(key)
-  local names = whole_names[key]
-  if names == nil then
-    -- a variable's name takes letters, digits, "." and "_": any other byte is written as _XX
-    local safe = key:gsub("[^%w]", function(c) return string.format("_%02x", c:byte()) end)
-    names = {}
-    for thread = 1, tonumber(core.get_info().Nbthread) or 1 do
-      names[thread] = "proc.whole_held_" .. safe .. "_" .. thread
-    end
-    whole_names[key] = names
-  end
-  return names
+  return per_thread(whole_names, "whole_held", key)
 end
 
 local function whole_in_flight(txn, key)
@@ -365,19 +402,15 @@ local WHOLE_BUDGET = {limit = "txn.all_tok_limit", used = "txn.all_tok_used", le
                       hold = function(txn, tokens) hold_whole(txn, txn:get_var("txn.key"), tokens) end,
                       held = function(txn) return whole_in_flight(txn, txn:get_var("txn.key")) end}
 
--- Whether the budget has tokens left today: what the table says was spent, or what was charged on this
--- thread when more (the usage service has not added the latest answers yet), against its limit. Sets
--- its used and left; its spent when nothing is left. A budget of no limit has tokens left
-local function has_left(txn, budget, charges)
+-- Whether the budget has tokens left today: what the table says was spent, and what the threads
+-- charged beyond it (spent_today), against its limit. Sets its used and left; its spent when nothing
+-- is left. A budget of no limit has tokens left
+local function has_left(txn, budget)
   local limit = tonumber(txn:get_var(budget.limit)) or 0
   if limit <= 0 then
     return true
   end
-  local used = tonumber(txn:get_var(budget.used)) or 0
-  local here = charges[txn:get_var(budget.day_key) or ""] or 0
-  if here > used then
-    used = here
-  end
+  local used = spent_today(txn, txn:get_var(budget.day_key), tonumber(txn:get_var(budget.used)) or 0)
   txn:set_var(budget.used, used)
   txn:set_var(budget.left, math.max(limit - used, 0))
   if used >= limit then
@@ -393,8 +426,8 @@ end
 -- budget's used and left (has_left); txn.tok_unread when its body cannot be read; else txn.tok_need (and
 -- txn.tok_asks, how it was read)
 core.register_action("budget", {"http-req"}, function(txn)
-  local charges = charges_of(txn:get_var("txn.day"))
-  if not has_left(txn, KEY_BUDGET, charges) or not has_left(txn, WHOLE_BUDGET, charges) then
+  charges_of(txn:get_var("txn.day"))
+  if not has_left(txn, KEY_BUDGET) or not has_left(txn, WHOLE_BUDGET) then
     return
   end
   -- the model's context is set for a request that generates (a POST) alone: any other has nothing
@@ -727,10 +760,10 @@ function Usage:charge(txn)
     local day = txn:get_var("txn.day")
     local day_key, whole_key = txn:get_var("txn.day_key"), txn:get_var("txn.all_day_key")
     if day_key then
-      charge(day_key, day, tonumber(txn:get_var("txn.tok_used")) or 0, tokens)
+      charge(txn, day_key, day, tokens)
     end
     if whole_key then
-      charge(whole_key, day, tonumber(txn:get_var("txn.all_tok_used")) or 0, tokens)
+      charge(txn, whole_key, day, tokens)
     end
   end
 end

@@ -238,7 +238,7 @@ class Gateway:
 class Fleet:
     """Two gateways before one stand-in front door (and a dead one for the upstream's pool)."""
 
-    def __init__(self, tmp: Path, shared: str = "", records_queue: int = 0):
+    def __init__(self, tmp: Path, shared: str = "", records_queue: int = 0, day_from_header: bool = False):
         self.records_queue = records_queue  # the usage service's --records-queue (0: the host's as it is)
         if not shutil.which("haproxy"):
             pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
@@ -285,6 +285,8 @@ class Fleet:
                                    admin=str(gw.dir / "admin-http.sock"), backend={"inter": "1s"}, pools=pools,
                                    accounting=account)
             config = config.replace("    user haproxy\n    group haproxy\n", "")  # this test may not run as root
+            if day_from_header:  # the day a request counts in, as its X-Test-Day says: a test of the day's turn
+                config = config.replace("set-var(txn.day) date,div(86400)", "set-var(txn.day) req.hdr(x-test-day)")
             config = config.replace(f"127.0.0.1:{GATEWAY.metrics_port}", f"127.0.0.1:{_free_port()}")
             (gw.dir / "haproxy.cfg").write_text(config)
             self.start_service(gw)
@@ -547,6 +549,30 @@ def test_an_answer_counts_at_once_on_every_thread_before_the_table_has_it(fleet,
     assert spent == 120
     _until(lambda: gw.table("tokens_day").get(f"{subject}:{day}") == spent, "the usage service counted them")
     assert fleet.chat(key, max_tokens=1)[0] == 429
+
+
+def test_a_threads_charges_of_a_day_go_with_the_day(tmp_path):
+    """What a thread charged a day lives in a variable of the process, which lives as long as the
+    process: the thread drops its own as the day turns. On one connection (one thread), the usage
+    service stopped (the table says 0): 5 answers of 12 tokens counted on day 1; a request on day 2;
+    then day 1's count from that thread is gone (a day does not come back: this shows the variables
+    went)."""
+    fleet = Fleet(tmp_path, day_from_header=True)
+    try:
+        gw = fleet.gateways["gateway01"]
+        kept = fleet.connect()
+        os.kill(gw.service.pid, signal.SIGSTOP)
+        try:
+            left = lambda day: fleet.chat("quick", kept=kept, max_tokens=7,  # noqa: E731
+                                          headers={"X-Test-Day": str(day)})[2]["x-ratelimit-remaining-tokens"]
+            assert [left(1) for _ in range(5)] == ["113", "101", "89", "77", "65"]  # 120 less 12 an answer, less 7 held
+            assert left(2) == "113"
+            assert left(1) == "113", "day 1's charges went with the turn of the day"
+        finally:
+            os.kill(gw.service.pid, signal.SIGCONT)
+            kept.close()
+    finally:
+        fleet.close()
 
 
 def test_a_request_whose_client_leaves_gives_its_reservation_back(fleet):

@@ -48,9 +48,15 @@ local charged = {}
 local charged_names = {}
 local charged_day = nil
 
--- the charges of `day`: those of an earlier day are dropped as the day changes
-local function charges_of(day)
+-- the charges of `day`: those of an earlier day are dropped as the day changes, this thread's
+-- variables of them too (a variable of the process lives as long as the process)
+local function charges_of(txn, day)
   if charged_day ~= day then
+    for day_key, names in pairs(charged_names) do
+      if charged[day_key] then
+        txn:unset_var(names[core.thread])
+      end
+    end
     charged, charged_names, charged_day = {}, {}, day
   end
   return charged
@@ -62,7 +68,7 @@ end
 local function charge(txn, day_key, day, tokens)
   -- the day's table first, then its count read from it (Lua leaves the order of an assignment's two
   -- sides undefined: read first, the count could be the day before's)
-  local charges = charges_of(day)
+  local charges = charges_of(txn, day)
   local entry = core.backends.tokens_day.stktable:lookup(day_key)
   local expected = math.max(charges[day_key] or 0, entry and tonumber(entry.gpc0) or 0) + tokens
   charges[day_key] = expected
@@ -426,7 +432,7 @@ end
 -- budget's used and left (has_left); txn.tok_unread when its body cannot be read; else txn.tok_need (and
 -- txn.tok_asks, how it was read)
 core.register_action("budget", {"http-req"}, function(txn)
-  charges_of(txn:get_var("txn.day"))
+  charges_of(txn, txn:get_var("txn.day"))
   if not has_left(txn, KEY_BUDGET) or not has_left(txn, WHOLE_BUDGET) then
     return
   end

@@ -38,56 +38,47 @@ local function per_thread(cache, prefix, name)
 end
 
 -- What each thread has charged a subject today, as the count it expects the table to reach once the
--- usage service has added its answers (subject:day -> tokens; entries of earlier days dropped as the
--- day changes): ``charged`` this thread's, and in proc.charged_SUBJECT:DAY_THREAD for the others.
+-- usage service has added its answers: in proc.charged_SUBJECT:DAY_THREAD, read by every thread.
 -- The usage service adds an answer's tokens to the table a few ms after its end, when its reservation
 -- is given back; until then a next request, on any thread, counts them from here (a client that sends
 -- its next request at once on a new connection, on another thread, spent a budget by a whole answer
--- more before)
-local charged = {}
+-- more before). ``charged_names``: subject:day -> those variables' names, for `charged_day`
 local charged_names = {}
 local charged_day = nil
 
--- the charges of `day`: those of an earlier day are dropped as the day changes, this thread's
--- variables of them too (a variable of the process lives as long as the process)
-local function charges_of(txn, day)
+-- the names of `day`'s charges; as the day changes, this thread's variables of the day before are
+-- dropped (a variable of the process lives as long as the process; one never set is nothing to drop)
+local function charged_names_of(txn, day)
   if charged_day ~= day then
-    for day_key, names in pairs(charged_names) do
-      if charged[day_key] then
-        txn:unset_var(names[core.thread])
-      end
+    for _, names in pairs(charged_names) do
+      txn:unset_var(names[core.thread])
     end
-    charged, charged_names, charged_day = {}, {}, day
+    charged_names, charged_day = {}, day
   end
-  return charged
+  return charged_names
 end
 
 -- An answer's tokens, charged by its thread: the count it expects the table to reach, from the table's
 -- count now (not from what was counted against the request: that holds the other threads' charges,
 -- which would then be counted twice) or from what it expects already when more
 local function charge(txn, day_key, day, tokens)
-  -- the day's table first, then its count read from it (Lua leaves the order of an assignment's two
-  -- sides undefined: read first, the count could be the day before's)
-  local charges = charges_of(txn, day)
+  local own = per_thread(charged_names_of(txn, day), "charged", day_key)[core.thread]
   local entry = core.backends.tokens_day.stktable:lookup(day_key)
-  local expected = math.max(charges[day_key] or 0, entry and tonumber(entry.gpc0) or 0) + tokens
-  charges[day_key] = expected
-  txn:set_var(per_thread(charged_names, "charged", day_key)[core.thread], expected)
+  local expected = math.max(tonumber(txn:get_var(own)) or 0, entry and tonumber(entry.gpc0) or 0) + tokens
+  txn:set_var(own, expected)
 end
 
 -- What a subject spent today: the table's count, and what any thread charged it beyond that (the
 -- answers the usage service has not added yet). A thread whose charges the table holds forgets them
 local function spent_today(txn, day_key, table_count)
-  local names = per_thread(charged_names, "charged", day_key)
   local used = table_count
-  for thread, name in ipairs(names) do
+  for thread, name in ipairs(per_thread(charged_names, "charged", day_key)) do
     local expected = tonumber(txn:get_var(name))
     if expected then
       if expected > table_count then
         used = used + (expected - table_count)
       elseif thread == core.thread then
         txn:unset_var(name)
-        charged[day_key] = nil
       end
     end
   end
@@ -432,7 +423,7 @@ end
 -- budget's used and left (has_left); txn.tok_unread when its body cannot be read; else txn.tok_need (and
 -- txn.tok_asks, how it was read)
 core.register_action("budget", {"http-req"}, function(txn)
-  charges_of(txn, txn:get_var("txn.day"))
+  charged_names_of(txn, txn:get_var("txn.day"))
   if not has_left(txn, KEY_BUDGET) or not has_left(txn, WHOLE_BUDGET) then
     return
   end
@@ -464,7 +455,7 @@ local function reserved_in(txn, budget, need)
     return true
   end
   local used = tonumber(txn:get_var(budget.used)) or 0
-  local held = 0
+  local held
   if used + need <= limit then
     budget.hold(txn, need)
     txn:set_var(budget.reserved, need)

@@ -513,6 +513,10 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
     assert fits[0] == 200 and held["answer"][0] == 200, (fits, held)
     spent = _usage_of(fits[1]) + _usage_of(held["answer"][1])
     _until(lambda: table() == spent, "the table holds both answers' usage")
+    # a request past any integer (read as the largest) is refused: it never wraps round below what is left
+    status, data, _ = fleet.call("gateway01", "POST", "/v1/chat/completions", "reserve",
+                                 f'{{{MESSAGES}, "max_tokens": 1e30}}')
+    assert status == 429 and data["error"]["code"] == "insufficient_quota", (status, data)
     # settled: what is left is the limit less what the answers used, not less what they reserved
     left = 2000 - spent
     status, data, headers = fleet.chat("reserve", max_tokens=left + 1)

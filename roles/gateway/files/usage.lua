@@ -456,7 +456,8 @@ local function reserved_in(txn, budget, need)
   end
   local used = tonumber(txn:get_var(budget.used)) or 0
   local held
-  if used + need <= limit then
+  -- not used + need: a need read as math.maxinteger (max_tokens 1e30) would wrap around below the limit
+  if need <= limit - used then
     budget.hold(txn, need)
     txn:set_var(budget.reserved, need)
     held = budget.held(txn)

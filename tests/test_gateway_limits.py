@@ -46,6 +46,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "quick": limits.Limits(tokens_per_day=120), "fe_quick": limits.Limits(front_end=True, all_users_tokens_per_day=120),
         "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
         "cutter": limits.Limits(tokens_per_day=1000), "paying": limits.Limits(tokens_per_day=1000, upstream=True),
+        "thrifty": limits.Limits(requests_per_minute=3, tokens_per_day=100),
         "api_key_file": limits.UNLIMITED}
 
 
@@ -527,6 +528,23 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
     assert 2000 < spent <= 2000 + data["usage"]["prompt_tokens"], "over by this request's prompt at most"
     _until(lambda: table() == spent, "the table holds every answer's usage")
     assert fleet.chat("reserve", max_tokens=1)[0] == 429
+
+
+def test_the_tokens_are_checked_last_and_a_request_they_refuse_takes_its_place_in_the_minute(fleet):
+    """One call into Lua for the budget, after the requests' limits: a request refused for what it may
+    spend, or for a body the gateway cannot read, has taken its place in its minute (OpenAI counts the
+    requests it refuses); one refused for the minute never reaches the budget (nothing reserved)."""
+    _clear_of_the_minute_turn(8)
+    status, data, _ = fleet.chat("thrifty", max_tokens=500)
+    assert status == 429 and data["error"]["code"] == "insufficient_quota", data
+    status, data, _ = fleet.call("gateway01", "POST", "/v1/chat/completions", "thrifty",
+                                 f'{{{MESSAGES}, "max_tokens": "lots"}}')
+    assert status == 400 and data["error"]["code"] == "unreadable_request", data
+    status, data, headers = fleet.chat("thrifty", max_tokens=5)
+    assert status == 200 and headers["x-ratelimit-remaining-requests"] == "0", (status, headers)
+    status, data, headers = fleet.chat("thrifty", max_tokens=5)
+    assert status == 429 and data["error"]["code"] == "rate_limit_exceeded", data
+    assert "x-ratelimit-remaining-tokens" in headers and int(headers["x-ratelimit-remaining-tokens"]) > 0, headers
 
 
 @pytest.mark.parametrize("key, users", [("quick", False), ("fe_quick", True)])

@@ -417,34 +417,6 @@ local function has_left(txn, budget)
   return true
 end
 
--- The budget, reserve then settle. `budget`: what the key (a front end's user) spent today against its
--- limit, and a front end's over all its users against theirs, and what this request may spend (read
--- from its body; txn.tok_default, the model's context, set for a request that generates). Sets each
--- budget's used and left (has_left); txn.tok_unread when its body cannot be read; else txn.tok_need (and
--- txn.tok_asks, how it was read)
-core.register_action("budget", {"http-req"}, function(txn)
-  charged_names_of(txn, txn:get_var("txn.day"))
-  if not has_left(txn, KEY_BUDGET) or not has_left(txn, WHOLE_BUDGET) then
-    return
-  end
-  -- the model's context is set for a request that generates (a POST) alone: any other has nothing
-  -- to reserve
-  local default = tonumber(txn:get_var("txn.tok_default"))
-  if default == nil then
-    return
-  end
-  local body = txn.f:req_body() or ""
-  local need, said = asks(body, default)
-  if need == nil then
-    txn:set_var("txn.tok_unread", said)
-  else
-    txn:set_var("txn.tok_need", math.tointeger(need) or math.maxinteger)
-    txn:set_var("txn.tok_asks", string.format("%.0f tokens (%s)", need, said))
-    -- the most its prompt can be: a token is at least a byte of the text, which JSON only lengthens
-    txn:set_var("txn.tok_body", #body)
-  end
-end)
-
 -- What the request may spend, added to what the budget's requests in flight hold, then the whole
 -- checked against what is left (added first, then checked: of two requests at once on two threads, the
 -- later to read sees both, so two that do not both fit are never both let through). Over: everything
@@ -475,12 +447,37 @@ local function reserved_in(txn, budget, need)
   return false
 end
 
--- `reserve`, once every other limit has let the request through: the key's budget (a front end's
--- user's), then a front end's over all its users. Let through: held until its answer is charged
--- (Usage:charge gives it back; the usage service has the answer's usage in the table a few ms later)
-core.register_action("reserve", {"http-req"}, function(txn)
-  local need = tonumber(txn:get_var("txn.tok_need"))
-  if need ~= nil and reserved_in(txn, KEY_BUDGET, need) then
+-- The budget, reserve then settle, once every other limit has let the request through (one call into
+-- Lua a request: each costs a gateway under load a coroutine and the objects it is handed). What the
+-- key (a front end's user) spent today against its limit, and a front end's over all its users against
+-- theirs (has_left: each budget's used and left, its spent when nothing is left); then what this request
+-- may spend, read from its body (txn.tok_default, the model's context, is set for a request that
+-- generates alone: any other has nothing to reserve): txn.tok_unread when its body cannot be read,
+-- else txn.tok_need (and txn.tok_asks, how it was read), reserved in the key's budget, then in a front
+-- end's over all its users (reserved_in: txn.tok_short or txn.all_tok_short when it does not fit). Let
+-- through: held until its answer is charged (Usage:charge gives it back; the usage service has the
+-- answer's usage in the table a few ms later)
+core.register_action("budget", {"http-req"}, function(txn)
+  charged_names_of(txn, txn:get_var("txn.day"))
+  if not has_left(txn, KEY_BUDGET) or not has_left(txn, WHOLE_BUDGET) then
+    return
+  end
+  local default = tonumber(txn:get_var("txn.tok_default"))
+  if default == nil then
+    return
+  end
+  local body = txn.f:req_body() or ""
+  local need, said = asks(body, default)
+  if need == nil then
+    txn:set_var("txn.tok_unread", said)
+    return
+  end
+  need = math.tointeger(need) or math.maxinteger
+  txn:set_var("txn.tok_need", need)
+  txn:set_var("txn.tok_asks", string.format("%.0f tokens (%s)", need, said))
+  -- the most its prompt can be: a token is at least a byte of the text, which JSON only lengthens
+  txn:set_var("txn.tok_body", #body)
+  if reserved_in(txn, KEY_BUDGET, need) then
     reserved_in(txn, WHOLE_BUDGET, need)
   end
 end)

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""What each part of the gateway's limits and counting costs it, where only the proxies cost
+anything: the loopback bench's processes at its *no cost* pace (bench/gateway/loopback.py: an
+HAProxy answers in the replica's place), and the gateway with limits started again for each
+variant of its configuration, each the one the role renders with one part taken away. So it
+shows where the gap to the gateway without limits goes, part by part, on the machine it runs on:
+
+    python3 bench/gateway/loopback.py prepare DIR    # here: configurations, certificates, key
+    python3 bench/gateway/parts.py DIR               # anywhere: python3 (stdlib), haproxy, wrk
+    python3 bench/gateway/parts.py DIR --write       # the table into docs/PERFORMANCE.md
+
+A variant is a bench's question, not a configuration to serve with: each takes away something the
+gateway needs (its count, its reservation, the retries, the bodies it reads whole). Besides each
+variant's requests a second and p50, the CPU each process took per request answered (HAProxy's,
+all its threads; the usage service's, its reader processes included; a sink's, the socket that
+takes the records in the service's place in one variant)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.gateway import loopback  # noqa: E402  (stdlib only, as loopback's `run`)
+
+MARK_BEGIN = "<!-- bench/gateway parts: begin -->"
+MARK_END = "<!-- bench/gateway parts: end -->"
+PLAIN = "gateway without limits"
+EVERYTHING = "everything"
+
+# a record sink: what the usage service's socket would take, read and dropped at once
+SINK = ("import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        "s.bind(sys.argv[1])\n"
+        "b = bytearray(65536)\n"
+        "while True:\n"
+        "    s.recv_into(b)\n")
+
+
+def _without(config: str, *patterns: str) -> str:
+    """``config`` less its lines that match any of ``patterns``; each pattern must match a line
+    (a pattern that matches nothing means the role's configuration changed under the bench)."""
+    lines = config.splitlines()
+    for pattern in patterns:
+        if not any(re.search(pattern, line) for line in lines):
+            raise SystemExit(f"bench/gateway/parts.py: no line of the gateway's configuration matches {pattern!r}: "
+                             f"the role renders it otherwise now; update the variants")
+    return "\n".join(line for line in lines if not any(re.search(p, line) for p in patterns)) + "\n"
+
+
+def _replaced(config: str, old: str, new: str) -> str:
+    if old not in config:
+        raise SystemExit(f"bench/gateway/parts.py: the gateway's configuration has no {old!r}: the role renders it "
+                         f"otherwise now; update the variants")
+    return config.replace(old, new)
+
+
+FILTER, BUDGET = r"^\s*filter lua\.usage", r"^\s*http-request lua\.budget "
+RECORD = r"^\s*log unix@"
+BIG_BUFFERS = "tune.bufsize 131072"
+RETRIES = "retry-on conn-failure empty-response 503"
+
+
+def variants(config: str, sink: Path) -> dict[str, tuple[str, str]]:
+    """Each variant's name -> (what it takes away, its configuration)."""
+    record = re.search(r"log unix@(\S+)", config)
+    if record is None:
+        raise SystemExit("bench/gateway/parts.py: the gateway's configuration sends no record (log unix@...)")
+    no_lua = _without(config, FILTER, BUDGET)
+    no_lua_no_record = _without(no_lua, RECORD)
+    return {
+        EVERYTHING: ("nothing: as the role renders it", config),
+        "records to a sink": ("the usage service: its records go to a socket that reads and drops them",
+                              config.replace(f"log unix@{record.group(1)}", f"log unix@{sink}")),
+        "no record": ("the record (the log line to the usage service)", _without(config, RECORD)),
+        "no L7 retries": ("the retries on an empty answer and a 503 (each request's 128 KiB buffer copied "
+                          "before it is sent, to send it again)", _replaced(config, RETRIES, "retry-on conn-failure")),
+        "16 KiB buffers": ("the 128 KiB buffers (HAProxy's default instead: bodies past 16 KiB are not read whole)",
+                           _replaced(config, BIG_BUFFERS, "tune.bufsize 16384")),
+        "no filter": ("the usage filter (the answer's usage read, the reservation given back, the charge)",
+                      _without(config, FILTER)),
+        "no budget": ("the budget's call into Lua (spent, what the request may spend, the reservation)",
+                      _without(config, BUDGET)),
+        "no Lua": ("the filter and the budget", no_lua),
+        "no Lua + no record": ("the filter, the budget and the record", no_lua_no_record),
+        "no Lua + no record + 16 KiB": ("all of the above, and the 128 KiB buffers: the limits' native rules alone",
+                                      _replaced(no_lua_no_record, BIG_BUFFERS, "tune.bufsize 16384")),
+    }
+
+
+def _group_cpu(group: int) -> float:
+    """CPU seconds (user and system) of the processes of a process group now."""
+    total, tick = 0, os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:  # field 5, pgrp
+            total += int(fields[11]) + int(fields[12])  # fields 14 and 15, utime and stime
+    return total / tick
+
+
+def _start_gateway(folder: Path, config: Path, procs: loopback.Processes) -> subprocess.Popen:
+    log = open(folder / "gateway-limits.log", "a")
+    proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(config)], env={**os.environ, "GATEWAY_KEY": loopback.GATEWAY_KEY},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    procs.procs.append(proc)
+    loopback._wait_port(loopback.PORTS["limits"], proc, "the gateway with limits")
+    return proc
+
+
+def _stop(proc: subprocess.Popen):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int, only: list[str] | None) -> dict:
+    for tool in ("haproxy", "wrk"):
+        if not shutil.which(tool):
+            raise SystemExit(f"bench/gateway/parts.py needs {tool} on PATH (Debian: apt-get install {tool})")
+    limits = folder / "gateway-limits"
+    base = (limits / "haproxy.cfg").read_text()
+    sink = limits / "sink.sock"
+    every = variants(base, sink)
+    chosen = [name for name in every if only is None or name in only]
+    unknown = sorted(set(only or ()) - set(every))
+    if unknown:
+        raise SystemExit(f"--only: no variant {', '.join(unknown)}; there are: {', '.join(every)}")
+    for name in chosen:
+        (limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg").write_text(every[name][1])
+    sink.unlink(missing_ok=True)
+    sinker = subprocess.Popen([sys.executable, "-c", SINK, str(sink)], start_new_session=True)
+    rows = []
+    plan = json.loads((folder / "plan.json").read_text())
+    try:
+        with loopback.Processes(folder, loopback.NO_COST, plan["replicas"], None, plan.get("records_queue", 0),
+                                plan.get("usage_nice", 0), plan.get("usage_readers", 0)) as procs:
+            # as loopback.Processes starts them: the replicas, the front door, the gateway, its usage service,
+            # the gateway with limits
+            plain, usage, gateway = procs.procs[plan["replicas"] + 1: plan["replicas"] + 4]
+            for number in range(1, rounds + 1):
+                for name in [PLAIN, *chosen]:
+                    if name == PLAIN:
+                        url, measured = f"https://127.0.0.1:{loopback.PORTS['gateway']}/v1/chat/completions", plain
+                    else:
+                        _stop(gateway)
+                        config = limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg"
+                        gateway = _start_gateway(folder, config, procs)
+                        time.sleep(1.5)  # its first health checks have passed
+                        url, measured = f"https://127.0.0.1:{loopback.PORTS['limits']}/v1/chat/completions", gateway
+                    loopback.wrk(folder, url, min(concurrency, 4), 1, threads, "request.lua")  # warm
+                    before = [_group_cpu(p.pid) for p in (measured, usage, sinker)]
+                    result = loopback.wrk(folder, url, concurrency, seconds, threads, "request.lua")
+                    after = [_group_cpu(p.pid) for p in (measured, usage, sinker)]
+                    answered = max(result["requests"], 1)
+                    cpu = {who: 1e6 * (b - a) / answered for who, a, b in zip(("haproxy", "usage", "sink"), before, after)}
+                    if name == PLAIN:
+                        cpu["usage"] = cpu["sink"] = 0.0  # they serve the other gateway
+                    rps = result["requests"] / (result["duration_us"] / 1e6)
+                    rows.append({"variant": name, "round": number, "rps": rps, "p50_ms": result["p50_us"] / 1000,
+                                 "p99_ms": result["p99_us"] / 1000, "errors": result["errors"],
+                                 "idle": result["cpu_idle"], "cpu_us": cpu})
+                    print(f"{name:>28} round {number}: {rps:8.0f} req/s p50 {result['p50_us'] / 1000:6.2f} ms "
+                          f"errors {result['errors']} idle {result['cpu_idle']:3.0f}% CPU a request: HAProxy "
+                          f"{cpu['haproxy']:6.1f} µs, usage service {cpu['usage']:5.1f} µs, sink {cpu['sink']:4.1f} µs",
+                          flush=True)
+    finally:
+        _stop(sinker)
+    return {"machine": platform.node(), "cores": os.cpu_count(), "cpu": loopback._cpu_name(),
+            "haproxy": loopback._version(["haproxy", "-v"]), "seconds": seconds, "concurrency": concurrency,
+            "rounds": rounds, "threads": threads, "rows": rows,
+            "takes_away": {name: every[name][0] for name in chosen}}
+
+
+def table(result: dict) -> str:
+    names = list(dict.fromkeys(r["variant"] for r in result["rows"]))
+
+    def median(name, pick):
+        return loopback._median([pick(r) for r in result["rows"] if r["variant"] == name])
+
+    plain = median(PLAIN, lambda r: r["rps"])
+    everything = median(EVERYTHING, lambda r: r["rps"]) if EVERYTHING in names else None
+    out = ["| variant | what it takes away | req/s | of the gateway without limits | of everything | p50 ms | "
+           "HAProxy CPU µs a request | usage service CPU µs a request | errors |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        rps = median(name, lambda r: r["rps"])
+        away = "(the reference)" if name == PLAIN else result["takes_away"].get(name, "")
+        usage = median(name, lambda r: r["cpu_us"]["usage"] + r["cpu_us"]["sink"])
+        out.append(f"| {name} | {away} | {rps:.0f} | {100 * rps / plain:.0f}% | "
+                   f"{(f'{100 * rps / everything:.0f}%' if everything and name != PLAIN else '-')} | "
+                   f"{median(name, lambda r: r['p50_ms']):.2f} | {median(name, lambda r: r['cpu_us']['haproxy']):.1f} | "
+                   f"{usage:.1f} | {sum(r['errors'] for r in result['rows'] if r['variant'] == name)} |")
+    return "\n".join(out)
+
+
+def write(result: dict):
+    from bench.toolkit import write_section
+    text = (f"{MARK_BEGIN}\n### Where the gateway's limits go, part by part\n\n"
+            f"`python3 bench/gateway/parts.py` ({time.strftime('%Y-%m-%d')}), {result['cores']} cores: {result['cpu']} "
+            f"({result['machine']}), {result['haproxy']}. The loopback bench's *no cost* pace (an HAProxy answers in "
+            f"the replica's place), wrk at concurrency {result['concurrency']} ({result['threads']} thread), "
+            f"{result['seconds']} s a row, {result['rounds']} round(s) interleaved (medians). Each variant is the "
+            f"gateway with limits as the role renders it, less one part: a bench's question, not a configuration "
+            f"to serve with. CPU a request: the process's user and system time over the row, over the requests "
+            f"answered (HAProxy's threads all together; the usage service's readers included, or the sink's in the "
+            f"variant that sends the records there).\n\n{table(result)}\n\n{MARK_END}")
+    write_section(MARK_BEGIN, MARK_END, text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="a folder made by `bench/gateway/loopback.py prepare`")
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="wrk's threads")
+    parser.add_argument("--only", help="these variants alone (comma-separated)")
+    parser.add_argument("--json", help="write the figures as JSON to this file")
+    parser.add_argument("--results", help="the figures of an earlier run (its --json), for --write, instead of running")
+    parser.add_argument("--write", action="store_true", help="put the table into docs/PERFORMANCE.md")
+    args = parser.parse_args()
+    folder = Path(args.folder).resolve()
+    if args.results:
+        result = json.loads(Path(args.results).read_text())
+    else:
+        if not (folder / "gateway-limits" / "haproxy.cfg").exists():
+            raise SystemExit(f"{folder}: no gateway-limits/haproxy.cfg: run bench/gateway/loopback.py prepare {args.folder} first")
+        result = run(folder, args.seconds, args.concurrency, args.rounds, args.threads,
+                     args.only.split(",") if args.only else None)
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.write:
+        write(result)
+    if any(r["errors"] for r in result["rows"]):
+        raise SystemExit("some requests failed: see the errors column")
+
+
+if __name__ == "__main__":
+    main()

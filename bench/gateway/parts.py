@@ -113,10 +113,16 @@ def _group_cpu(group: int) -> float:
     return total / tick
 
 
+def _config_of(limits: Path, name: str) -> Path:
+    """Where a variant's configuration is written, beside the gateway's own."""
+    return limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg"
+
+
 def _start_gateway(folder: Path, config: Path, procs: loopback.Processes) -> subprocess.Popen:
-    log = open(folder / "gateway-limits.log", "a")
-    proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(config)], env={**os.environ, "GATEWAY_KEY": loopback.GATEWAY_KEY},
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(folder / "gateway-limits.log", "a") as log:  # HAProxy keeps its own copy of the descriptor
+        proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(config)],
+                                env={**os.environ, "GATEWAY_KEY": loopback.GATEWAY_KEY},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     procs.procs.append(proc)
     loopback._wait_port(loopback.PORTS["limits"], proc, "the gateway with limits")
     return proc
@@ -146,7 +152,7 @@ def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int,
     if unknown:
         raise SystemExit(f"--only: no variant {', '.join(unknown)}; there are: {', '.join(every)}")
     for name in chosen:
-        (limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg").write_text(every[name][1])
+        _config_of(limits, name).write_text(every[name][1])
     sink.unlink(missing_ok=True)
     sinker = subprocess.Popen([sys.executable, "-c", SINK, str(sink)], start_new_session=True)
     rows = []
@@ -163,8 +169,7 @@ def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int,
                         url, measured = f"https://127.0.0.1:{loopback.PORTS['gateway']}/v1/chat/completions", plain
                     else:
                         _stop(gateway)
-                        config = limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg"
-                        gateway = _start_gateway(folder, config, procs)
+                        gateway = _start_gateway(folder, _config_of(limits, name), procs)
                         time.sleep(1.5)  # its first health checks have passed
                         url, measured = f"https://127.0.0.1:{loopback.PORTS['limits']}/v1/chat/completions", gateway
                     loopback.wrk(folder, url, min(concurrency, 4), 1, threads, "request.lua")  # warm

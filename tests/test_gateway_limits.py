@@ -8,6 +8,7 @@ import io
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -47,6 +48,7 @@ KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(re
         "reserve": limits.Limits(tokens_per_day=2000), "held": limits.Limits(tokens_per_day=1000),
         "cutter": limits.Limits(tokens_per_day=1000), "paying": limits.Limits(tokens_per_day=1000, upstream=True),
         "thrifty": limits.Limits(requests_per_minute=3, tokens_per_day=100),
+        "vast": limits.Limits(tokens_per_day=4_000_000_000),
         "api_key_file": limits.UNLIMITED}
 
 
@@ -70,7 +72,8 @@ class Door(BaseHTTPRequestHandler):
                                               if k.lower().startswith("x-dgemma-")))
         time.sleep(float(req.get("hold", 0)))
         prompt = sum(len(str(m.get("content", "")).split()) for m in req.get("messages", [])) + 3
-        completion = int(req.get("max_tokens") or req.get("max_output_tokens") or 5)
+        # ``answer_tokens``: fewer than max_tokens (a vast budget's reservation, answered short)
+        completion = int(req.get("answer_tokens") or req.get("max_tokens") or req.get("max_output_tokens") or 5)
         if req.get("stream") and self.path == "/v1/responses":
             return self._responses_stream(req, prompt, completion)
         if not req.get("stream"):
@@ -199,6 +202,14 @@ class Gateway:
             if "key" in fields:
                 rows[fields["key"]] = int(fields.get("gpc0", 0))
         return rows
+
+    def counters(self, name: str, key: str) -> list[int]:
+        """An entry's counters, gpc(0) onwards (`show table` writes them gpc0=N gpc1=M ...)."""
+        for line in self.ask(f"show table {name} key {key}").splitlines():
+            found = re.findall(r"\bgpc(\d+)=(\d+)", line)
+            if found:
+                return [int(value) for _, value in sorted(found, key=lambda f: int(f[0]))]
+        return []
 
     def counting(self) -> bool:
         pid = next(line.split(":")[1].strip() for line in self.ask("show info").splitlines() if line.startswith("Pid:"))
@@ -528,6 +539,32 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
     assert 2000 < spent <= 2000 + data["usage"]["prompt_tokens"], "over by this request's prompt at most"
     _until(lambda: table() == spent, "the table holds every answer's usage")
     assert fleet.chat("reserve", max_tokens=1)[0] == 429
+
+
+def test_a_reservation_of_billions_is_held_whole_in_a_bounded_number_of_additions(fleet):
+    """A budget of 4e9 tokens (the schema's most): a request that may spend 3,999,000,000 is held in flight
+    digit by digit in base 16, each of the entry's eight reserved digits at most 15 (six digits put
+    3,813 additions into the last), and what it holds is counted whole beside it: 1,000,000 tokens left,
+    a request for 1,000,001 refused, one for 999,000 answered. Given back once answered, digit for digit."""
+    gw = fleet.gateways["gateway01"]
+    held = {}
+    slow = threading.Thread(target=lambda: held.update(answer=fleet.chat("vast", max_tokens=3_999_000_000,
+                                                                         answer_tokens=5, hold=2)))
+    slow.start()
+    try:
+        _until(lambda: any(gw.counters("requests_at_once", "vast")[:8]), "the reservation is held")
+        counters = gw.counters("requests_at_once", "vast")
+        assert len(counters) == 16 and max(counters[:8]) <= 15, counters
+        assert sum(c * 16 ** k for k, c in enumerate(counters[:8])) == 3_999_000_000, counters
+        status, data, _ = fleet.chat("vast", max_tokens=1_000_001)
+        assert status == 429 and "has 1000000 of its 4000000000 tokens" in data["error"]["message"], data
+        status, data, headers = fleet.chat("vast", max_tokens=999_000, answer_tokens=5)
+        assert status == 200, data
+    finally:
+        slow.join()
+    assert held["answer"][0] == 200, held
+    counters = gw.counters("requests_at_once", "vast")
+    assert counters[:8] == counters[8:], ("every digit reserved was given back", counters)
 
 
 def test_the_tokens_are_checked_last_and_a_request_they_refuse_takes_its_place_in_the_minute(fleet):

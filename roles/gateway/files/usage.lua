@@ -317,10 +317,15 @@ end
 -- The tokens reserved by a subject's requests in flight, across this gateway's threads: counters of
 -- its entry in the table requests_at_once (tracked as sc2), which HAProxy 2.6 can only add 1 to
 -- (sc_inc_gpc), at once across threads. An amount is added digit by digit in base 16: counter k
--- (0..5) counts the reserved amounts' units of 16^k, counter 6 + k what was given back of them; what
--- is in flight is the sum of (reserved - given back) x 16^k. At most 15 additions a digit (the last
--- takes what is left over), so a reservation costs tens of additions, not one per token
-local DIGITS, BASE = 6, 16
+-- (0..7) counts the reserved amounts' units of 16^k, counter 8 + k what was given back of them; what
+-- is in flight is the sum of (reserved - given back) x 16^k. Eight digits hold any budget's amount
+-- (16^8 > 4e9, the schema's most), so a reservation costs at most 15 additions a digit, 120 in all
+-- (six digits left 10^9 tokens' top digit about 950 additions)
+local DIGITS, BASE = 8, 16
+-- a counter is an unsigned 32-bit integer that wraps round (stick_table.c: std_t_uint++), and a busy
+-- key's entry never expires: reserved and given back are compared modulo 2^32, so a count that has
+-- wrapped round before the other still gives what is in flight (never 0, never 4 billion)
+local WRAP = 1 << 32
 
 local function add(txn, tokens, first)
   for k = 0, DIGITS - 1 do
@@ -339,8 +344,8 @@ local function in_flight(txn)
   for k = 0, DIGITS - 1 do
     -- given back first, then reserved: a reservation read in one but not the other counts as held
     local back = tonumber(txn.f:sc_get_gpc(DIGITS + k, 2)) or 0
-    local held = (tonumber(txn.f:sc_get_gpc(k, 2)) or 0) - back
-    total = total + math.max(held, 0) * unit
+    local held = ((tonumber(txn.f:sc_get_gpc(k, 2)) or 0) - back) % WRAP
+    total = total + held * unit
     unit = unit * BASE
   end
   return total

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import loopback  # noqa: E402  (stdlib only, as loopback's `run`)
+from bench.gateway import loopback, records  # noqa: E402  (stdlib only, as loopback's `run`)
 
 MARK_BEGIN = "<!-- bench/gateway parts: begin -->"
 MARK_END = "<!-- bench/gateway parts: end -->"
@@ -98,21 +98,6 @@ def variants(config: str, sink: Path) -> dict[str, tuple[str, str]]:
     }
 
 
-def _group_cpu(group: int) -> float:
-    """CPU seconds (user and system) of the processes of a process group now."""
-    total, tick = 0, os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group:  # field 5, pgrp
-            total += int(fields[11]) + int(fields[12])  # fields 14 and 15, utime and stime
-    return total / tick
-
-
 def _config_of(limits: Path, name: str) -> Path:
     """Where a variant's configuration is written, beside the gateway's own."""
     return limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg"
@@ -173,9 +158,9 @@ def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int,
                         time.sleep(1.5)  # its first health checks have passed
                         url, measured = f"https://127.0.0.1:{loopback.PORTS['limits']}/v1/chat/completions", gateway
                     loopback.wrk(folder, url, min(concurrency, 4), 1, threads, "request.lua")  # warm
-                    before = [_group_cpu(p.pid) for p in (measured, usage, sinker)]
+                    before = [records.group_cpu_seconds(p.pid) for p in (measured, usage, sinker)]
                     result = loopback.wrk(folder, url, concurrency, seconds, threads, "request.lua")
-                    after = [_group_cpu(p.pid) for p in (measured, usage, sinker)]
+                    after = [records.group_cpu_seconds(p.pid) for p in (measured, usage, sinker)]
                     answered = max(result["requests"], 1)
                     cpu = {who: 1e6 * (b - a) / answered for who, a, b in zip(("haproxy", "usage", "sink"), before, after)}
                     if name == PLAIN:

@@ -53,6 +53,20 @@ def family_cpu_seconds(pid: int) -> float:
     return total
 
 
+def group_cpu_seconds(group: int) -> float:
+    """The CPU seconds of every process of a process group (an HAProxy master and its workers)."""
+    total = 0.0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = _stat(f"/proc/{name}/stat")
+                if fields[2] == str(group):  # field 5, pgrp
+                    total += _cpu(fields)
+            except (OSError, IndexError, ValueError):
+                pass  # ended between the listing and the read
+    return total
+
+
 def sample(pid: int, rows: list, stop: threading.Event, every: float = 0.5):
     """(seconds since the start, the service's cores over the interval (its readers' included), counted, lost)
     each ``every``."""

@@ -1,4 +1,4 @@
-"""Day-2 tasks: status, start, stop, restart, recover, logs, endpoints, bench."""
+"""Day-2 tasks: status, start, stop, restart, recover, logs, endpoints, bench, top, usage, tune."""
 from __future__ import annotations
 
 import sys
@@ -263,4 +263,65 @@ def top(c, inventory=None, hosts=None, once=False, json=None, every="2", source=
         raise Exit(code=1)
 
 
-ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top, usage)
+@task(klass=runs.HostTask, help={
+    "inventory": runs.HELP["inventory"],
+    "hosts": "the one serving host to tune (one of its diffusion replicas takes the trials)",
+    "bounds": "the entropy bounds to try, comma-separated (e.g. 0.05,0.1,0.2): each greater than 0, at most 10",
+    "prompts": "your prompts: a text file, one a line (# comments skipped), or a YAML/JSON list of prompts "
+               "(each a string or {prompt: ..., max_tokens: N})",
+    "repeats": "times each prompt is sent at each bound (default 1)",
+    "max_tokens": "max_tokens of a prompt that sets none (default 512)",
+    "json": runs.HELP["json"],
+    "answers": "the page with the answers side by side, a bound a column (default tune-answers.html)",
+    "apply": "write this bound into the inventory (the host's file, or --group's) and roll the host's replicas to "
+             "it; alone, or after the trials",
+    "group": "with --apply: write the bound into this group's file (group_vars/GROUP.yml) instead of the host's "
+             "(its other hosts take it at their next deploy)",
+    "replica": "the diffusion replica that takes the trials (its index; default: the host's first)",
+    "timeout": "seconds a prompt's answer may take (default 300)",
+    "ask_become_pass": runs.HELP["ask_become_pass"]})
+def tune(c, inventory=None, hosts=None, bounds=None, prompts=None, repeats=1, max_tokens=512, json=None,
+         answers="tune-answers.html", apply=None, group=None, replica=None, timeout=300, ask_become_pass=False):
+    """Try entropy bounds on one replica, held out of service, with your prompts; then back (or --apply one)."""
+    from day2.tune import TuneError, parse_bound, parse_bounds, read_prompts
+    from day2.tune_run import run as tune_run
+    from roles.fleet import is_serving
+    runs.writable(json)
+    runs.writable(answers, "--answers")
+    try:
+        if bounds is None and prompts is None and apply is None:
+            raise TuneError("give --bounds and --prompts to try bounds, and/or --apply BOUND to set one")
+        if (bounds is None) != (prompts is None):
+            raise TuneError(f"{'--bounds' if bounds is not None else '--prompts'} goes with "
+                            f"{'--prompts FILE' if bounds is not None else '--bounds B1,B2,...'}: the trials need both")
+        if group is not None and apply is None:
+            raise TuneError("--group says where --apply writes the bound: give --apply BOUND too")
+        if not 1 <= int(repeats) <= 100:
+            raise TuneError(f"--repeats {repeats}: from 1 to 100")
+        if not 1 <= int(max_tokens) <= 1048576:
+            raise TuneError(f"--max-tokens {max_tokens}: from 1 to 1048576")
+        tried = parse_bounds(bounds) if bounds is not None else []
+        asked = read_prompts(prompts, int(max_tokens)) if prompts is not None else []
+        applied = parse_bound(apply) if apply is not None else None
+    except TuneError as exc:
+        raise Exit(str(exc), code=2)
+    index = _replica(replica)
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    selected = runs.select(play, hosts)
+    if len(selected) != 1 or not is_serving(play.hostvars(selected[0])):
+        serving = [h for h in play.inventory.host_names if is_serving(play.hostvars(h))]
+        raise Exit(f"--hosts {hosts or '(all)'}: tune takes one serving host ({', '.join(serving) or 'none here'})",
+                   code=2)
+    host = selected[0]
+    if group is not None:
+        groups = play.hostvars(host)["group_names"]
+        if group not in groups:
+            raise Exit(f"--group {group}: {host} is not in it (its groups: {', '.join(groups) or 'none'})", code=2)
+    code = tune_run(play, lambda path: runs.load_play(path, ask_become_pass=False), inventory, host, tried, asked,
+                    int(repeats), json, answers, applied, ("group_vars", group) if group else ("host_vars", host),
+                    index, float(timeout))
+    if code:
+        raise Exit(code=code)
+
+
+ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top, usage, tune)

@@ -93,6 +93,7 @@ class ServiceProbe(Fact):
             argv = decoded(seen.get("argv", ""), f"{ident.unit}'s command line").split("\0") if seen.get("argv") else []
             found[index] = {"container": containers.get(ident.container, "absent"),
                             "health": seen.get("health") or "", "load": parse_load(seen.get("load") or ""),
+                            "denoising": parse_denoising(seen.get("denoising") or ""),
                             "diffusion": diffusion_in_force(argv), "generation": generation_in_force(argv)}
         return found
 
@@ -107,6 +108,25 @@ def parse_load(text: str) -> dict | None:
     except ValueError:
         return None
     return {"running": int(running), "waiting": int(waiting), "kv_cache_usage": round(kv, 4)}
+
+
+def parse_denoising(text: str) -> dict | None:
+    """``steps,positions,committed`` as the probe prints them (a diffusion model's counters since
+    it started), with their ratios; None for a model that exports none."""
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    steps, positions, committed = (int(p) for p in parts)
+    return {"denoising_steps": steps, "canvas_positions": positions, "committed_tokens": committed,
+            **denoising_ratios(steps, positions, committed)}
+
+
+def denoising_ratios(steps: float, positions: float, committed: float) -> dict:
+    """What the entropy bound does, from a diffusion model's counters (or their rates): denoising
+    steps per committed token (lower: fewer passes a canvas, a higher bound) and the canvas's fill,
+    committed tokens over canvas positions evaluated; None where nothing was committed."""
+    return {"steps_per_committed_token": round(steps / committed, 5) if committed > 0 else None,
+            "canvas_fill": round(committed / positions, 5) if positions > 0 else None}
 
 
 

@@ -48,6 +48,9 @@ def status_role() -> Role:
                 "gpus": [g.get("index") for g in used],
                 # the diffusion settings it runs with now (its process's command line)
                 "diffusion": probe.get("diffusion"),
+                # what its entropy bound did since it started: denoising steps per committed token,
+                # the canvas's fill (vLLM's diffusion counters)
+                "denoising": probe.get("denoising"),
                 # and its defaults for requests that set none (--override-generation-config)
                 "generation": probe.get("generation"),
                 # its load now: requests running and waiting, KV cache (vLLM's /metrics)

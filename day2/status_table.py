@@ -98,7 +98,8 @@ def print_status(data, console):
                           _door(r.get("frontdoor")), load_text(r.get("load")),
                           "\n".join(filter(None, [(r.get("model") or h.get("model") or "-").split("/")[-1],
                                                    generation_text(r.get("generation"))])),
-                          diffusion_text(r.get("diffusion")),
+                          "\n".join(filter(None, [diffusion_text(r.get("diffusion")),
+                                                   denoising_text(r.get("denoising"))])),
                           image if n == 0 else "", mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
     if table.row_count:  # a status of the gateways alone has no replica to show
@@ -186,6 +187,17 @@ def diffusion_text(settings: dict | None, sep: str = " ") -> str:
     return (" " if sep == " " else ",").join(words)
 
 
+def denoising_text(seen: dict | None, sep: str = " ") -> str:
+    """What the bound did since the replica started: ``steps/token 0.082 fill 0.045`` (vLLM's
+    diffusion counters), empty before it committed anything or for a model that has none."""
+    if not seen or seen.get("steps_per_committed_token") is None:
+        return ""
+    words = [f"steps/token{sep}{seen['steps_per_committed_token']:.3f}"]
+    if seen.get("canvas_fill") is not None:
+        words.append(f"fill{sep}{seen['canvas_fill']:.3f}")
+    return (" " if sep == " " else ",").join(words)
+
+
 def _door(state: str | None) -> str:
     if not state:
         return "-"
@@ -222,6 +234,7 @@ def print_lines(data, console):
                 f"health={r.get('health') or '-'} frontdoor={(r.get('frontdoor') or '-').replace(' ', '_')} "
                 f"load={load_text(r.get('load'), words=False)} model={model} "
                 f"diffusion={diffusion_text(r.get('diffusion'), ':')} "
+                f"{'denoising=' + denoising_text(r.get('denoising'), ':') + ' ' if r.get('denoising') else ''}"
                 f"defaults={generation_text(r.get('generation'), ':') or '-'} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
                 f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
     for host, h in data["hosts"].items():

@@ -1,6 +1,7 @@
 """`invoke top`: the fleet as it is now, per host and replica: requests running and
 waiting, tokens per second, time to first token (p50, p95), KV cache, GPU utilization and
-memory, errors, each host's state in the gateways; and the alerts that fire.
+memory, errors, a diffusion model's denoising steps per committed token and canvas fill
+(what its entropy bound does), each host's state in the gateways; and the alerts that fire.
 
 Two sources, the same snapshot:
 - Prometheus on a monitoring host, asked over SSH (curl on its loopback: it listens
@@ -23,8 +24,8 @@ from roles.host_programs import Program, ProgramResultError, Protocol, decoded
 from roles.replicas import server_index
 
 from . import exposition
-from .readings import (PROGRAMS, HostReading, firing, gateway_script, host_script, parse_stats_csv, read_gateway,
-                       read_host)
+from .readings import (PROGRAMS, HostReading, denoising_ratios, firing, gateway_script, host_script, parse_stats_csv,
+                       read_gateway, read_host)
 
 
 @dataclass
@@ -44,6 +45,10 @@ class ReplicaLoad:
     gpu_memory_total_mib: float | None = None
     errors_s: float | None = None  # 5xx answers per second through the front door
     gpus: list = field(default_factory=list)
+    # a diffusion model's, over the window: denoising steps per committed token, committed tokens
+    # over canvas positions (None: nothing committed in the window, or not a diffusion model)
+    steps_per_token: float | None = None
+    canvas_fill: float | None = None
 
 
 @dataclass
@@ -104,6 +109,10 @@ QUERIES = {
     "kv": "vllm:kv_cache_usage_perc",
     "errors": 'sum by (host, server) (rate(haproxy_server_http_responses_total{job="frontdoor", '
               'proxy=~"servers|pool_.+", code="5xx"}[1m]))',
+    # a diffusion model's counters (vllm/v1/spec_decode/metrics.py): their rates, the ratios here
+    "denoising_steps": "sum by (host, replica) (rate(vllm:diffusion_num_denoising_steps_total[1m]))",
+    "canvas_positions": "sum by (host, replica) (rate(vllm:diffusion_num_canvas_positions_total[1m]))",
+    "committed_tokens": "sum by (host, replica) (rate(vllm:diffusion_num_committed_tokens_total[1m]))",
     "gpu_util": "DCGM_FI_DEV_GPU_UTIL",
     "gpu_used": "DCGM_FI_DEV_FB_USED",
     "gpu_free": "DCGM_FI_DEV_FB_FREE",
@@ -181,6 +190,14 @@ def snapshot_from_prometheus(output: str, at: float, source: str) -> Snapshot:
     put("ttft50", "ttft_p50_s")
     put("ttft95", "ttft_p95_s")
     put("kv", "kv_cache")
+    work: dict = {}
+    for name in ("denoising_steps", "canvas_positions", "committed_tokens"):
+        for labels, v in vectors[name]:
+            if str(labels.get("replica", "")).isdigit() and v == v:
+                work.setdefault((labels.get("host"), int(labels["replica"])), {})[name] = v
+    for key, rates in work.items():
+        if key in rows:
+            _denoising(rows[key], rates)
     for labels, v in vectors["errors"]:
         index = server_index(labels.get("server", ""))
         if index is not None:
@@ -214,6 +231,18 @@ def snapshot_from_prometheus(output: str, at: float, source: str) -> Snapshot:
     if not sections:
         snap.problems.append("Prometheus did not answer")
     return snap
+
+
+def _denoising(row: ReplicaLoad, work: dict):
+    """Steps per committed token and canvas fill from a window's counts (or rates) of the three."""
+    ratios = denoising_ratios(work.get("denoising_steps", 0), work.get("canvas_positions", 0),
+                              work.get("committed_tokens", 0))
+    row.steps_per_token, row.canvas_fill = ratios["steps_per_committed_token"], ratios["canvas_fill"]
+
+
+DENOISING_COUNTERS = {"denoising_steps": "vllm:diffusion_num_denoising_steps_total",
+                      "canvas_positions": "vllm:diffusion_num_canvas_positions_total",
+                      "committed_tokens": "vllm:diffusion_num_committed_tokens_total"}
 
 
 def _gpu_figures(row: ReplicaLoad, figures: list[dict]):
@@ -270,6 +299,10 @@ def loads_from_readings(host: str, now: HostReading, before: HostReading | None)
                                       exposition.buckets(old, "vllm:time_to_first_token_seconds"))
             row.ttft_p50_s = exposition.histogram_quantile(0.5, window)
             row.ttft_p95_s = exposition.histogram_quantile(0.95, window)
+            grown = {name: (exposition.value(samples, metric) or 0.0) - (exposition.value(old, metric) or 0.0)
+                     for name, metric in DENOISING_COUNTERS.items()}
+            if all(v >= 0 for v in grown.values()):  # a restart between the readings: no window
+                _denoising(row, grown)
         if before and span > 0:
             errors_now = _server_5xx(now.frontdoor, index)
             errors_then = _server_5xx(before.frontdoor, index)

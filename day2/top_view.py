@@ -11,9 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 MODEL_SHORT = {"diffusiongemma": "dgemma"}
-COLUMNS = [("HOST/REPLICA", 12, "left"), ("MODEL", 6, "left"), ("GW", 5, "left"), ("RUN", 3, "right"),
-           ("WAIT", 4, "right"), ("TOK/S", 6, "right"), ("TTFT50", 6, "right"), ("TTFT95", 6, "right"),
-           ("KV%", 4, "right"), ("GPU%", 4, "right"), ("MEM GiB", 8, "right"), ("ERR/S", 5, "right")]
+# STP/T: a diffusion model's denoising steps per committed token (what its entropy bound does:
+# fewer at a higher bound); its canvas fill is in --json
+COLUMNS = [("HOST/REP", 9, "left"), ("MODEL", 6, "left"), ("GW", 5, "left"), ("RUN", 3, "right"),
+           ("WAIT", 4, "right"), ("TOK/S", 5, "right"), ("TTFT50", 6, "right"), ("TTFT95", 6, "right"),
+           ("KV%", 3, "right"), ("GPU%", 4, "right"), ("MEM GiB", 7, "right"), ("ERR/S", 5, "right"),
+           ("STP/T", 5, "right")]
 WIDTH = 80
 
 
@@ -39,10 +42,10 @@ def _memory(row) -> str:
 
 def cells(snap, row) -> list[str]:
     state = "down" if row.up is False else snap.gateway.get(row.host, "-")
-    return [f"{row.host}/{row.replica}"[:12], MODEL_SHORT.get(row.model, row.model)[:6], state[:5],
+    return [f"{row.host}/{row.replica}"[:9], MODEL_SHORT.get(row.model, row.model)[:6], state[:5],
             _num(row.running), _num(row.waiting), _num(row.tokens_s), _seconds(row.ttft_p50_s),
             _seconds(row.ttft_p95_s), _num(row.kv_cache, 0, 100), _num(row.gpu_util), _memory(row),
-            _num(row.errors_s, 2)]
+            _num(row.errors_s, 2), _num(row.steps_per_token, 3)]
 
 
 def header(snap, every: float | None) -> str:

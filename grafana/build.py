@@ -32,6 +32,20 @@ def quantile(q, metric, by, where=""):
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{where}[{RATE}])))"
 
 
+def per_token(numerator, denominator, where="", by="host, replica"):
+    """The ratio of two of a diffusion model's counters over the window (vllm/v1/spec_decode/metrics.py)."""
+    return (f"sum by ({by}) (rate(vllm:diffusion_num_{numerator}_total{where}[{RATE}])) / "
+            f"sum by ({by}) (rate(vllm:diffusion_num_{denominator}_total{where}[{RATE}]))")
+
+
+# seed 001: log the entropy bound and the pass count, to see why an output came out rough
+STEPS_DOC = ("Denoising steps per committed token (vLLM's diffusion counters): a lower entropy bound asks more "
+             "confidence before a token is committed, so more passes a canvas; a higher one commits sooner. "
+             "Tune it on your own prompts: invoke tune")
+FILL_DOC = ("Committed tokens over the canvas positions the denoising passes evaluated: one over the passes a "
+            "canvas took, so it rises with the entropy bound")
+
+
 def variable(name, query, label, multi=False):
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": {"query": query, "refId": name}, "definition": query, "refresh": 2, "sort": 1,
@@ -71,6 +85,10 @@ FLEET = [
     panel("Fallbacks: requests sent to another model",
           [(f'sum by (proxy) (rate(haproxy_backend_http_responses_total{{job="gateway", proxy=~"fallback_.+"}}[{RATE}]))',
             "{{proxy}}")], "reqps"),
+    panel("Denoising steps per committed token, per replica and entropy bound",
+          [(per_token("denoising_steps", "committed_tokens") + " * on (host, replica) group_left "
+            "(diffusion_entropy_bound) max by (host, replica, diffusion_entropy_bound) (dgemma_replica_info)",
+            "{{host}} #{{replica}} bound {{diffusion_entropy_bound}}")], "short", w=24, description=STEPS_DOC),
     panel("GPU utilization, per host",
           [("avg by (host) (DCGM_FI_DEV_GPU_UTIL)", "{{host}}")], "percent"),
     panel("Tokens per second, per key and model (the gateways' usage)",
@@ -137,6 +155,10 @@ REPLICA = [
                                                "canvas {{canvas_length}} steps {{max_denoising_steps}} "
                                                "{{diffusion_sampler}} {{diffusion_entropy_bound}} ({{variant}})")],
           kind="stat", w=18),
+    panel("Denoising steps per committed token", [(per_token("denoising_steps", "committed_tokens", f"{{{R}}}"),
+                                                   "steps per token")], description=STEPS_DOC),
+    panel("Canvas fill", [(per_token("committed_tokens", "canvas_positions", f"{{{R}}}"), "committed / evaluated")],
+          "percentunit", description=FILL_DOC),
     panel("Its GPU: utilization", [(f'DCGM_FI_DEV_GPU_UTIL * on (host, gpu_uuid) group_left (replica) '
                                     f'max by (host, gpu_uuid, replica) (dgemma_replica_info{{{R}}})', "{{gpu_uuid}}")],
           "percent"),

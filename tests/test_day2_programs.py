@@ -227,7 +227,14 @@ def test_the_status_probe_reads_each_replica_from_what_runs(pages, tmp_path):
     zero, two = replica({}, 0), replica({}, 2)
     vllm = pages({"/health": (200, ""), "/metrics": (200, 'vllm:num_requests_running{engine="0"} 2.0\n'
                                                             'vllm:num_requests_waiting{engine="0"} 1.0\n'
-                                                            'vllm:kv_cache_usage_perc{engine="0"} 0.0125\n')})
+                                                            'vllm:kv_cache_usage_perc{engine="0"} 0.0125\n'
+                                                            # a diffusion model's counters, over two engines
+                                                            'vllm:diffusion_num_denoising_steps_total{engine="0"} 21.0\n'
+                                                            'vllm:diffusion_num_denoising_steps_total{engine="1"} 21.0\n'
+                                                            'vllm:diffusion_num_canvas_positions_total{engine="0"} 5376.0\n'
+                                                            'vllm:diffusion_num_canvas_positions_total{engine="1"} 5376.0\n'
+                                                            'vllm:diffusion_num_committed_tokens_total{engine="0"} 256.0\n'
+                                                            'vllm:diffusion_num_committed_tokens_total{engine="1"} 256.0\n')})
     process = a_replica_process(vllm.port)
     try:
         host = replica_host(tmp_path, {zero.unit: process.pid, two.unit: 0},
@@ -243,7 +250,10 @@ def test_the_status_probe_reads_each_replica_from_what_runs(pages, tmp_path):
     assert found[0]["container"] == "running" and found[0]["health"] == "200"
     assert found[0]["load"] == {"running": 2, "waiting": 1, "kv_cache_usage": 0.0125}
     assert found[0]["diffusion"]["max_denoising_steps"] == 48  # rtx01's command line, as it runs
-    assert found[2] == {"container": "exited", "health": "", "load": None, "diffusion": None, "generation": None}
+    assert found[0]["denoising"] == {"denoising_steps": 42, "canvas_positions": 10752, "committed_tokens": 512,
+                                     "steps_per_committed_token": 0.08203, "canvas_fill": 0.04762}
+    assert found[2] == {"container": "exited", "health": "", "load": None, "diffusion": None, "generation": None,
+                        "denoising": None}
     assert vllm.asked == ["/health", "/metrics"]
 
 

@@ -150,14 +150,19 @@ def test_the_status_probe_reads_each_replicas_command_line():
     raw = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes()
     result = {"containers": base64.b64encode(b"vllm-diffusiongemma running\nvllm-diffusiongemma-1 exited\n").decode(),
               "units": {"podman-vllm-diffusiongemma.service": {"argv": base64.b64encode(raw).decode(),
-                                                               "health": "200", "load": "2,1,0.0125"},
+                                                               "health": "200", "load": "2,1,0.0125",
+                                                               "denoising": "2100,537600,25600"},
                         "podman-vllm-diffusiongemma-1.service": {"argv": "", "health": "000", "load": ""}}}
     out = ServiceProbe({}).process("@result " + json.dumps(result) + "\n", 0)
     assert out[0]["health"] == "200" and out[0]["diffusion"]["max_denoising_steps"] == 48
     assert out[0]["generation"] == {"max_new_tokens": None}  # its --override-generation-config
     # its load from vLLM's /metrics: two running, one waiting, the KV cache 1.25% full
     assert out[0]["load"] == {"running": 2, "waiting": 1, "kv_cache_usage": 0.0125}
-    assert out[1] == {"container": "exited", "health": "000", "load": None, "diffusion": None, "generation": None}
+    # what its entropy bound did since it started: 21 steps a committed 256-token canvas
+    assert out[0]["denoising"] == {"denoising_steps": 2100, "canvas_positions": 537600, "committed_tokens": 25600,
+                                   "steps_per_committed_token": 0.08203, "canvas_fill": 0.04762}
+    assert out[1] == {"container": "exited", "health": "000", "load": None, "diffusion": None, "generation": None,
+                      "denoising": None}
 
 
 def test_request_records_take_journalctls_since_and_a_short_one():

@@ -138,6 +138,9 @@ ROLLS = [
     (_roll(alone=True), 0, ["@begin 0", "@no-frontdoor", f"@replica-ready {U1} 2000",
                             "@gate-passed 1 loopback", _rolled("done", 2100, ready_ms=2000)]),
     (_roll("stop"), 0, ["@begin 0", "@drained 10 0", "@stopped 5000", "@in-service 1 5100", _rolled("done", 5100)]),
+    # invoke tune's trial: gated, then held out of service
+    (_roll(hold=True, **DEPLOY), 0, ["@begin 0", "@drained 10 0", f"@replica-ready {U1} 2000",
+                                     "@gate-passed 1 the front door", "@held 1", _rolled("done", 2400, ready_ms=2000)]),
     (_roll("remove"), 0, ["@begin 0", "@drained 10 0", "@removed 400", "@in-service 1 500", _rolled("done", 500)]),
     (_roll("recover"), 0, ["@begin 0", "@drained 10 0", "@cleared 1 123 456", f"@replica-ready {U1} 3000",
                            "@gate-passed 1 the front door", "@in-service 1 3500", _rolled("done", 3500, ready_ms=3000)]),

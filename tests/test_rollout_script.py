@@ -238,3 +238,28 @@ def test_a_move_that_fails_its_gate_goes_back_to_the_unit_it_ran_under(host):
     assert log[:4] == DRAIN + [f"stop {before.unit}", f"restart {moved.unit}"]
     assert f"restart {before.unit}" in log and log[-2:] == BACK
     assert not (host / "unit.service").exists() and (host / "old.service").read_text() == "old unit\n"
+
+
+def test_a_trial_passes_its_gate_and_stays_out_of_service_with_its_flag_up(host):
+    """invoke tune's trial (hold): drained, the new unit, restarted, gated through the front door,
+    and then neither put back nor its flag lowered: no user's request reaches it."""
+    roll, result, log = _roll(host, fail_first=0, hold=True)
+    assert result.rc == 0, result.stdout + result.stderr
+    assert log == DRAIN + [f"restart {U}", "admin replica1 hrunn"]  # no "ready", no "flag maint"
+    assert "@held 1" in result.stdout
+    assert "held out of service (a trial" in rollout.interpret(roll)(result).message
+
+
+def test_a_trial_that_fails_its_gate_goes_back_and_is_put_back_in_service(host):
+    roll, result, log = _roll(host, fail_first=1, hold=True)
+    assert result.rc == 5, result.stdout + result.stderr
+    assert log[-2:] == BACK and (host / "unit.service").read_text() == "old unit\n"
+
+
+def test_a_trial_with_no_front_door_to_hold_its_replica_changes_nothing(host):
+    (host / "admin.sock").unlink()
+    roll, result, log = _roll(host, fail_first=0, hold=True)
+    assert result.rc == 4 and log == [], result.stdout + result.stderr
+    assert (host / "unit.service").read_text() == "old unit\n"
+    with pytest.raises(StepFailed, match="no front door holds replica 1 out of service, and a trial needs one"):
+        rollout.interpret(roll)(result)

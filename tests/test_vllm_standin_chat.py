@@ -51,7 +51,7 @@ def standin(module):
     server.api_key, server.model, server.served_name = KEY, "google/diffusiongemma-26B-A4B-it", "diffusiongemma"
     server.served_names, server.steps, server.autoregressive = ["diffusiongemma"], 48, False
     server.routes = module.read_routes(STUBS / "vllm-routes.txt")
-    server.started, server.max_model_len, server.canvas, server.canvas_seconds = 0, 8192, 256, 0.0
+    server.started, server.max_model_len, server.canvas, server.pass_seconds = 0, 8192, 256, 0.0
     server.force_include_usage, server.auto_tools = False, True
     # DiffusionGemma's generation_config.json (lab/hubdata.py) with the replicas' override
     server.sampling_defaults = module.vllm_chat.sampling_defaults({"max_new_tokens": 256, "do_sample": False},

@@ -2,7 +2,8 @@
 # The toolkit and the lab against vLLM 0.33.0's own code: every `vllm serve` line the toolkit
 # renders (the shipped inventory's and the lab's hosts, each model family, with and without
 # generation_defaults) through vLLM's argument parser (parse_serve_lines.py), and the lab's
-# stand-in's chat answers through vLLM's request and response models (standin_shapes.py).
+# stand-in's chat answers through vLLM's request and response models (standin_shapes.py), and the
+# metric names the stand-in's test holds it to (metric_names.py).
 # Not part of the test suite: it installs vLLM's Python side into .venv-vllm (about 2 GB; torch
 # is the CPU build, vLLM's GPU-only requirements are left out: the parser needs none of them).
 # Usage: checks/vllm/run.sh [LAB_INVENTORY]
@@ -35,3 +36,6 @@ fi
 .venv/bin/python checks/vllm/render_serve_lines.py "${1:-/var/lib/dgemma-lab/inventory}" \
   | "$VENV/bin/python" checks/vllm/parse_serve_lines.py
 "$VENV/bin/python" checks/vllm/standin_shapes.py 2>&1 | grep -v "^INFO: "
+# the metric families the stand-in may export, as the wheel names them (tests/test_vllm_standin_diffusion.py)
+python3 checks/vllm/metric_names.py "$(ls "$VENV"/wheels/vllm-0.33.0-*.whl)" | diff - lab/stubs/vllm-metrics.json \
+  && echo "lab/stubs/vllm-metrics.json: as vLLM 0.33.0's wheel names them"

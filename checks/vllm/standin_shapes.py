@@ -43,7 +43,7 @@ def standin():
     server.api_key, server.model, server.served_name = None, "google/diffusiongemma-26B-A4B-it", "diffusiongemma"
     server.served_names, server.steps, server.autoregressive = ["diffusiongemma"], 48, False
     server.routes = module.read_routes(os.path.join(STUBS, "vllm-routes.txt"))
-    server.started, server.max_model_len, server.canvas, server.canvas_seconds = 0, 8192, 256, 0.0
+    server.started, server.max_model_len, server.canvas, server.pass_seconds = 0, 8192, 256, 0.0
     server.force_include_usage, server.auto_tools = True, True
     server.sampling_defaults = module.vllm_chat.sampling_defaults({"max_new_tokens": 256}, {"max_new_tokens": None})
     threading.Thread(target=server.serve_forever, daemon=True).start()

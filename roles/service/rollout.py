@@ -63,6 +63,7 @@ ROLL = Protocol("the roll", markers={
     "removed": "MS: disabled and removed",
     "replaced": "UNIT...: the units it ran under before, removed",
     "cleared": "INDEX PID...|none: unit reset, processes killed, container removed",
+    "held": "INDEX: kept out of service once its gate passed (a trial)",
     "retagged": "the image tag was pointed back at the image that ran",
     **READY_MARKERS}, exits={"failed": 4, "rolled_back": 5, "rollback_failed": 6, "write_failed": 7}, result={
     "outcome": "done, failed, write-failed (nothing changed), rolled-back (back on what it ran, ready and in "
@@ -123,6 +124,7 @@ class Roll:
     remove_paths: tuple = ()  # remove, or a move: the files that go with the unit that goes
     started: bool = True  # recover: start it again afterwards (state: started)
     replaces: Replica | None = None  # deploy's move of a running replica to its family's name
+    hold: bool = False  # a trial (invoke tune): once gated it stays out of service, until a deploy puts it back
 
     def __post_init__(self):
         if self.action not in ACTIONS:
@@ -175,7 +177,7 @@ def script(roll: Roll) -> str:
               "GATE_URL": f"https://{roll.host}:{roll.api_port}/v1/chat/completions", "GATE_BODY": GATE_BODY,
               "DRAIN_TIMEOUT_MS": int(roll.drain_timeout) * 1000, "READY_TIMEOUT_S": int(roll.ready_timeout),
               "GATEWAY_WAIT": int(roll.gateway_wait), "START_AGAIN": int(roll.started), "GO_BACK": int(roll.can_go_back),
-              "ROLL_LOCK": ROLL_LOCK, "ROLL_LOCK_WAIT_S": roll.lock_wait_s,
+              "ROLL_LOCK": ROLL_LOCK, "ROLL_LOCK_WAIT_S": roll.lock_wait_s, "HOLD": int(roll.hold),
               "WRITE": int(roll.unit_file is not None), "UNIT_PATH": roll.unit_path,
               "REF": roll.image if roll.same_image_ref else "",
               "BEFORE_REPLICAS": shell_table([roll.replaces.with_gpus(roll.replicas[0].gpus)]) if roll.replaces else "",
@@ -322,6 +324,10 @@ def _said(roll: Roll, result) -> str:
         back = ROLL.every(out, "in-service")
         if back:
             parts.append(f"out of service {since_begin(str(max(int(b[1]) for b in back)))} s")
+        held = ROLL.every(out, "held")
+        if held:
+            parts.append(f"held out of service (a trial: no user's request reaches "
+                         f"{'it' if len(held) == 1 else 'them'}; invoke deploy --hosts {roll.host} puts it back)")
         down = (f"; {roll.host} served no request while it {'restarted' if roll.gates else 'was out'} "
                 f"(one replica, no gateway)" if roll.alone else "")
         return f"{roll.units} {VERBS[roll.action]}: {'; '.join(parts)}{down}"

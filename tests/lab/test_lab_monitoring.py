@@ -232,6 +232,37 @@ def test_every_dashboard_panel_returns_data(monitored, load):
     assert count > 40 and not empty, empty
 
 
+def test_every_diffusion_replica_shows_its_steps_per_token_and_canvas_fill(monitored, load):
+    """The replica dashboard's two panels of what the entropy bound does, and the fleet's
+    comparison by bound (vLLM's diffusion counters joined with the settings deploy placed), each
+    a number for every DiffusionGemma replica the lab's Prometheus scrapes, once traffic went
+    through them; and none for Gemma 4 (autoregressive: vLLM exports no diffusion counter)."""
+    with load:
+        time.sleep(20)
+    time.sleep(SCRAPED)
+    diffusion = {(r["metric"]["host"], r["metric"]["replica"])
+                 for r in prometheus('up{job="vllm", model="diffusiongemma"} == 1')}
+    assert len(diffusion) == 5, diffusion  # spark01, rtx01, h100-01 and two of hgx01's four
+    panels = {p["title"]: p["targets"][0]["expr"]
+              for name in ("fleet", "replica")
+              for p in json.loads((ROOT / "grafana" / "dashboards" / f"{name}.json").read_text())["panels"]}
+    per_replica = {title: panels[title] for title in ("Denoising steps per committed token", "Canvas fill")}
+    for title, expr in per_replica.items():
+        for host, replica in sorted(diffusion):
+            found = prometheus(expr.replace("$__rate_interval", "1m").replace("$host", host)
+                               .replace("$replica", replica))
+            values = [float(r["value"][1]) for r in found]
+            assert len(values) == 1 and 0 < values[0] < 1, (title, host, replica, found)
+    compared = prometheus(panels["Denoising steps per committed token, per replica and entropy bound"]
+                          .replace("$__rate_interval", "1m"))
+    by_replica = {(r["metric"]["host"], r["metric"]["replica"]): r for r in compared}
+    assert set(by_replica) == diffusion, (sorted(by_replica), sorted(diffusion))
+    for key, r in by_replica.items():
+        assert r["metric"]["diffusion_entropy_bound"] == "0.1" and 0 < float(r["value"][1]) < 1, r
+    assert not prometheus('vllm:diffusion_num_committed_tokens_total{model="gemma4"}')
+    assert not load.failed(), load.failed()[:5]
+
+
 def test_metrics_and_the_monitoring_apis_are_closed_without_the_monitoring_key(monitored):
     """From this machine, on the lab network: every host's /metrics/* is as absent (404) with no
     key and with a user's key as any route not allowed; vLLM's own /metrics, the exporters,

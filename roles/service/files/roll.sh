@@ -15,7 +15,9 @@
 # DRAIN_TIMEOUT_MS, READY_TIMEOUT_S; GATEWAY_WAIT (1: a gateway fronts the fleet: the gateways
 # see a pool's flag before its last replicas here drain); START_AGAIN (recover: 1, start it again);
 # ROLL_LOCK, the host's roll lock file, and ROLL_LOCK_WAIT_S, how long a roll waits for another to
-# end. A deploy's change
+# end; HOLD (1: a trial, `invoke tune`'s: once it has passed its gate the replica stays out of
+# service, its flags up, until a later roll or deploy puts it back; a trial that fails goes back as
+# any change does, and back in service). A deploy's change
 # (GO_BACK=1): WRITE=1 and UNIT_PATH, the unit `write_unit` writes (WRITE=0: a new image or
 # weights alone); REF, the image reference the unit
 # that runs names too (a moved tag is pointed back at what ran); BEFORE_REPLICAS, the
@@ -62,10 +64,14 @@ undrain() {
 outcome=""; failure=""; failed_units=""; failed_ms=""; again=""; ready_ms=""
 # what failed, as the result says it: from the wait's or the gate's $why and the units the wait names
 failed() { failure=${1:-$why}; failed_units=${failed_unit:-$late}; failed_ms=$(now_ms); }
-# whatever ends the script: back in service, then the result, its last line
+# whatever ends the script: back in service (a trial that passed: held out), then the result, its last line
 finish() {
   rc=$?
-  undrain
+  if [ "$HOLD" = 1 ] && [ "$outcome" = "done" ]; then
+    for i in $drained; do say "@held $i"; done
+  else
+    undrain
+  fi
   [ -n "$outcome" ] || { outcome=failed; failure=${failure:-it ended before it said how (exit $rc)}; }
   result outcome="$outcome" ms="$(now_ms)" why="$failure" units="$failed_units" failed_ms="$failed_ms" \
     again="$again" ready_ms="$ready_ms"
@@ -105,6 +111,11 @@ for i in $EACH; do
     admin drain && drained="$drained $I"
   fi
 done
+if [ "$HOLD" = 1 ] && [ -z "$drained" ]; then
+  # a trial's replica must be out of every user's way: nothing holds it out without its front door
+  outcome=failed; failed "no front door holds replica $EACH out of service, and a trial needs one: deploy the host first"
+  exit "$EXIT_FAILED"
+fi
 if [ -n "$drained" ]; then
   start=$(now_ms)
   while :; do

@@ -26,7 +26,7 @@ def status(c, inventory=None, hosts=None, json=None, ask_become_pass=False):
     import roles
     from day2.status import gateway_status_role, monitoring_status_role, status_role
     from day2.status_table import print_status, status_document
-    from roles.fleet import is_monitoring
+    from serving.fleet import is_monitoring
     play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
     selected = runs.select(play, hosts)
     # the monitoring hosts too, whichever hosts are asked for: the alerts that fire are theirs
@@ -119,7 +119,7 @@ def logs(c, inventory=None, hosts=None, lines=50, follow=False, ask_become_pass=
 
 
 def _gateways(play, hosts) -> list[str]:
-    from roles.fleet import is_gateway
+    from serving.fleet import is_gateway
     gateways = [h for h in runs.select(play, hosts) if is_gateway(play.hostvars(h))]
     if not gateways:
         raise Exit("no gateway among the hosts: usage and request records are the gateways' (inventory group "
@@ -195,7 +195,7 @@ def endpoints(c, inventory=None, hosts=None, show_keys=False, json=None):
     from day2.endpoints import api_key, endpoints as endpoints_of, monitoring, monitoring_lines, open_webui_lines
     runs.writable(json)
     play = runs.load_play(inventory)
-    from roles.fleet import is_gateway, is_monitoring, is_serving
+    from serving.fleet import is_gateway, is_monitoring, is_serving
     selected = {h: play.hostvars(h) for h in runs.select(play, hosts)}
     gateways = {h: v for h, v in selected.items() if is_gateway(v)}
     doc = endpoints_of({h: v for h, v in selected.items() if is_serving(v)}, gateways)
@@ -285,7 +285,7 @@ def tune(c, inventory=None, hosts=None, bounds=None, prompts=None, repeats=1, ma
     """Try entropy bounds on one replica, held out of service, with your prompts; then back (or --apply one)."""
     from day2.tune import TuneError, parse_bound, parse_bounds, read_prompts
     from day2.tune_run import run as tune_run
-    from roles.fleet import is_serving
+    from serving.fleet import is_serving
     runs.writable(json)
     runs.writable(answers, "--answers")
     try:

@@ -192,7 +192,7 @@ def _render_kubernetes(play, hosts, out):
     from credentials.keys import KeyStore
     from kubernetes_manifests.collect import KUBERNETES_ROLE
     from kubernetes_manifests.render import RenderError, Settings, render, write
-    from roles.key_limits import OPERATOR, UNLIMITED, effective
+    from serving.key_limits import OPERATOR, UNLIMITED, effective
     from roles.preflight.role import FACTS_ROLE
     report = runs.run(play, [FACTS_ROLE, KUBERNETES_ROLE], hosts, check=True)
     failed = [f"{t.host}: {t.message}" for t in report.tasks if t.status in ("failed", "unreachable")]

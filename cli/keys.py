@@ -44,8 +44,8 @@ def _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, mod
                 front_end, all_users_requests_per_minute=None, all_users_tokens_per_day=None) -> tuple[dict, list]:
     """The limits the options give (and the ones they put back to the inventory's), checked as the
     inventory's key_limits are: a wrong one exits 2 naming the option."""
-    from roles.key_limits import problem_pairs
-    from roles.replicas import families
+    from serving.key_limits import problem_pairs
+    from serving.replicas import families
     own, cleared = {}, []
     for option, value in (("requests_per_minute", requests_per_minute), ("requests_at_once", requests_at_once),
                           ("tokens_per_day", tokens_per_day),
@@ -118,7 +118,7 @@ def keys_set(c, name, inventory=None, hosts=None, ask_become_pass=False, request
              clear=None, all_users_requests_per_minute=None, all_users_tokens_per_day=None):
     """Change NAME's limits and reload the gateways (its counts so far are kept)."""
     from credentials import CredentialError
-    from roles.key_limits import FIELDS
+    from serving.key_limits import FIELDS
     play, store, _ = _play_and_store(inventory)
     own, cleared = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
                                expires, front_end, all_users_requests_per_minute, all_users_tokens_per_day)
@@ -161,7 +161,7 @@ def keys_revoke(c, name, inventory=None, hosts=None, ask_become_pass=False):
 def keys_list(c, inventory=None):
     """The keys' names, when they were made, the start of their sha256 (never a key) and their limits."""
     from credentials import CredentialError
-    from roles.key_limits import effective
+    from serving.key_limits import effective
     try:
         _, store, v = _play_and_store(inventory)
         data = store.load()

@@ -127,7 +127,7 @@ def run(play, roles, hosts, json_target=None, *, title=None, show_diff=False, ch
     nothing else ran."""
     from converge import play as playlib
     from roles import LOCK_NAME, advisory
-    from roles.fleet import FleetService
+    from serving.fleet import FleetService
     report = report_for(json_target, show_diff, quiet=title is None)
     selected = select(play, hosts)
     off_path = frozenset(h for h in selected if advisory(play.hostvars(h)))

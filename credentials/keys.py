@@ -18,8 +18,8 @@ from . import CredentialError, locked, unsaved, write_private
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 PREFIX = "dgk-"  # makes a leaked key easy to recognise (and to grep for)
-# the names the fleet's own keys go by beside the users' (roles/haproxy/tls.py: the gateway's key to
-# the front doors, the monitoring hosts' key; roles/key_limits.py: the inventory's api_key_file,
+# the names the fleet's own keys go by beside the users' (serving/haproxy/tls.py: the gateway's key to
+# the front doors, the monitoring hosts' key; serving/key_limits.py: the inventory's api_key_file,
 # never limited): a user's key of one of these names would take that key's place
 RESERVED = frozenset({"gateway", "monitoring", "api_key_file"})
 

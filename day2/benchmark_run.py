@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from roles import catalog
-from roles.declared import is_diffusion, served_name
+from serving import catalog
+from serving.declared import is_diffusion, served_name
 
 from . import benchmark as bench
 from .endpoints import YOUR_KEY, api_key, endpoints

@@ -36,7 +36,7 @@ def task_model(hostvars: dict[str, dict]) -> str | None:
     """The name of an autoregressive family the fleet serves (Gemma 4), or None: Open WebUI's
     own short tasks (a chat's title, tags, follow-ups) go to it, since a diffusion model pays a
     whole 256-token canvas for each few-word answer."""
-    from roles.declared import declared, is_diffusion, served_name
+    from serving.declared import declared, is_diffusion, served_name
     from roles.preflight.select import Refused
     for v in hostvars.values():
         try:

@@ -17,11 +17,11 @@ from converge.changes import Command, Role
 from converge.errors import StepFailed
 from converge.facts.nvidia import NvidiaSmi
 
-from roles.fleet import is_serving
-from roles.replicas import Replica, chosen, installed
+from serving.fleet import is_serving
+from serving.replicas import Replica, chosen, installed
 from roles.service.rollout import at_once, command as roll_command, fleet_throttle, plan_roll
-from roles.serving_host import UNITS_FACT, is_running, step_name, units_fact
-from roles.systemd import systemctl
+from serving.serving_host import UNITS_FACT, is_running, step_name, units_fact
+from serving.systemd import systemctl
 
 
 def _unit_facts(v):

@@ -10,8 +10,8 @@ import threading
 from converge.group import stream
 
 from day2.readings import PROGRAMS, replica_units
-from roles.host_programs import Program, Protocol
-from roles.replicas import families, from_unit, replica
+from serving.host_programs import Program, Protocol
+from serving.replicas import families, from_unit, replica
 
 NO_REPLICA = 3  # the exit status of a host that has no replica of the index asked for
 

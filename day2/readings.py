@@ -11,14 +11,14 @@ from pathlib import Path
 
 from converge.facts import Fact, FactError
 
-from roles import scrape_targets
-from roles.exporter_containers import TEXTFILES
+from serving import scrape_targets
+from serving.exporter_containers import TEXTFILES
 from roles.gateway.accounting import USAGE_PORT
-from roles.haproxy.instance import FRONTDOOR, GATEWAY
-from roles.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
-from roles.host_programs import Program, ProgramResultError, Protocol, decoded
-from roles.replicas import from_unit, replica, runtime, unit_globs
-from roles.vllm_serve import diffusion_in_force, generation_in_force
+from serving.haproxy.instance import FRONTDOOR, GATEWAY
+from serving.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
+from serving.host_programs import Program, ProgramResultError, Protocol, decoded
+from serving.replicas import from_unit, replica, runtime, unit_globs
+from serving.vllm_serve import diffusion_in_force, generation_in_force
 
 from . import exposition
 
@@ -34,7 +34,7 @@ def replica_units(v: dict) -> dict:
 
 def by_replica(v: dict, units: dict) -> dict:
     """What a program said of each replica unit (unit -> what), by the replica's index: which
-    replica a unit is, is read here (roles/replicas.py); a unit of none is left out."""
+    replica a unit is, is read here (serving/replicas.py); a unit of none is left out."""
     found = {}
     for unit, what in (units or {}).items():
         ident = from_unit(v, unit)
@@ -70,7 +70,7 @@ class ServiceProbe(Fact):
     cache, from its /metrics), from the host itself: replica index -> {"container",
     "health", "load", "diffusion", "generation"}, for every replica unit the host has (replica
     0 when none). The host says what runs (its containers by name, each unit's command line);
-    which replica a unit or a container is, is read here (roles/replicas.py)."""
+    which replica a unit or a container is, is read here (serving/replicas.py)."""
 
     def __init__(self, v):
         self.v = v

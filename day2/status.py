@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from converge.changes import Role
 
-from roles.fleet import is_gateway, is_monitoring, is_serving
-from roles.handoffs import CHOICE, UNITS
-from roles.replicas import installed, replica
-from roles.serving_host import UNITS_FACT, record_path
+from serving.fleet import is_gateway, is_monitoring, is_serving
+from serving.handoffs import CHOICE, UNITS
+from serving.replicas import installed, replica
+from serving.serving_host import UNITS_FACT, record_path
 from roles.shared_address.keepalived import holds
 
 from .readings import FiringAlerts, GatewayServers, ServiceProbe

@@ -18,10 +18,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from roles.fleet import is_gateway, is_monitoring, is_serving
-from roles.haproxy.stats import POOL_PREFIX
-from roles.host_programs import Program, ProgramResultError, Protocol, decoded
-from roles.replicas import server_index
+from serving.fleet import is_gateway, is_monitoring, is_serving
+from serving.haproxy.stats import POOL_PREFIX
+from serving.host_programs import Program, ProgramResultError, Protocol, decoded
+from serving.replicas import server_index
 
 from . import exposition
 from .readings import (PROGRAMS, HostReading, denoising_ratios, firing, gateway_script, host_script, parse_stats_csv,

@@ -26,15 +26,15 @@ from converge.changes import File, Role
 from converge.errors import StepFailed
 from converge.secrets import read_optional_secret as read_secret
 
-from roles.declared import is_diffusion
-from roles.fleet import is_serving
-from roles.handoffs import CHOICE
-from roles.haproxy.admin import ADMIN_SOCKET
-from roles.haproxy.stats import ServerStates
-from roles.replicas import Served
+from serving.declared import is_diffusion
+from serving.fleet import is_serving
+from serving.handoffs import CHOICE
+from serving.haproxy.admin import ADMIN_SOCKET
+from serving.haproxy.stats import ServerStates
+from serving.replicas import Served
 from roles.service.role import facts as service_facts, is_nixos, render_unit
 from roles.service.rollout import command as roll_command, fleet_throttle, plan_roll
-from roles.serving_host import is_running, unit_file, unit_state
+from serving.serving_host import is_running, unit_file, unit_state
 
 from .readings import ServiceProbe, denoising_ratios
 

@@ -17,9 +17,9 @@ import roles
 from converge.errors import InventoryError
 from converge.inventory_write import file_for, set_variable
 from converge.report import write_json
-from roles.declared import served_name
+from serving.declared import served_name
 from roles.preflight.role import FACTS_ROLE
-from roles.replicas import replica as replica_of
+from serving.replicas import replica as replica_of
 
 from . import benchmark
 from .endpoints import YOUR_KEY, api_key, endpoints

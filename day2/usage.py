@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from converge.errors import ConvergeError
 from day2.readings import PROGRAMS
 from roles.gateway.accounting import RECORDS_IDENTIFIER, STATE_DIR
-from roles.host_programs import Program
+from serving.host_programs import Program
 
 USAGE_DAYS_PROGRAM = Program((PROGRAMS / "usage_days.sh",))
 RECORDS_PROGRAM = Program((PROGRAMS / "records.sh",))

@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 
 from converge.changes import Role
-from roles.fleet import is_serving
-from roles.handoffs import CHOICE
+from serving.fleet import is_serving
+from serving.handoffs import CHOICE
 
 from .serving import ServingHost
 

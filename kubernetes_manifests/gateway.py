@@ -7,10 +7,10 @@ the AIGatewayRoute's ``llmRequestCosts``. A front end's people count apart by th
 header, as at the fleet's gateways. Pure."""
 from __future__ import annotations
 
-from roles.key_limits import OPERATOR, Limits
+from serving.key_limits import OPERATOR, Limits
 
 KEY_HEADER = "x-dgemma-key"  # the client id Envoy sets from the key (forwardClientIDHeader)
-USER_HEADER = "x-openwebui-user-email"  # a front end's user (roles/haproxy/templates/gateway.cfg.j2)
+USER_HEADER = "x-openwebui-user-email"  # a front end's user (serving/haproxy/templates/gateway.cfg.j2)
 KEYS_SECRET = "dgemma-api-keys"  # one entry per key: its name -> the key itself (the operator's to make)
 TOKENS = "llm_total_token"  # the AI gateway's metadata key for a request's total tokens
 

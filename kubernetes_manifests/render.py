@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from roles.key_limits import Limits
+from serving.key_limits import Limits
 
 from . import checks, gateway, hardware, monitoring, pods
 from .serving import ServingHost

@@ -9,12 +9,12 @@ import re
 from dataclasses import dataclass
 
 from converge.facts.nvidia import cuda_tuple
-from roles import catalog
+from serving import catalog
 from roles.preflight.select import image_channel
 from roles.preflight.variants import version
-from roles.replicas import Served
+from serving.replicas import Served
 from roles.service.container import ENVIRONMENT
-from roles.vllm_serve import serve_args
+from serving.vllm_serve import serve_args
 
 from . import hardware
 from .serving import ServingHost

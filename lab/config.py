@@ -71,7 +71,7 @@ REPOSITORY = "vllm/vllm-openai"
 # the front door's image: one tag, both arches (a manifest list, as Docker Hub's)
 FRONTDOOR_REPOSITORY = "library/haproxy"
 FRONTDOOR_TAG = "2.6"
-# the monitoring stack's images (roles/catalog/images.yml names the same), built from Debian's
+# the monitoring stack's images (serving/catalog/images.yml names the same), built from Debian's
 # packages: (repository, tag, the package, its program, the official image's, the arches)
 MONITORING_IMAGES = {
     "node_exporter": ("prom/node-exporter", "v1.5.0", "prometheus-node-exporter", "/usr/bin/prometheus-node-exporter",

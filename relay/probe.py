@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from converge.changes import Command, Output, Produced
-from roles.host_programs import Program
+from serving.host_programs import Program
 
 from .server import RelayView
 

@@ -30,7 +30,7 @@ def advisory(hostvars: dict) -> bool:
     """A host off the serving path (a monitoring host that is neither a gateway nor a serving
     host): a run reports its failures and does not fail for them, so that Prometheus down
     never fails a deploy of the hosts that serve."""
-    from roles.fleet import is_gateway, is_monitoring, is_serving
+    from serving.fleet import is_gateway, is_monitoring, is_serving
     return is_monitoring(hostvars) and not is_gateway(hostvars) and not is_serving(hostvars)
 
 
@@ -60,5 +60,5 @@ def defaults() -> list[VarSource]:
 
 def problems() -> list[str]:
     """What is wrong with the roles' own data (the catalogs), for inventory.check."""
-    from roles import catalog
+    from serving import catalog
     return catalog.problems()

@@ -1,4 +1,4 @@
-"""The programs of a container of ours beside vLLM (roles/container_unit/files/*.sh) run for
+"""The programs of a container of ours beside vLLM (serving/container_unit/files/*.sh) run for
 real under sh: systemctl, journalctl and the runtime are stand-ins on a PATH of their own that
 log what they are asked; curl and the HTTP servers it asks are real."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from converge.errors import StepFailed
 from converge.transport import Result
 from relay.probe import fallback_note
-from roles.container_unit import Container, _interpret, answering_script, pull_script
+from serving.container_unit import Container, _interpret, answering_script, pull_script
 from tests.test_day2_programs import Pages, closed_port
 
 UNIT = "podman-dgemma-prometheus.service"

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from day2 import readings, top
-from roles.host_programs import ProgramResultError
+from serving.host_programs import ProgramResultError
 
 STATS = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,"
          "weight,act,bck,chkfail,chkdown,lastchg,downtime,qlimit,pid,iid,sid,throttle,lbtot,tracked,type,rate,"
@@ -141,7 +141,7 @@ def replica_host(tmp_path, units: dict, containers: str = "") -> dict:
     """A host's replica units in a folder of ours, systemctl and podman stand-ins on a PATH of
     their own (``units``: unit -> the pid systemctl says runs it, 0: none), the environment to run
     a program with, and the globs that find those units (UNIT_GLOBS)."""
-    from roles.replicas import unit_globs
+    from serving.replicas import unit_globs
     folder = tmp_path / "units"
     folder.mkdir()
     for unit in units:
@@ -172,7 +172,7 @@ def a_replica_process(port: int) -> subprocess.Popen:
 def test_a_serving_hosts_reading_holds_each_replica_of_its_targets(pages, tmp_path):
     """Each replica unit with a process is asked on the port its command line names; which
     replica a unit is, is read on our side."""
-    from roles.replicas import replica
+    from serving.replicas import replica
     zero, two = replica({}, 0), replica({}, 2)
     vllm = pages({"/metrics": (200, 'vllm:num_requests_running{model_name="dgemma",engine="0"} 2.0\n')})
     frontdoor = pages({"/stats;csv": (200, STATS)})
@@ -223,7 +223,7 @@ def test_the_status_probe_reads_each_replica_from_what_runs(pages, tmp_path):
     command line, whose --port is asked for /health and the load); which replica each is, is
     read on our side. systemctl and podman are stand-ins; the process, /proc and curl are real."""
     from day2.readings import ServiceProbe
-    from roles.replicas import replica
+    from serving.replicas import replica
     zero, two = replica({}, 0), replica({}, 2)
     vllm = pages({"/health": (200, ""), "/metrics": (200, 'vllm:num_requests_running{engine="0"} 2.0\n'
                                                             'vllm:num_requests_waiting{engine="0"} 1.0\n'
@@ -263,7 +263,7 @@ def test_the_status_probe_asks_docker_for_its_containers_states_with_one_ps(tmp_
     not two (a second of CPU each on an emulated host); an older docker, whose ps has no .State,
     is asked as podman is (ps, then inspect). Either way the same states, by name."""
     from day2.readings import ServiceProbe
-    from roles.replicas import replica
+    from serving.replicas import replica
     zero, two = replica({}, 0), replica({}, 2)
     host = replica_host(tmp_path, {zero.unit: 0, two.unit: 0})
     calls = tmp_path / "docker-calls"

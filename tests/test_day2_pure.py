@@ -67,7 +67,7 @@ def test_the_gateway_view_calls_a_draining_host_drain():
 
 def test_the_front_door_fact_reads_the_same_stats_page():
     """The frontdoor role's fact of its servers' states reads the same CSV, per server."""
-    from roles.haproxy.stats import ServerStates
+    from serving.haproxy.stats import ServerStates
     text = (Path(__file__).parent / "fixtures" / "haproxy" / "gateway-stats-rtx01-draining.csv").read_text()
     states = ServerStates("/run/x.sock").process(text, 0)
     assert states["rtx01"] == {"status": "NOLB", "in_flight": 0} and set(states) == {"spark01", "rtx01", "h100-01",
@@ -121,7 +121,7 @@ def test_the_diffusion_settings_in_force_come_from_the_running_command_line():
     from pathlib import Path
 
     from day2.status_table import diffusion_text
-    from roles.vllm_serve import diffusion_in_force, diffusion_wanted, serve_args
+    from serving.vllm_serve import diffusion_in_force, diffusion_wanted, serve_args
     argv = (Path(__file__).parent / "fixtures/cmdline/rtx01-podman-run.bin").read_bytes().decode().split("\0")
     running = diffusion_in_force(argv)
     assert running == {"canvas_length": 256, "max_denoising_steps": 48, "diffusion_sampler": "entropy_bound",

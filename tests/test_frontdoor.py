@@ -20,11 +20,11 @@ from cryptography import x509
 
 from credentials import CredentialError, ca as fleet_ca
 from credentials.keys import KeyStore, digest
-from roles import scrape_targets
-from roles.haproxy.instance import GATEWAY_SEES_FLAG_S, render_unit, run_command
-from roles.haproxy.config import ALLOWED, Server, render_config, render_keys
-from roles.haproxy.stats import stats_rows
-from roles.replicas import Served, replica
+from serving import scrape_targets
+from serving.haproxy.instance import GATEWAY_SEES_FLAG_S, render_unit, run_command
+from serving.haproxy.config import ALLOWED, Server, render_config, render_keys
+from serving.haproxy.stats import stats_rows
+from serving.replicas import Served, replica
 
 
 def test_the_ca_is_made_once_and_its_key_stays_0600(tmp_path):
@@ -135,7 +135,7 @@ def front_door_of_three(tmp_path):
 @pytest.fixture
 def front_door_of_two_families(tmp_path):
     """Replicas 0 and 1 serve DiffusionGemma, replica 2 Gemma 4 (hgx01's kind of host)."""
-    from roles.haproxy.pools import frontdoor_pools
+    from serving.haproxy.pools import frontdoor_pools
     yield from _front_door(tmp_path, 3, lambda servers: frontdoor_pools(
         {"replica0": "diffusiongemma", "replica1": "diffusiongemma", "replica2": "gemma4"},
         {"diffusiongemma": "diffusiongemma", "gemma4": "gemma4"}, servers))
@@ -147,7 +147,7 @@ def front_door_with_a_queue(tmp_path):
     takes one request at once, and a queue busy for two seconds makes its /health say full."""
     from dataclasses import replace
 
-    from roles.haproxy.pools import frontdoor_pools
+    from serving.haproxy.pools import frontdoor_pools
 
     def pools(servers):
         made = frontdoor_pools({"replica0": "diffusiongemma", "replica1": "diffusiongemma", "replica2": "gemma4"},
@@ -267,8 +267,8 @@ def test_the_hosts_metrics_open_to_the_monitoring_key_alone(front_door_of_three)
 
 def test_the_catalog_names_the_official_haproxy_and_the_lab_publishes_that_tag():
     from lab import config
-    from roles.haproxy.instance import image_ref
-    from roles.catalog import images
+    from serving.haproxy.instance import image_ref
+    from serving.catalog import images
     official = images()["frontdoor"]
     assert image_ref({}) == f"docker.io/{official['repository']}:{official['tag']}"
     assert image_ref({"registry": "10.213.0.1:5000"}) == f"10.213.0.1:5000/{official['repository']}:{official['tag']}"
@@ -293,8 +293,8 @@ def _own(tmp_path, host="rtx01", names=("rtx01", "10.213.0.12")):
 
 def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_fleets(tmp_path):
     from converge.errors import StepFailed
-    from roles.fleet import fleet_of
-    from roles.haproxy import tls
+    from serving.fleet import fleet_of
+    from serving.haproxy import tls
     files, issued = _own(tmp_path)
     v = {"credentials_dir": str(tmp_path / "fleet"), "tls_cert_file": files["cert.pem"],
          "tls_key_file": files["key.pem"], "tls_ca_file": files["ca.pem"]}
@@ -324,9 +324,9 @@ def test_a_certificate_of_ones_own_is_checked_and_its_ca_trusted_beside_the_flee
 def _roll_shell(door, index: int, command: str) -> str:
     """The rolling deploy's own shell (files/admin.sh: drain, ready, state) against this front
     door, run by dash as a host's sh runs it; ``$S`` is replica ``index``'s server."""
-    from roles.haproxy.admin import ADMIN_LIBRARY, admin_parameters
-    from roles.host_programs import Program
-    from roles.replica_ready import PRELUDE
+    from serving.haproxy.admin import ADMIN_LIBRARY, admin_parameters
+    from serving.host_programs import Program
+    from serving.replica_ready import PRELUDE
     params = {**admin_parameters(), "ADMIN": door.admin, "RUNTIME": door.runtime, "S": replica({}, index).server}
     script = Program((PRELUDE, ADMIN_LIBRARY)).script(params) + command + "\n"
     proc = subprocess.run(["dash", "-c", script], capture_output=True, text=True, timeout=30)
@@ -338,9 +338,9 @@ def reload_as_the_deploy_does(proxy, config: str, state_dir, proc) -> None:
     """The deploy's reload on a test's HAProxy (files/keep_states.sh, then the signal systemctl's
     reload sends): the servers' states dumped through its runtime API into ``state_dir``, then
     SIGUSR2 to its master."""
-    from roles.haproxy.instance import runtime_socket
-    from roles.haproxy.steps import KEEP_STATES, kept_servers
-    from roles.host_programs import Program
+    from serving.haproxy.instance import runtime_socket
+    from serving.haproxy.steps import KEEP_STATES, kept_servers
+    from serving.host_programs import Program
     script = Program((KEEP_STATES,)).script({
         "STATE_FILE": f"{state_dir}/servers.state", "KEPT_SERVERS": "\n".join(kept_servers(config)),
         "RUNTIME_SOCKET": runtime_socket(proxy).replace(proxy.socket_dir, str(state_dir))})
@@ -403,7 +403,7 @@ def test_a_roll_s_flag_keeps_health_at_404_while_its_replica_is_stopped(front_do
 
 
 def test_the_gateway_takes_a_draining_front_door_out_of_balancing():
-    from roles.haproxy.instance import GATEWAY
+    from serving.haproxy.instance import GATEWAY
     from roles.gateway.role import BACKEND
     config = render_config("gateway01", {}, [Server("rtx01", "10.213.0.12:8000")], "g", proxy=GATEWAY, backend=BACKEND)
     backend = config.split("backend pool_diffusiongemma", 1)[1].split("\nfrontend", 1)[0]
@@ -554,7 +554,7 @@ def test_a_reload_keeps_a_down_servers_state_and_takes_a_moved_servers_new_port(
     runtime API, then SIGUSR2. A replica found down stays down in the new instance (not called
     up until its checks, which would send it requests); a replica whose port moved in the new
     configuration is reached at the new port (HAProxy would restore the old one from the file)."""
-    from roles.haproxy.instance import FRONTDOOR
+    from serving.haproxy.instance import FRONTDOOR
     door = front_door_of_three
     time.sleep(2.5)
     door.backends[2].shutdown()
@@ -641,8 +641,8 @@ def front_door_naming_ignored(tmp_path, request):
     front door role sets them (ignored_parameters: header, or refuse)."""
     from dataclasses import replace
 
-    from roles import catalog
-    from roles.haproxy.pools import frontdoor_pools
+    from serving import catalog
+    from serving.haproxy.pools import frontdoor_pools
 
     def pools(servers):
         made = frontdoor_pools({"replica0": "diffusiongemma", "replica1": "gemma4"},
@@ -686,7 +686,7 @@ def test_deploy_puts_back_what_a_cut_roll_left_out_and_its_result_names_what_it_
     killed mid-way) are put back and the flag lowered; a server the front door does not have is
     refused, named in the result, and the others are still put back."""
     from roles.frontdoor.back import BACK, BACK_PROGRAM
-    from roles.haproxy.admin import admin_parameters
+    from serving.haproxy.admin import admin_parameters
     door = front_door_of_three
     time.sleep(2.5)
     _roll_shell(door, 0, "flag ready && admin drain")

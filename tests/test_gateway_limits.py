@@ -27,11 +27,11 @@ import pytest
 
 from credentials import ca as fleet_ca
 from credentials.keys import digest
-from roles import key_limits as limits
+from serving import key_limits as limits
 from roles.gateway.accounting import Accounting, Peer, lua
-from roles.haproxy.config import Server, render_config, render_keys
-from roles.haproxy.instance import GATEWAY
-from roles.haproxy.pools import Pool, upstream
+from serving.haproxy.config import Server, render_config, render_keys
+from serving.haproxy.instance import GATEWAY
+from serving.haproxy.pools import Pool, upstream
 from tests.conftest import ROOT
 
 SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"

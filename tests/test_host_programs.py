@@ -1,5 +1,5 @@
 """The programs that run on hosts are files (roles/<role>/files/*.sh, day2/host_programs/*.sh,
-converge/host_scripts/*.sh) with a declared protocol (roles/host_programs.py): each passes shellcheck as dash; every marker a program's
+converge/host_scripts/*.sh) with a declared protocol (serving/host_programs.py): each passes shellcheck as dash; every marker a program's
 files can print is declared by its protocol and read by its reader (taking the marker's
 lines out of an output changes what the reader says); every declared marker is printed."""
 import ast
@@ -23,15 +23,15 @@ from converge.transport import Result
 from day2 import logs, readings, top, usage
 from roles.frontdoor.back import BACK, BACK_PROGRAM
 from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
-from roles.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
-from roles.haproxy.instance import FRONTDOOR
-from roles import container_unit, systemd
+from serving.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
+from serving.haproxy.instance import FRONTDOOR
+from serving import container_unit, systemd
 from roles.exporters import role as exporters
 from roles.shared_address import role as shared_address
-from roles.host_programs import Program
+from serving.host_programs import Program
 from roles.image.role import INSPECT_PROGRAM, PULL_PROGRAM
 from roles.weights.cache import CACHE_PROGRAM
-from roles.replicas import replica
+from serving.replicas import replica
 from roles.service import rollout
 from roles.service.rollout import PROGRAM as ROLL_PROGRAM, ROLL, Roll
 from roles.start.role import PROGRAM as START_PROGRAM, START
@@ -39,7 +39,8 @@ from roles.weights.download import (FETCH, FETCH_PROGRAM, MANIFEST, MANIFEST_PRO
                                     parse_manifest, progress_reader)
 from tests.conftest import ROOT
 
-FACT_LIBRARIES = sorted([*(ROOT / "converge" / "facts" / "files").glob("*.sh"), *(ROOT / "roles").glob("*/files/facts.sh")])
+FACT_LIBRARIES = sorted([*(ROOT / "converge" / "facts" / "files").glob("*.sh"), *(ROOT / "roles").glob("*/files/facts.sh"),
+                         *(ROOT / "serving").glob("*/files/facts.sh")])
 COLLECTOR = Program((ROOT / "roles" / "exporters" / "collector.sh",))
 SYSTEMD = Program((systemd.SYSTEMD_FILE,))
 FOLDERS = systemd.FOLDERS_PROGRAM
@@ -66,7 +67,7 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
 
 def test_every_host_program_file_belongs_to_a_program():
     files = {p for p in (ROOT / "roles").glob("*/files/*.sh")} | set((ROOT / "roles" / "exporters").glob("*.sh")) \
-        | set((ROOT / "roles").glob("*.sh")) \
+        | set((ROOT / "serving").glob("*/files/*.sh")) | set((ROOT / "serving").glob("*.sh")) \
         | set((ROOT / "converge" / "host_scripts").glob("*.sh")) | set((ROOT / "day2" / "host_programs").glob("*.sh")) \
         | set((ROOT / "converge" / "facts" / "files").glob("*.sh")) | set((ROOT / "relay" / "files").glob("*.sh"))
     used = {Path(f) for program in PROGRAMS.values() for f in program.files}
@@ -178,8 +179,8 @@ ROLLS = [
 def _start_reader(units=(U1, U2)):
     from roles.start.role import plan
     from converge.changes import HostContext
-    from roles.handoffs import UNITS, UnitPlan, Units
-    from roles.replicas import Served
+    from serving.handoffs import UNITS, UnitPlan, Units
+    from serving.replicas import Served
     plans = tuple(UnitPlan(Served(replica({}, i), "m", 0.7), "diffusiongemma", ("diffusiongemma",), "", "")
                   for i in (1, 2))
     ctx = HostContext("hgx01", {}, {"replica_units": {}})
@@ -241,7 +242,7 @@ def _cases():
                       (0, ['@result {"state": "answers", "code": 404, "holder": "no"}']),
                       (3, ['@result {"state": "silent", "code": 0, "holder": "no"}'])]:
         yield shared_address.ANSWERING, shared_address._interpret("10.0.0.200", 8000, 60), rc, lines
-    from roles.container_unit import _interpret as container_reader
+    from serving.container_unit import _interpret as container_reader
     for rc, lines in [(0, ['@result {"state": "ready", "seconds": 0}']), (0, ['@result {"state": "ready", "seconds": 4}']),
                       (3, ["  | level=error", '@result {"state": "failed", "seconds": 1}']),
                       (4, ['@result {"state": "timeout", "seconds": 30}'])]:
@@ -359,9 +360,9 @@ def test_a_replica_its_front_door_will_not_put_back_fails_the_roll_naming_it_and
 
 @pytest.mark.parametrize("shell", ["dash", "sh"])
 def test_the_replica_table_is_read_on_the_host_by_name_as_it_is_written(shell):
-    """roles/replicas.py writes the table; roles/replicas.sh reads it by field name, whatever the
+    """serving/replicas.py writes the table; serving/replicas.sh reads it by field name, whatever the
     order of a line's words (here reversed), a GPU list or none."""
-    from roles.replicas import TABLE_FIELDS, TABLE_READER, read_table, shell_table
+    from serving.replicas import TABLE_FIELDS, TABLE_READER, read_table, shell_table
     written = shell_table([replica({}, 0), replica({}, 2, "gemma4", ["GPU-b", "GPU-a"]),
                            replica({"container_runtime": "docker"}, 3, "gemma4")])
     rows = read_table(written)
@@ -390,7 +391,7 @@ def test_the_replica_table_is_read_on_the_host_by_name_as_it_is_written(shell):
 # (its structure: words for a person may name a command, a program's script is checked by its plan cases)
 SHELL = re.compile(r"; then|\$\(|&&|\|\||printf '|2>/dev/null|\| ?(awk|sed|grep|tail|head|cut)\b|"
                    r"\[ -[a-zA-Z] |\bfor \w+ in |; do\b|\bmktemp\b|>/dev/null|<<'|\bsh -[sc]\b")
-SOURCES = ("converge", "roles", "day2", "relay", "credentials", "kubernetes_manifests", "lab_tasks", "tasks.py")
+SOURCES = ("converge", "roles", "serving", "day2", "relay", "credentials", "kubernetes_manifests", "lab_tasks", "tasks.py")
 # (file, how the string begins): the shell that stays in Python, and why
 ALLOWED = {
     ("converge/transport/__init__.py", "sh -c "): "the exec request's command line that starts our shell",
@@ -452,7 +453,7 @@ def test_no_shell_a_host_runs_is_built_in_a_python_string():
 def test_a_result_line_is_json_whatever_its_values_hold(shell):
     """result.sh: numbers stay numbers; a text with quotes, backslashes, tabs, line breaks and other
     control characters is still one line of JSON, each of them made harmless, the rest kept."""
-    from roles.host_programs import RESULT_LIBRARY, Protocol
+    from serving.host_programs import RESULT_LIBRARY, Protocol
     hostile = 'it said "no"\\ then\tstopped\nhere \x01(500: {"error": 1}) 100% $HOME `id`'
     script = RESULT_LIBRARY.read_text() + 'result state=failed ms=1200 zero=0 lead=007 why="$WHY" empty=\n'
     out = subprocess.run([shell, "-c", script], env={"WHY": hostile, "PATH": "/usr/bin:/bin"},

@@ -1,14 +1,14 @@
 """The tree's import graph, read from the code (every import, at the top of a module or
 inside a function): no circle between modules, no role reaching into another role (what
-roles share is a library under roles/ that imports no role: roles/replicas.py,
-roles/haproxy/, roles/container_unit.py ..., or the engine)."""
+roles share is in serving/, beside roles/, which imports no role: serving/replicas.py,
+serving/haproxy/, serving/container_unit/ ..., or the engine), and roles/ holding roles alone."""
 import ast
 from pathlib import Path
 
 from roles import ORDER
 from tests.conftest import ROOT
 
-PACKAGES = ("cli", "converge", "credentials", "day2", "lab", "relay", "roles")
+PACKAGES = ("cli", "converge", "credentials", "day2", "lab", "relay", "roles", "serving")
 
 
 def _module_of(path: Path) -> str:
@@ -55,7 +55,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_graph_is_read_from_the_code():
     graph = _graph()
-    assert "roles.serving_host" in graph["roles.service.role"]
+    assert "serving.serving_host" in graph["roles.service.role"]
     assert "roles.preflight.placement" in graph["roles.preflight.select"]  # a relative import, resolved
     assert "cli.runs" in graph["cli.day2"]
 
@@ -92,17 +92,23 @@ def test_no_role_imports_another_role():
     assert not reaching, reaching
 
 
-def test_the_libraries_under_roles_import_no_role():
-    """roles/haproxy/, roles/replicas.py, roles/vllm_serve/ ...: shared by the roles, below them all."""
+def test_roles_holds_roles_alone():
+    """Every folder of roles/ is a role of ORDER (its role.py, schema.yml, defaults/...), and beside
+    them only roles/__init__.py (which, and in what order) and the testinfra checks' conftest.py."""
+    folders = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(ORDER), folders
+    for name in ORDER:
+        assert (ROOT / "roles" / name / "role.py").is_file() and (ROOT / "roles" / name / "schema.yml").is_file()
+    loose = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_file())
+    assert loose == ["__init__.py", "conftest.py"], loose
+
+
+def test_what_the_roles_share_imports_no_role():
+    """serving/haproxy/, serving/replicas.py, serving/vllm_serve/ ...: shared by the roles, below them
+    all; none of it reaches back up into roles/, not even roles/__init__.py."""
     graph = _graph()
-    libraries = [m for m in graph if m.startswith("roles.") and m != "roles" and not _role_of(m)]
-    assert {"roles.haproxy.steps", "roles.replicas", "roles.vllm_serve", "roles.container_unit"} <= set(libraries)
-    reaching = sorted(f"{module} -> {other}" for module in libraries for other in graph[module] if _role_of(other))
+    libraries = [m for m in graph if m == "serving" or m.startswith("serving.")]
+    assert {"serving.haproxy.steps", "serving.replicas", "serving.vllm_serve", "serving.container_unit"} <= set(libraries)
+    reaching = sorted(f"{module} -> {other}" for module in libraries for other in graph[module]
+                      if other == "roles" or other.startswith("roles."))
     assert not reaching, reaching
-
-
-def test_the_shared_modules_import_no_role():
-    graph = _graph()
-    for shared in ("roles.serving_host", "roles.replicas", "roles.fleet"):
-        roles_imported = {m for m in graph[shared] if m.startswith("roles.") and m.count(".") >= 2}
-        assert not roles_imported, (shared, roles_imported)

@@ -1,4 +1,4 @@
-"""A key's limits as declared (roles/key_limits.py, the key store, `invoke keys.add` and
+"""A key's limits as declared (serving/key_limits.py, the key store, `invoke keys.add` and
 `keys.set`): checked like the inventory, each error naming the limit; a key's own limits over
 the inventory's key_limits; what HAProxy reads of them (keys.map, limits.map, no secret); the
 front doors behind gateways take only keys that nothing limits."""
@@ -11,7 +11,7 @@ import pytest
 
 from credentials import CredentialError
 from credentials.keys import KeyStore, digest
-from roles import key_limits as limits
+from serving import key_limits as limits
 from tests.conftest import ROOT
 
 
@@ -109,8 +109,8 @@ def test_a_users_key_never_takes_the_place_of_one_of_the_fleets_own(tmp_path):
     name from before is not taken in its place: the front doors keep taking the gateway's key, and
     the operator's stays the one unlimited."""
     from credentials.keys import RESERVED
-    from roles.key_limits import OPERATOR
-    from roles.haproxy import tls
+    from serving.key_limits import OPERATOR
+    from serving.haproxy import tls
     assert {tls.GATEWAY_KEY, tls.MONITORING_KEY, OPERATOR} <= RESERVED
     store = KeyStore(tmp_path)
     for name in sorted(RESERVED):

@@ -20,11 +20,11 @@ from kubernetes_manifests import checks, hardware, pods
 from kubernetes_manifests.render import RenderError, Settings, render
 from kubernetes_manifests.serving import ServingHost
 from kubernetes_manifests.values import split_args
-from roles.key_limits import OPERATOR, UNLIMITED, Limits
+from serving.key_limits import OPERATOR, UNLIMITED, Limits
 from roles.preflight.select import choose
-from roles.replicas import Served
+from serving.replicas import Served
 from roles.service.container import container_spec
-from roles.vllm_serve import diffusion_wanted
+from serving.vllm_serve import diffusion_wanted
 from tests.conftest import FIXTURES, ROOT
 
 SMI = FIXTURES / "nvidia-smi"

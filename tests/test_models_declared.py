@@ -12,15 +12,15 @@ import urllib.request
 
 import pytest
 
-from roles.fleet import fleet_of
+from serving.fleet import fleet_of
 from credentials.keys import digest
-from roles.haproxy.pools import gateway_pools, pools_in_config, render_upstream_keys
-from roles.haproxy.instance import GATEWAY, container
-from roles.haproxy.config import render_config, render_keys
+from serving.haproxy.pools import gateway_pools, pools_in_config, render_upstream_keys
+from serving.haproxy.instance import GATEWAY, container
+from serving.haproxy.config import render_config, render_keys
 from roles.gateway.role import BACKEND, fallback_problems, servers
 from roles.preflight.placement import place_declared
 from roles.preflight.select import Refused, choose, image_channel
-from roles.vllm_serve import serve_args
+from serving.vllm_serve import serve_args
 from tests import openai_upstream
 from tests.test_frontdoor import _free_port, reload_as_the_deploy_does, until_reloaded
 from tests.test_placement import H200, nvidia

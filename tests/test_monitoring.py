@@ -9,11 +9,11 @@ import subprocess
 import pytest
 import yaml
 
-from roles import scrape_targets
+from serving import scrape_targets
 from roles.exporters import textfiles
-from roles.fleet import fleet_of
-from roles.handoffs import UnitPlan
-from roles.replicas import Served, replica
+from serving.fleet import fleet_of
+from serving.handoffs import UnitPlan
+from serving.replicas import Served, replica
 from roles.monitoring import alertmanager, prometheus, rules
 from tests.conftest import ROOT
 

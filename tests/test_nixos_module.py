@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from roles.nixos_module import imported, imports_line, module_name, nix_value
-from roles.replicas import Served, replica
+from serving.nixos_module import imported, imports_line, module_name, nix_value
+from serving.replicas import Served, replica
 from roles.service.role import render_module, render_unit
 
 NIX = shutil.which("nix-instantiate")

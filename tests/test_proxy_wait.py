@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from converge.errors import StepFailed
-from roles.haproxy.steps import _interpret, wait_script
-from roles.haproxy.instance import FRONTDOOR
+from serving.haproxy.steps import _interpret, wait_script
+from serving.haproxy.instance import FRONTDOOR
 
 # systemctl: `is-active` says active; every other call is logged. curl: answers as the new
 # generation once the log holds as many reloads as $TAKES_AT (0: never), or a restart where

@@ -42,7 +42,7 @@ def test_what_a_check_would_make_a_deploy_makes_there(tmp_path):
     certificate and the fleet's keys in the folder, the CA's key root's alone."""
     from credentials import directory
     from credentials.keys import service_key
-    from roles.haproxy import tls
+    from serving.haproxy import tls
     fresh = tmp_path / "credentials"
     v = {"credentials_dir": str(fresh), "ansible_host": "10.213.0.12"}
     tls.bundle("rtx01", v, (), make=True)

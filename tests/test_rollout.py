@@ -10,7 +10,7 @@ import pytest
 from converge.changes import File
 from converge.errors import StepFailed
 from converge.transport import Result
-from roles.replicas import replica
+from serving.replicas import replica
 from roles.service.rollout import Roll, interpret, script, throttle
 
 
@@ -44,7 +44,7 @@ def test_the_script_is_one_the_hosts_shell_reads(shell, write):
     assert proc.returncode == 0, proc.stderr
     # the key never reaches a command line: read from the 0600 file, given to curl on stdin
     assert "Authorization: Bearer %s" in text and "-K -" in text
-    # the replica as roles/replicas.py names it, its GPUs sorted as the check compares them
+    # the replica as serving/replicas.py names it, its GPUs sorted as the check compares them
     assert ("REPLICAS='index=1 unit=podman-vllm-diffusiongemma-1.service container=vllm-diffusiongemma-1 "
             "port=8101 server=replica1 gpus=GPU-a,GPU-b'" in text)
 
@@ -107,11 +107,11 @@ def test_the_start_role_does_not_wait_again_for_a_replica_its_roll_gated():
     """A roll restarts and gates a replica (its step satisfies the restart handler and produces
     `gated`): the start role's wait is for replicas that did not run, or a handler restarted."""
     from converge.changes import HostContext
-    from roles.serving_host import restart
+    from serving.serving_host import restart
     from roles.start.role import plan as start_plan
-    from roles.handoffs import gated
-    from roles.handoffs import UNITS, UnitPlan, Units
-    from roles.replicas import Served
+    from serving.handoffs import gated
+    from serving.handoffs import UNITS, UnitPlan, Units
+    from serving.replicas import Served
     first = replica({}, 0)
     unit = first.unit
     running = {"ActiveState": "active", "SubState": "running", "LoadState": "loaded"}
@@ -170,7 +170,7 @@ def test_a_roll_run_for_real_ends_with_its_result_last(tmp_path, stop_rc, outcom
 
 
 def test_a_start_that_nobody_answers_times_out_naming_the_units_in_its_result(tmp_path):
-    from roles.replicas import shell_table
+    from serving.replicas import shell_table
     from roles.start.role import PROGRAM, START
     replicas = [replica({}, 1, gpus=()), replica({}, 2, gpus=())]
     rc, out, calls = _run_on_stand_ins(PROGRAM.script({"ENV_FILE": tmp_path / "key.env", "REPLICAS": shell_table(replicas),

@@ -12,8 +12,8 @@ import pytest
 from converge.changes import File
 from converge.errors import StepFailed
 from converge.transport import Result
-from roles.haproxy.admin import ADMIN_SOCKET
-from roles.replicas import replica
+from serving.haproxy.admin import ADMIN_SOCKET
+from serving.replicas import replica
 from roles.service import rollout
 
 # replica 1 of a host whose service is vllm-x: unit podman-vllm-x-1.service, container vllm-x-1

@@ -7,12 +7,12 @@ import pytest
 import roles
 from converge.errors import StepFailed
 from converge.play import Play
-from roles.replicas import Served, from_unit, installed, replica
+from serving.replicas import Served, from_unit, installed, replica
 from roles.service.role import render_env, render_unit
 
 NVFP4 = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
-from roles.container_unit import systemd_quote
-from roles.vllm_serve import check_flags, known_options, serve_args
+from serving.container_unit import systemd_quote
+from serving.vllm_serve import check_flags, known_options, serve_args
 from tests.conftest import ROOT
 
 
@@ -148,7 +148,7 @@ def test_generation_defaults_per_family_go_on_the_serve_line_over_the_catalogs()
         '{"max_new_tokens": 2048, "temperature": 0.7, "top_p": 0.95}'  # one order, whatever the inventory's
     g4 = serve_args(v, "google/gemma-4-26B-A4B-it", 0.9, 1, 8101, family="gemma4")
     assert json.loads(g4[g4.index("--override-generation-config") + 1]) == {"max_new_tokens": None}
-    from roles.vllm_serve import generation_in_force
+    from serving.vllm_serve import generation_in_force
     assert generation_in_force(["vllm", "serve", "m", *dg[1:]]) == {"max_new_tokens": 2048, "temperature": 0.7,
                                                                     "top_p": 0.95}
     assert generation_in_force(["vllm", "serve", "m"]) is None
@@ -164,7 +164,7 @@ def test_generation_defaults_are_checked_naming_file_line_and_key(tmp_path):
     assert "host_vars/rtx01.yml:3: generation_defaults.diffusiongemma.temperature: 3 is greater than the maximum 2" in found
     assert "host_vars/rtx01.yml:2: generation_defaults.diffusiongemma: Additional properties are not allowed " \
            "('max_tokens' was unexpected)" in found
-    from roles.declared import declared
+    from serving.declared import declared
     from roles.preflight.select import Refused
     with pytest.raises(Refused, match=r"generation_defaults.gemma5: 'gemma5' is not in the model catalog"):
         declared({"generation_defaults": {"gemma5": {"temperature": 0.5}}})

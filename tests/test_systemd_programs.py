@@ -1,11 +1,11 @@
-"""roles/systemd.sh and roles/folders.sh run for real under dash: systemctl a stand-in that
+"""serving/systemd.sh and serving/folders.sh run for real under dash: systemctl a stand-in that
 writes down what it was asked; folders made in a test's own folder."""
 import os
 import subprocess
 
 import pytest
 
-from roles.systemd import folders_script, systemctl
+from serving.systemd import folders_script, systemctl
 
 SYSTEMCTL = '#!/bin/sh\necho "$*" >> "$CALLS"\n'
 

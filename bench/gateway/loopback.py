@@ -87,11 +87,11 @@ def prepare(folder: Path, replicas: int = 1):
     certificates, the key list, and wrk's request script, into ``folder``."""
     from bench.gateway.run import wrk_script
     from credentials import ca as fleet_ca
-    from roles.fleet import Fleet, FrontDoor
-    from roles.haproxy.instance import CONTAINER_DIR, FRONTDOOR, GATEWAY
-    from roles.haproxy.config import Server, render_config, render_keys
+    from serving.fleet import Fleet, FrontDoor
+    from serving.haproxy.instance import CONTAINER_DIR, FRONTDOOR, GATEWAY
+    from serving.haproxy.config import Server, render_config, render_keys
     from roles.gateway.role import BACKEND, servers as gateway_servers
-    from roles.replicas import replica
+    from serving.replicas import replica
     folder.mkdir(parents=True, exist_ok=True)
     digests = {"bench": hashlib.sha256(KEY.encode()).hexdigest(),
                "gateway": hashlib.sha256(GATEWAY_KEY.encode()).hexdigest()}
@@ -134,12 +134,12 @@ def prepare(folder: Path, replicas: int = 1):
 def _prepare_limits(folder: Path, digest: str, fleet_ca):
     """The gateway again, with each key's limits and counting (requests a minute, at once, tokens a
     day; the usage.lua filter, the peers' tables, the record of every request to the usage service)."""
-    from roles.fleet import Fleet, FrontDoor
-    from roles import key_limits as limits
+    from serving.fleet import Fleet, FrontDoor
+    from serving import key_limits as limits
     from roles.gateway.accounting import Accounting, Peer, lua
     from roles.gateway.role import BACKEND, servers as gateway_servers
-    from roles.haproxy.config import render_config
-    from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
+    from serving.haproxy.config import render_config
+    from serving.haproxy.instance import CONTAINER_DIR, GATEWAY
     files = folder / "gateway-limits"
     files.mkdir(exist_ok=True)
     issued = fleet_ca.host_certificate(folder / "credentials", "gateway01", ["gateway01", "127.0.0.1"], make=True)

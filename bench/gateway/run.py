@@ -37,9 +37,9 @@ in_toolkit_env()
 import roles  # noqa: E402
 from converge.play import Play  # noqa: E402
 from lab import config as lab_config  # noqa: E402
-from roles.fleet import is_gateway  # noqa: E402
-from roles.haproxy.instance import FRONTDOOR, GATEWAY  # noqa: E402
-from roles.replicas import replica  # noqa: E402
+from serving.fleet import is_gateway  # noqa: E402
+from serving.haproxy.instance import FRONTDOOR, GATEWAY  # noqa: E402
+from serving.replicas import replica  # noqa: E402
 from converge.secrets import read_optional_secret as read_secret  # noqa: E402
 
 KNOB_DIR = ".vllm-standin"

@@ -38,8 +38,8 @@ from bench.gateway.run import knob_script, load, need_wrk, wrk_script  # noqa: E
 from converge.play import Play  # noqa: E402
 from converge.secrets import read_optional_secret as read_secret  # noqa: E402
 from lab import config as lab_config  # noqa: E402
-from roles import container_unit  # noqa: E402
-from roles.fleet import is_monitoring  # noqa: E402
+from serving import container_unit  # noqa: E402
+from serving.fleet import is_monitoring  # noqa: E402
 from roles.monitoring.role import prometheus_container  # noqa: E402
 
 MARK_BEGIN = "<!-- bench/monitoring: begin -->"

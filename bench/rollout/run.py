@@ -44,8 +44,8 @@ in_toolkit_env()
 
 import roles  # noqa: E402
 from lab import config  # noqa: E402
-from roles.replicas import from_unit, unit_globs  # noqa: E402
-from roles.serving_host import env_path  # noqa: E402
+from serving.replicas import from_unit, unit_globs  # noqa: E402
+from serving.serving_host import env_path  # noqa: E402
 from tests.lab.conftest import LAB_INVENTORY, front_door, ssh  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def deploy(*args) -> tuple[int, dict, float]:
 
 
 def replicas(host) -> list[tuple[str, int]]:
-    """(unit, loopback port) of each replica the host runs (roles/replicas.py names them)."""
+    """(unit, loopback port) of each replica the host runs (serving/replicas.py names them)."""
     v = hostvars(host)
     out = ssh(host, f"for f in {' '.join(unit_globs(v))}; do [ -f \"$f\" ] && echo \"${{f##*/}}\"; done; true")
     return [(r.unit, r.port) for r in (from_unit(v, unit) for unit in out.stdout.split()) if r is not None]

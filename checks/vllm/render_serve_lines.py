@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import roles  # noqa: E402
 from converge.play import Play  # noqa: E402
-from roles.vllm_serve import serve_args  # noqa: E402
+from serving.vllm_serve import serve_args  # noqa: E402
 
 MODELS = {"diffusiongemma": "google/diffusiongemma-26B-A4B-it", "gemma4": "google/gemma-4-26B-A4B-it"}
 lines = []

@@ -1,5 +1,5 @@
 # Each vLLM replica of a serving host as `invoke status` reads it (day2/readings.py: REPLICAS):
-# the state of every container the runtime has, by name (roles/replicas.py tells which replica
+# the state of every container the runtime has, by name (serving/replicas.py tells which replica
 # each name is), and for each replica unit the command line its process runs now (the settings
 # in force, not the file's), its /health and its load (vLLM's own gauges), asked on the port that
 # command line names. No replica's name or port is made here.

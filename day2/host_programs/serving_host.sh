@@ -1,5 +1,5 @@
 # A serving host's own figures for `invoke top` (day2/readings.py: SERVING_HOST): its scrape
-# targets (roles/scrape_targets.py writes them at deploy: each replica's labels), each replica
+# targets (serving/scrape_targets.py writes them at deploy: each replica's labels), each replica
 # unit's /metrics on the port its process listens on, its front door's stats page, the GPU
 # collector's textfile.
 # Parameters: UNIT_GLOBS (blank-separated), FIRST_UNIT, TARGETS (the targets file), STATS_URL,

@@ -2,7 +2,7 @@
 # What the day-2 readings share (day2/readings.py): the replica units a host has and the port
 # each one's process listens on, read from the host, not made here.
 
-# the replica units (UNIT_GLOBS: their unit files, as roles/replicas.py globs them), blank-
+# the replica units (UNIT_GLOBS: their unit files, as serving/replicas.py globs them), blank-
 # separated; FIRST_UNIT when there is none
 replica_units() {
   found=""

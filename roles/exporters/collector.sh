@@ -15,7 +15,7 @@ set -u
 interval=${DGEMMA_INTERVAL:-10}
 dir=${DGEMMA_TEXTFILES:-/var/lib/dgemma/metrics}
 weights=${DGEMMA_WEIGHTS:-/srv/models/hf-cache}
-# the host's replicas as deploy declared them (roles/replicas.py): index:unit:server, comma-separated
+# the host's replicas as deploy declared them (serving/replicas.py): index:unit:server, comma-separated
 replicas_declared=${DGEMMA_REPLICAS:-}
 frontdoor_socket=${DGEMMA_FRONTDOOR_SOCKET:-/run/dgemma-frontdoor/admin.sock}
 fields=index,uuid,name,pci.bus_id,driver_version,utilization.gpu,utilization.memory,memory.used,memory.free,memory.total,temperature.gpu,temperature.memory,power.draw,power.limit,clocks.sm,clocks.max.sm,clocks_throttle_reasons.active

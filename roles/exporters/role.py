@@ -1,6 +1,6 @@
 """exporters: every host's own metrics, for the monitoring hosts to scrape through the
 host's front door (or gateway), which passes them to the monitoring key alone
-(roles/scrape_targets.py):
+(serving/scrape_targets.py):
 
 - the node exporter (the official image; on loopback, the host's / mounted read-only):
   memory, load, disks, and the textfiles below;
@@ -25,14 +25,14 @@ from converge.facts.containers import Images
 from converge.facts.host import Directory, FileState, OsRelease, UnitState
 from converge.facts.nvidia import Dcgm
 
-from roles import container_unit, scrape_targets
-from roles.fleet import is_serving
-from roles.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
-from roles.exporter_containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, TEXTFILES,
+from serving import container_unit, scrape_targets
+from serving.fleet import is_serving
+from serving.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
+from serving.exporter_containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, TEXTFILES,
                                        collector_unit, dcgm_counters, dcgm_exporter, node_exporter)
-from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
-from roles.serving_host import STATE_DIR
-from roles.systemd import SYSTEMD_FILE, folders_script, systemd_parameters
+from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from serving.serving_host import STATE_DIR
+from serving.systemd import SYSTEMD_FILE, folders_script, systemd_parameters
 
 from . import textfiles
 

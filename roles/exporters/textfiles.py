@@ -24,7 +24,7 @@ def _family(name: str, doc: str, samples: list[str]) -> str:
 
 def placement(gpus: list[dict], declared: tuple, skipped: list[dict], settings: dict[int, dict]) -> str:
     """``gpus``: the host's GPUs (nvidia-smi's rows: index, uuid); ``declared``: each placed
-    replica as the service role declares it (roles.handoffs.UnitPlan); ``skipped``: the GPUs
+    replica as the service role declares it (serving.handoffs.UnitPlan); ``skipped``: the GPUs
     left out (uuid, reason); ``settings``: each replica's diffusion settings by index."""
     serving = {uuid: plan.replica for plan in declared for uuid in plan.replica.gpus}
     why = {s["uuid"]: s.get("reason", "") for s in skipped}

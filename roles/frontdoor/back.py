@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roles.haproxy.admin import ADMIN_LIBRARY
-from roles.host_programs import RESULT_LIBRARY, Program, Protocol
+from serving.haproxy.admin import ADMIN_LIBRARY
+from serving.host_programs import RESULT_LIBRARY, Program, Protocol
 
 BACK = Protocol("replicas in service", exits={"refused": 1}, result={
     "in_service": "the servers put back in service", "refused": "the servers the front door refused to put back",

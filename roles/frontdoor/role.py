@@ -13,20 +13,20 @@ from converge.facts.nvidia import Dcgm
 from credentials import CredentialError, directory
 from credentials.keys import KeyStore
 
-from roles import catalog, key_limits as limits, scrape_targets
-from roles.declared import DEFAULT_FAMILY, is_diffusion, served_name
-from roles.fleet import is_serving
-from roles.handoffs import FRONTDOOR_GENERATION, UNITS
-from roles.haproxy import steps as proxy, tls
-from roles.haproxy.admin import ADMIN_SOCKET, ROLLING_BACKEND, admin_parameters
-from roles.haproxy.config import Server
-from roles.haproxy.instance import FRONTDOOR
-from roles.haproxy.pools import frontdoor_pools, pools_in_config, queue_rule
-from roles.haproxy.stats import ServerStates
-from roles.host_programs import ProgramResultError
-from roles.replicas import installed, replica, server_index
-from roles.serving_host import UNITS_FACT, env_path, units_fact
-from roles.vllm_serve import diffusion_wanted
+from serving import catalog, key_limits as limits, scrape_targets
+from serving.declared import DEFAULT_FAMILY, is_diffusion, served_name
+from serving.fleet import is_serving
+from serving.handoffs import FRONTDOOR_GENERATION, UNITS
+from serving.haproxy import steps as proxy, tls
+from serving.haproxy.admin import ADMIN_SOCKET, ROLLING_BACKEND, admin_parameters
+from serving.haproxy.config import Server
+from serving.haproxy.instance import FRONTDOOR
+from serving.haproxy.pools import frontdoor_pools, pools_in_config, queue_rule
+from serving.haproxy.stats import ServerStates
+from serving.host_programs import ProgramResultError
+from serving.replicas import installed, replica, server_index
+from serving.serving_host import UNITS_FACT, env_path, units_fact
+from serving.vllm_serve import diffusion_wanted
 
 from .back import BACK, BACK_PROGRAM
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from roles import catalog, scrape_targets
-from roles.fleet import shared_address
-from roles.haproxy.instance import CONTAINER_DIR, GATEWAY
+from serving import catalog, scrape_targets
+from serving.fleet import shared_address
+from serving.haproxy.instance import CONTAINER_DIR, GATEWAY
 
 FILES = Path(__file__).parent / "files"
 SOCKET = f"{GATEWAY.socket_dir}/usage.sock"  # in the folder the gateway's container sees
@@ -50,7 +50,7 @@ class Peer:
 
 @dataclass(frozen=True)
 class Accounting:
-    """What the gateway's configuration needs of its accounting (roles/haproxy/templates/gateway.cfg.j2)."""
+    """What the gateway's configuration needs of its accounting (serving/haproxy/templates/gateway.cfg.j2)."""
     socket: str
     path: str  # /metrics/usage: the usage service's counts, for the monitoring key
     port: int

@@ -19,16 +19,16 @@ from credentials import CredentialError, directory
 from credentials.ca import ca_pem, peer_certificate, peer_certificate_due
 from credentials.keys import KeyStore, service_key
 
-from roles import scrape_targets
-from roles.fleet import is_gateway
-from roles.handoffs import GATEWAY_GENERATION
-from roles.haproxy import steps as proxy, tls
-from roles.haproxy.config import Server
-from roles.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S
-from roles.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
+from serving import scrape_targets
+from serving.fleet import is_gateway
+from serving.handoffs import GATEWAY_GENERATION
+from serving.haproxy import steps as proxy, tls
+from serving.haproxy.config import Server
+from serving.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S
+from serving.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                  render_upstream_keys, serving)
 
-from roles import key_limits as limits
+from serving import key_limits as limits
 
 from . import accounting, usage_steps
 

@@ -8,11 +8,11 @@ from converge.changes import Check, Command, File
 from converge.errors import StepFailed
 from converge.facts.host import Commands, FileState, UnitState
 
-from roles.haproxy.instance import GATEWAY, runtime_socket
-from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
-from roles.systemd import SYSTEMD_FILE, systemd_parameters
+from serving.haproxy.instance import GATEWAY, runtime_socket
+from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from serving.systemd import SYSTEMD_FILE, systemd_parameters
 
-from roles import key_limits as limits
+from serving import key_limits as limits
 
 from . import accounting as acc
 

@@ -10,11 +10,11 @@ from converge.facts.host import FileState
 
 from relay.probe import fallback_note, relay_steps, usable_relay
 
-from roles.fleet import is_serving
-from roles.handoffs import CHOICE
-from roles.host_programs import Program, ProgramResultError, Protocol
-from roles.replicas import Served
-from roles.serving_host import STATE_DIR, record_path, restart
+from serving.fleet import is_serving
+from serving.handoffs import CHOICE
+from serving.host_programs import Program, ProgramResultError, Protocol
+from serving.replicas import Served
+from serving.serving_host import STATE_DIR, record_path, restart
 
 from .pull_progress import pull_reader
 

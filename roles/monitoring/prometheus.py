@@ -12,7 +12,7 @@ import json
 
 import yaml
 
-from roles import scrape_targets
+from serving import scrape_targets
 
 CONTAINER_DIR = "/etc/prometheus"  # where the official image reads its configuration
 KEY_FILE = "monitoring.key"
@@ -87,7 +87,7 @@ def render(host: str, v: dict, fleet, remote_write_files: list[dict], files: str
     if remote_write_files:
         config["remote_write"] = [_remote_write(r) for r in remote_write_files]
     header = ("# Managed by dgemma-fleet (roles/monitoring): edits here are replaced on the next deploy.\n"
-              f"# Prometheus on {host}: the fleet's hosts through their front doors (roles/scrape_targets.py).\n")
+              f"# Prometheus on {host}: the fleet's hosts through their front doors (serving/scrape_targets.py).\n")
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
 
 

@@ -12,11 +12,11 @@ from converge.facts.nvidia import Dcgm
 from credentials import directory
 from credentials.ca import ca_paths
 
-from roles import scrape_targets
-from roles.fleet import is_exporting, is_gateway
-from roles.haproxy import tls
-from roles.handoffs import CHOICE
-from roles.replicas import Served
+from serving import scrape_targets
+from serving.fleet import is_exporting, is_gateway
+from serving.haproxy import tls
+from serving.handoffs import CHOICE
+from serving.replicas import Served
 
 from . import prometheus, rules
 

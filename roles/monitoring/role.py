@@ -24,14 +24,14 @@ from converge.secrets import read_secret_file
 from credentials import CredentialError, directory
 from credentials.keys import service_key
 
-from roles import container_unit
-from roles.container_unit import Container
-from roles.fleet import Fleet, is_monitoring
-from roles.haproxy import tls
-from roles.handoffs import MONITORING
-from roles.catalog import monitoring_image
-from roles.serving_host import STATE_DIR
-from roles.systemd import folders_script
+from serving import container_unit
+from serving.container_unit import Container
+from serving.fleet import Fleet, is_monitoring
+from serving.haproxy import tls
+from serving.handoffs import MONITORING
+from serving.catalog import monitoring_image
+from serving.serving_host import STATE_DIR
+from serving.systemd import folders_script
 
 from . import alertmanager, prometheus, rules
 
@@ -56,7 +56,7 @@ class Nobody(Fact):
 
 def reloaded_ready(port: int, program: str) -> dict:
     """Both reload on SIGHUP: ready once the program answers on ``port`` and its last (re)load,
-    since this step began, succeeded (its own metrics say when: roles/container_unit/files/answering.sh)."""
+    since this step began, succeeded (its own metrics say when: serving/container_unit/files/answering.sh)."""
     return {"ready_url": f"http://127.0.0.1:{port}/-/ready", "reloaded": program,
             "metrics_url": f"http://127.0.0.1:{port}/metrics"}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from roles.templates import environment
+from serving.templates import environment
 
 HERE = Path(__file__).parent
 

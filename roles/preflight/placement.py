@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roles.replicas import port as replica_port
+from serving.replicas import port as replica_port
 
-from roles.declared import declared, family_of, title
+from serving.declared import declared, family_of, title
 from .memory import (WORKER_MIB, GpuMemory, budget_mib, check_words, gpu_memory, largest_safe_utilization,
                      passes_vllm_check, vllm_refusal)
 from .variants import Refused, candidates

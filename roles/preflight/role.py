@@ -8,15 +8,15 @@ from converge.facts.containers import Runtimes
 from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd
 from converge.facts.nvidia import NvidiaSmi
 
-from roles.fleet import is_serving
-from roles.handoffs import CHOICE
-from roles.nixos_module import module_path
-from roles.vllm_serve import diffusion_wanted, generation_wanted
-from roles.replicas import from_container, units_of
-from roles.serving_host import UNITS_FACT, units_fact
+from serving.fleet import is_serving
+from serving.handoffs import CHOICE
+from serving.nixos_module import module_path
+from serving.vllm_serve import diffusion_wanted, generation_wanted
+from serving.replicas import from_container, units_of
+from serving.serving_host import UNITS_FACT, units_fact
 
-from roles import catalog
-from roles.declared import DEFAULT_FAMILY
+from serving import catalog
+from serving.declared import DEFAULT_FAMILY
 from .deployed import deployed_replicas, module_containers
 from .placement import keep_indices
 from .select import Refused, choose

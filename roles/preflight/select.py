@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from converge.facts.nvidia import cuda_tuple
 
-from roles import catalog
-from roles.handoffs import Choice
+from serving import catalog
+from serving.handoffs import Choice
 
 from .placement import place_declared
 from .variants import Refused, version
@@ -41,7 +41,7 @@ def choose_image(arch: str, cuda: str | None, hostvars: dict, families: list[str
     channel = image_channel(hostvars, families or ["diffusiongemma"])
     rows = cat["channels"].get(channel)
     if not rows:
-        raise Refused(f"image_channel {channel!r} is not in the image catalog (roles/catalog/images.yml); it has "
+        raise Refused(f"image_channel {channel!r} is not in the image catalog (serving/catalog/images.yml); it has "
                       f"{', '.join(cat['channels'])}")
     have = cuda_tuple(cuda)
     if have is None:

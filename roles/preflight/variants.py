@@ -3,8 +3,8 @@ refusal when none can serve: what placement (each GPU) and selection (the host)
 both read. Pure."""
 from __future__ import annotations
 
-from roles import catalog
-from roles.declared import Refused  # noqa: F401 (placement and selection raise it from here)
+from serving import catalog
+from serving.declared import Refused  # noqa: F401 (placement and selection raise it from here)
 
 
 def version(text: str) -> tuple:

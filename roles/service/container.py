@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from roles.container_unit import RUNTIME_PATHS, log_options
-from roles.replicas import Served
-from roles.vllm_serve import serve_args
+from serving.container_unit import RUNTIME_PATHS, log_options
+from serving.replicas import Served
+from serving.vllm_serve import serve_args
 
 CONTAINER_CACHE = "/root/.cache/huggingface"
 # the image's own settings (DOMAIN.md): V2 model runner, weights from the cache only, no Xet

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from converge.changes import Role
 
-from roles.handoffs import CHOICE
-from roles.replicas import Served
+from serving.handoffs import CHOICE
+from serving.replicas import Served
 
-from roles.nixos_module import module_path
+from serving.nixos_module import module_path
 from .role import read_secret, render_module, render_unit
 
 FORMATS = ("systemd", "nixos")

@@ -14,18 +14,18 @@ from converge.changes import Check, Command, Decision, File, Role
 from converge.facts.host import FileState, OsRelease, TextFiles
 from converge.secrets import read_optional_secret as read_secret
 
-from roles.container_unit import RUNTIME_PATHS, command_line
-from roles.declared import served_name, served_names
-from roles.exporter_containers import nixos_declarations
-from roles.fleet import is_serving
-from roles.handoffs import CHOICE, UNITS, UnitPlan, Units
-from roles.haproxy.instance import nixos_container
-from roles.nixos_module import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
-from roles.replicas import Replica, Served, name_globs, units_of
-from roles.scrape_targets import uses_dcgm
-from roles.templates import environment
-from roles.systemd import folders_script, systemctl
-from roles.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, is_running,
+from serving.container_unit import RUNTIME_PATHS, command_line
+from serving.declared import served_name, served_names
+from serving.exporter_containers import nixos_declarations
+from serving.fleet import is_serving
+from serving.handoffs import CHOICE, UNITS, UnitPlan, Units
+from serving.haproxy.instance import nixos_container
+from serving.nixos_module import CONFIGURATION, NIXOS_DIR, imported, imports_line, module_path, nix_value
+from serving.replicas import Replica, Served, name_globs, units_of
+from serving.scrape_targets import uses_dcgm
+from serving.templates import environment
+from serving.systemd import folders_script, systemctl
+from serving.serving_host import (STAMP_DIR, UNITS_FACT, env_path, env_stamp_path, image_stamp_path, is_running,
                                 record_path, restart, step_name, unit_file, unit_state, units_fact)
 
 from .container import container_spec, run_command

@@ -25,7 +25,7 @@ how it ends (its exit codes) are `ROLL`, read here and nowhere else. A replica i
 door will not put back in service fails the roll, named with the command that mends it.
 
 How the gateway learns of it: the script raises the front door's rolling flag
-(roles/haproxy/admin.py); while it is up and no replica of the host is in service,
+(serving/haproxy/admin.py); while it is up and no replica of the host is in service,
 /health answers 404 and the gateway holds the host out of balancing
 (``disable-on-404``: DRAIN in ``invoke status``) for the whole roll. It needs no
 connection to the gateway, so ``--hosts rtx01`` drains it there too. Pure."""
@@ -38,12 +38,12 @@ from pathlib import Path
 from converge.changes import WRITE_FILE, Command, File, Produced, Throttle
 from converge.errors import StepFailed
 
-from roles.handoffs import UNITS, gated
-from roles.haproxy.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
-from roles.host_programs import RESULT_LIBRARY, Program, ProgramResultError, Protocol
-from roles.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
-from roles.replicas import TABLE_READER, Replica, installed, shell_table
-from roles.serving_host import UNITS_FACT, connect_address, env_path, unit_file
+from serving.handoffs import UNITS, gated
+from serving.haproxy.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
+from serving.host_programs import RESULT_LIBRARY, Program, ProgramResultError, Protocol
+from serving.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
+from serving.replicas import TABLE_READER, Replica, installed, shell_table
+from serving.serving_host import UNITS_FACT, connect_address, env_path, unit_file
 
 from .container import handed_gpus
 
@@ -109,7 +109,7 @@ class Roll:
     host: str
     runtime: str
     action: str
-    replicas: tuple  # roles.replicas.Replica, with its GPUs
+    replicas: tuple  # serving.replicas.Replica, with its GPUs
     env_path: str
     api_port: int
     frontdoor_address: str

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from roles.templates import environment
+from serving.templates import environment
 
 HERE = Path(__file__).parent
 CONF = "/etc/keepalived/keepalived.conf"  # where Debian's and Fedora's keepalived.service read it

@@ -17,12 +17,12 @@ from converge.changes import Check, Command, Decision, File, Role
 from converge.facts import Fact
 from converge.facts.host import Commands, FileState, OsRelease, UnitState
 
-from roles.fleet import is_gateway
-from roles.haproxy.instance import GATEWAY
-from roles.handoffs import KEEPALIVED
+from serving.fleet import is_gateway
+from serving.haproxy.instance import GATEWAY
+from serving.handoffs import KEEPALIVED
 
-from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
-from roles.systemd import SYSTEMD_FILE, systemctl, systemd_parameters
+from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from serving.systemd import SYSTEMD_FILE, systemctl, systemd_parameters
 
 from . import keepalived
 from .keepalived import CHECK, CONF, UNIT

@@ -7,13 +7,13 @@ from pathlib import Path
 from converge.changes import Command, Role
 from converge.errors import StepFailed
 
-from roles.fleet import is_serving
-from roles.handoffs import UNITS, gated
-from roles.host_programs import RESULT_LIBRARY, Program, Protocol, ended
-from roles.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
-from roles.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
-from roles.systemd import systemctl
-from roles.serving_host import env_path, is_running, record_path, restart, step_name, unit_state
+from serving.fleet import is_serving
+from serving.handoffs import UNITS, gated
+from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from serving.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
+from serving.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
+from serving.systemd import systemctl
+from serving.serving_host import env_path, is_running, record_path, restart, step_name, unit_state
 
 START = Protocol("start and wait", markers=READY_MARKERS, exits={"failed": 3, "timeout": 4}, result={
     "state": "ready, start-failed (systemctl refused), failed (a unit failed) or timeout",
@@ -24,7 +24,7 @@ PROGRAM = Program((PRELUDE, RESULT_LIBRARY, *TABLE_READER, READY, Path(__file__)
 
 def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:
     """Start every replica at once, then wait until each is ready (the one readiness loop,
-    roles/replica_ready/__init__.py: replicas on separate GPUs start side by side)."""
+    serving/replica_ready/__init__.py: replicas on separate GPUs start side by side)."""
     return PROGRAM.script({"ENV_FILE": env_path(v), "REPLICAS": shell_table(replicas),
                            "READY_TIMEOUT_S": int(timeout)})
 

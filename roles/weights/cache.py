@@ -13,7 +13,7 @@ from pathlib import Path
 
 from converge.facts import Fact
 
-from roles.host_programs import Program, Protocol
+from serving.host_programs import Program, Protocol
 
 VERIFIED = ".dgemma-verified"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

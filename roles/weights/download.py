@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 from converge.changes import Transfer
 from converge.errors import StepFailed
-from roles.host_programs import NAME_VALUE_TABLE, RESULT_LIBRARY, Program, ProgramResultError, Protocol, decoded
+from serving.host_programs import NAME_VALUE_TABLE, RESULT_LIBRARY, Program, ProgramResultError, Protocol, decoded
 
 from .cache import VERIFIED, repo_dir
 

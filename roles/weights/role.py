@@ -7,11 +7,11 @@ from converge.changes import Command, Output, Produced, Role
 from converge.errors import StepFailed
 
 from relay.probe import relay_steps, usable_relay
-from roles.fleet import is_serving
-from roles.handoffs import CHOICE
-from roles.replicas import Served
+from serving.fleet import is_serving
+from serving.handoffs import CHOICE
+from serving.replicas import Served
 from converge.secrets import read_optional_secret as read_secret
-from roles.serving_host import restart
+from serving.serving_host import restart
 
 from .cache import HfCache, status
 from .download import Manifest, fetch_script, manifest_script, parse_fetch, parse_manifest, progress_reader

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from lab import config
-from roles.haproxy.pools import UPSTREAM_KEYS
-from roles.haproxy.instance import GATEWAY
-from roles.haproxy.stats import stats_rows
+from serving.haproxy.pools import UPSTREAM_KEYS
+from serving.haproxy.instance import GATEWAY
+from serving.haproxy.stats import stats_rows
 from tests import openai_upstream
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 from tests.lab.test_lab_rollout import gateway_states, main_pids, running_settings

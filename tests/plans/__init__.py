@@ -45,8 +45,8 @@ from converge.facts.host import FileState, UnitFiles
 from converge.report import Report
 from converge.runner import HostRun, Target
 from converge.transport import Result
-from roles.fleet import fleet_of
-from roles.handoffs import FRONTDOOR_GENERATION, GATEWAY_GENERATION
+from serving.fleet import fleet_of
+from serving.handoffs import FRONTDOOR_GENERATION, GATEWAY_GENERATION
 
 HERE = Path(__file__).parent
 # how deep a case's change to a fact merges into it: 1, its keys (a FileState's mode, a UnitState's
@@ -216,7 +216,7 @@ def _digest(text: str) -> str:
 # the files of the programs a host runs (and of the files the roles copy there as they are): a
 # snapshot names each by its path and digest where a script or file holds it whole, so that it holds
 # a program's parameters, not its body (the file's own tests read the body: tests/test_host_programs.py)
-PROGRAM_FILES = ("roles/*/files/*", "roles/*.sh", "roles/exporters/*.sh", "converge/host_scripts/*",
+PROGRAM_FILES = ("roles/*/files/*", "roles/exporters/*.sh", "serving/*/files/*", "serving/*.sh", "converge/host_scripts/*",
                  "converge/facts/files/*", "day2/host_programs/*", "relay/files/*")
 SMALLEST_NAMED = 200  # a shorter file is shown as it is: its name would be no shorter
 

@@ -1,5 +1,5 @@
 """The image role's state on the host."""
-from roles.host_programs import ProgramResultError
+from serving.host_programs import ProgramResultError
 from roles.image.role import ARCH_NAMES, INSPECT, INSPECT_PROGRAM
 
 

@@ -9,7 +9,7 @@
 # the replicas took to answer; blank when none was waited for).
 #
 # Parameters: ACTION (restart, start, stop, recover, remove); REPLICAS, the replicas it acts
-# on (roles/replicas.py: index unit container port server gpus, a line each); RT, the
+# on (serving/replicas.py: index unit container port server gpus, a line each); RT, the
 # runtime; ENV_FILE, vLLM's key; ADMIN and the front door's names (admin.sh); FRONTDOOR_CA,
 # RESOLVE, GATE_URL, GATE_BODY: the gate's completion through the front door;
 # DRAIN_TIMEOUT_MS, READY_TIMEOUT_S; GATEWAY_WAIT (1: a gateway fronts the fleet: the gateways
@@ -28,7 +28,7 @@
 # what happens here must finish even if the control machine goes away
 trap '' HUP PIPE
 
-# the replicas of the table $1 (roles/replicas.sh): EACH (their indices), UNITS, COUNT
+# the replicas of the table $1 (serving/replicas.sh): EACH (their indices), UNITS, COUNT
 table() {
   REPLICAS=$1
   EACH=$(table_field index "$REPLICAS")

@@ -14,8 +14,14 @@ from . import runs
 
 @task(help={"inventory": runs.HELP["inventory"], "set": runs.HELP["set"]}, iterable=["set"])
 def inventory_check(c, inventory=None, set=None):
-    """Validate the inventory and every host's variables against the schemas."""
+    """Validate the inventory and every host's variables against the schemas, and the files a deploy
+    will read on this machine (keys, certificates, secrets: there, readable, a secret 0600)."""
+    from serving.control_files import problems
     play = runs.load_play(inventory, set)
+    missing = problems(play)
+    if missing:
+        raise Exit("inventory check failed: files this machine must hold for a deploy:\n  " + "\n  ".join(missing),
+                   code=2)
     hosts = play.inventory.host_names
     listed = ", ".join(hosts[:12]) + (f", … ({len(hosts) - 12} more)" if len(hosts) > 12 else "")
     print(f"{play.inventory.root}: {len(hosts)} hosts ({listed}), {len(play.inventory.groups) - 1} groups: OK")

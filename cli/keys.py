@@ -40,6 +40,23 @@ LIMITS_HELP = {
 }
 
 
+def _meant_for_a_front_end(name: str, own: dict, cleared: list, stored: dict, defaults: dict):
+    """A cap over all of a key's users (--all-users-*) means something for a front end alone: on a
+    key that will not be one (its own front_end, else the inventory's key_limits), it is refused,
+    as it would limit nothing (a key made so answered 80 of 80 requests sent at once)."""
+    from serving.key_limits import ALL_USERS
+    kept = {k: v for k, v in (stored or {}).items() if k not in cleared}
+    merged = {**(defaults or {}), **kept, **own}
+    caps = [field for field in ALL_USERS if merged.get(field)]
+    if caps and not merged.get("front_end"):
+        given = [f"--{field.replace('_', '-')} {own[field]}" for field in caps if field in own]
+        what = " and ".join(given) or f"its {' and '.join(caps)}"
+        raise Exit(f"{what}: a cap over all of a key's users means something for a front end alone, and {name} "
+                   f"is not one (front_end is false for it): add --front-end yes if {name} is a front end many "
+                   f"people use (Open WebUI), or give the key's own limit (--requests-per-minute, "
+                   f"--tokens-per-day)", code=2)
+
+
 def _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream, expires,
                 front_end, all_users_requests_per_minute=None, all_users_tokens_per_day=None) -> tuple[dict, list]:
     """The limits the options give (and the ones they put back to the inventory's), checked as the
@@ -94,9 +111,10 @@ def keys_add(c, name, inventory=None, hosts=None, ask_become_pass=False, request
     if name.startswith("-"):
         raise Exit(f"{name}: expected a key's name; usage: invoke keys.add NAME (help: invoke --help keys.add)",
                    code=2)
-    play, store, _ = _play_and_store(inventory)
+    play, store, v = _play_and_store(inventory)
     own, _ = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
                          expires, front_end, all_users_requests_per_minute, all_users_tokens_per_day)
+    _meant_for_a_front_end(name, own, [], {}, v.get("key_limits"))
     try:
         secret = store.add(name, own)
     except CredentialError as exc:
@@ -119,7 +137,7 @@ def keys_set(c, name, inventory=None, hosts=None, ask_become_pass=False, request
     """Change NAME's limits and reload the gateways (its counts so far are kept)."""
     from credentials import CredentialError
     from serving.key_limits import FIELDS
-    play, store, _ = _play_and_store(inventory)
+    play, store, v = _play_and_store(inventory)
     own, cleared = _own_limits(play, requests_per_minute, requests_at_once, tokens_per_day, models, upstream,
                                expires, front_end, all_users_requests_per_minute, all_users_tokens_per_day)
     for limit in (clear or "").split(","):
@@ -130,6 +148,11 @@ def keys_set(c, name, inventory=None, hosts=None, ask_become_pass=False, request
             cleared.append(limit)
     if not own and not cleared:
         raise Exit("keys.set: nothing to change; give a limit (invoke --help keys.set)", code=2)
+    try:
+        stored = (store.load().get(name) or {}).get("limits") or {}
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    _meant_for_a_front_end(name, own, cleared, stored, v.get("key_limits"))
     try:
         store.set_limits(name, own, cleared)
     except CredentialError as exc:

@@ -135,3 +135,39 @@ def test_symbolic_link_loops_in_vars_folders_are_named_not_a_traceback(inv):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
     assert "leads nowhere" in proc.stdout + proc.stderr
+
+
+def test_inventory_check_names_each_file_a_deploy_needs_that_this_machine_lacks(tmp_path):
+    """Missing, unreadable or world-readable: each key and secret file the inventory names, with
+    the file and line that set it and the host; a good set passes (the secrets never printed)."""
+    inv = tmp_path / "inventory"
+    (inv / "host_vars").mkdir(parents=True)
+    key, secret, token = tmp_path / "id", tmp_path / "api-key", tmp_path / "hf-token"
+    (inv / "hosts.yml").write_text(
+        "all:\n  vars:\n    ansible_ssh_private_key_file: " + str(key) + "\n"
+        "  children:\n    rtx:\n      hosts:\n        rtx01: {ansible_host: 10.0.0.2}\n")
+    (inv / "host_vars" / "rtx01.yml").write_text(
+        f"# the desktop\napi_key_file: {secret}\nhf_token_file: {token}\nbecome_password_file: {tmp_path / 'nope'}\n")
+
+    def check():
+        return subprocess.run([sys.executable, "-m", "invoke", "inventory.check", "--inventory", str(inv)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    key.write_text("PRIVATE KEY\n")
+    key.chmod(0o644)
+    secret.write_text("sk-very-secret\n")
+    secret.chmod(0o644)
+    token.write_text("hf_token\n")
+    token.chmod(0o600)
+    proc = check()
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    assert "hosts.yml:3: rtx01: ansible_ssh_private_key_file: " in said and "chmod 600" in said
+    assert f"host_vars/rtx01.yml:2: rtx01: api_key_file: {secret} is mode 0644" in said
+    assert f"host_vars/rtx01.yml:4: rtx01: become_password_file: cannot read {tmp_path / 'nope'}" in said
+    assert "hf_token_file" not in said and "sk-very-secret" not in said
+    key.chmod(0o600)
+    secret.chmod(0o600)
+    (inv / "host_vars" / "rtx01.yml").write_text(f"api_key_file: {secret}\nhf_token_file: {token}\n")
+    proc = check()
+    assert proc.returncode == 0 and ": OK" in proc.stdout, proc.stdout + proc.stderr

@@ -89,12 +89,42 @@ def _inventory(tmp_path, gateway: bool):
     (["--upstream", "maybe"], "--upstream maybe: expected yes or no"),
     (["--expires", "tomorrow"], "--expires: 'tomorrow' does not match"),
     (["--tokens-per-day", "9000000000"], "--tokens-per-day: 9000000000 is greater than the maximum of 4000000000"),
+    # a cap over all of a key's users on a key that is no front end would limit nothing
+    (["--all-users-requests-per-minute", "30"], "--all-users-requests-per-minute 30: a cap over all of a key's "
+                                                "users means something for a front end alone, and bob is not one"),
+    (["--all-users-tokens-per-day", "900", "--front-end", "no"], "--all-users-tokens-per-day"),
 ])
 def test_keys_add_refuses_a_wrong_limit_naming_the_option_and_makes_no_key(tmp_path, args, said):
     inventory = _inventory(tmp_path, gateway=True)
     proc = _invoke("keys.add", "bob", *args, inventory=inventory)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "credentials" / "keys.json").exists()
+
+
+def test_a_cap_over_all_users_goes_with_a_front_end_in_add_and_in_set(tmp_path):
+    """keys.add with --front-end yes takes it; keys.set may not take away front_end from under a cap
+    (--clear front_end, or --front-end no), nor give a cap to a key that is no front end; where the
+    inventory's key_limits make every key a front end, the cap alone is taken."""
+    inventory = _inventory(tmp_path, gateway=True)
+    made = _invoke("keys.add", "owui", "--front-end", "yes", "--all-users-requests-per-minute", "30",
+                   inventory=inventory)
+    assert made.returncode in (0, 1) and "Traceback" not in made.stderr, made.stderr  # 1: no front door to reload
+    stored = json.loads((tmp_path / "credentials" / "keys.json").read_text())
+    assert stored["owui"]["limits"] == {"front_end": True, "all_users_requests_per_minute": 30}
+    for args in (["--clear", "front_end"], ["--front-end", "no"]):
+        proc = _invoke("keys.set", "owui", *args, inventory=inventory)
+        assert proc.returncode == 2 and "its all_users_requests_per_minute: a cap over all of a key's users" \
+            in proc.stderr, proc.stderr
+    plain = _invoke("keys.add", "bob", "--requests-per-minute", "5", inventory=inventory)
+    assert plain.returncode in (0, 1), plain.stderr
+    proc = _invoke("keys.set", "bob", "--all-users-tokens-per-day", "500", inventory=inventory)
+    assert proc.returncode == 2 and "--all-users-tokens-per-day 500: a cap" in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "credentials" / "keys.json").read_text())["bob"]["limits"] == \
+        {"requests_per_minute": 5}
+    (inventory / "group_vars").mkdir()
+    (inventory / "group_vars" / "all.yml").write_text("key_limits: {front_end: true}\n")
+    proc = _invoke("keys.add", "carol", "--all-users-requests-per-minute", "10", inventory=inventory)
+    assert "a cap over all" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_limits_without_a_gateway_are_refused_and_set_needs_a_change(tmp_path):

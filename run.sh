@@ -2,6 +2,7 @@
 # One entry point for a fresh Debian 12 machine, as root:
 #   ./run.sh main   bring up the local lab, deploy to it, verify it
 #   ./run.sh test   run the whole test suite (unit tests and the lab tests)
+#   ./run.sh docs   serve the documentation site on http://127.0.0.1:8001 (mkdocs.yml, docs/)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -58,8 +59,12 @@ case "${1:-}" in
     # tests on the other meanwhile (tests/conftest.py says so); `-n 0` runs all in one process
     exec .venv/bin/python -m pytest -n 2 "$@"
     ;;
+  docs)
+    setup docs
+    NO_MKDOCS_2_WARNING=1 exec .venv/bin/mkdocs serve -a 127.0.0.1:8001
+    ;;
   *)
-    echo "usage: $0 main|test [pytest args]" >&2
+    echo "usage: $0 main|test|docs [pytest args]" >&2
     exit 2
     ;;
 esac

@@ -8,7 +8,7 @@ from pathlib import Path
 from roles import ORDER
 from tests.conftest import ROOT
 
-PACKAGES = ("cli", "converge", "credentials", "day2", "lab", "relay", "roles", "serving")
+PACKAGES = ("cli", "converge", "credentials", "day2", "lab", "reference", "relay", "roles", "serving")
 
 
 def _module_of(path: Path) -> str:

@@ -1,0 +1,1 @@
+"""The reference pages made from the schemas and the tasks (build.py)."""

@@ -227,13 +227,23 @@ def _render_kubernetes(play, hosts, out):
         raise Exit(str(exc), code=2)
     keys = {name: effective(first.get("key_limits"), entry.get("limits")) for name, entry in store.items()}
     keys[OPERATOR] = UNLIMITED
+    settings = Settings.of(first, where)
+    # the Gateway's certificate, the fleet CA's, kept with the hosts' (its key 0600, never in the render)
+    from credentials.ca import certificate_paths, host_certificate
+    holder = f"kubernetes-{settings.gateway}"
     try:
-        files = render(serving, keys, Settings.of(first, where), first)
+        host_certificate(directory(first), holder, settings.certificate_names(), make=True)
+    except CredentialError as exc:
+        raise Exit(str(exc), code=2)
+    settings.tls_files = tuple(str(p) for p in certificate_paths(directory(first), holder))
+    try:
+        files = render(serving, keys, settings, first)
     except RenderError as exc:
         raise Exit("render --target kubernetes: nothing was written:\n  " + "\n  ".join(exc.problems), code=1)
     written = write(files, Path(out))
     print(f"render --target kubernetes: {len(written)} files in {out} for {len(serving)} serving hosts, each "
-          f"checked against its project's schema; {Path(out) / 'README.md'} says how to install them")
+          f"checked against its project's schema and every reference resolved; {Path(out) / 'README.md'} says how "
+          f"to install them; the Gateway's certificate: {settings.tls_files[0]}")
     for path in written:
         print(f"  {path}")
 

@@ -170,6 +170,11 @@ def _certificate(folder: Path, host: str, names: list[str], purpose: str, make: 
         return issued
 
 
+def certificate_paths(folder: Path, host: str) -> tuple[Path, Path]:
+    """Where ``host``'s certificate and its key (0600) are kept in the credentials folder."""
+    return _host_paths(folder, host, SERVER)
+
+
 def _host_paths(folder: Path, host: str, purpose: str) -> tuple[Path, Path]:
     stem = host if purpose == SERVER else f"{host}.{purpose}"
     return folder / "hosts" / f"{stem}.crt", folder / "hosts" / f"{stem}.key"

@@ -22,6 +22,8 @@ CRDS = {  # (apiVersion, kind) -> the vendored file
     ("gateway.envoyproxy.io/v1alpha1", "Backend"): "backend.json",
     ("aigateway.envoyproxy.io/v1beta1", "AIGatewayRoute"): "aigatewayroute.json",
     ("aigateway.envoyproxy.io/v1beta1", "AIServiceBackend"): "aiservicebackend.json",
+    ("gateway.networking.k8s.io/v1", "Gateway"): "gateway.json",
+    ("gateway.networking.k8s.io/v1", "GatewayClass"): "gatewayclass.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json",
 }
@@ -140,4 +142,43 @@ def values_problems(values: dict, label: str) -> list[str]:
     validator = jsonschema.Draft202012Validator(chart_schema())
     for error in sorted(validator.iter_errors(merged(chart_defaults(), values)), key=lambda e: list(map(str, e.absolute_path))):
         problems.append(f"{label}: {_where(error)}: {error.message}")
+    return problems
+
+
+# the keys of a document that name another object, and the kind each names when it says none
+REFERENCES = {"parentRefs": "Gateway", "targetRefs": None, "backendRefs": None, "backendRef": None,
+              "credentialRefs": "Secret", "certificateRefs": "Secret"}
+# the kind a backendRef names by default, by the kind of the document it is in
+BACKEND_OF = {"AIGatewayRoute": "AIServiceBackend", "HTTPRoute": "Service", "AIServiceBackend": "Backend"}
+
+
+def _references(node, kind: str, key: str = ""):
+    """(the key, the kind named, the name) of every reference in a document."""
+    if isinstance(node, dict):
+        for k, value in node.items():
+            if k in REFERENCES:
+                for ref in (value if isinstance(value, list) else [value]):
+                    if isinstance(ref, dict) and "name" in ref:
+                        named = ref.get("kind") or REFERENCES[k] or BACKEND_OF.get(kind, "Service")
+                        yield k, named, ref["name"]
+            elif k == "gatewayClassName":
+                yield k, "GatewayClass", value
+            else:
+                yield from _references(value, kind, k)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _references(item, kind, key)
+
+
+def reference_problems(files: dict[str, list[dict]], made: set[tuple[str, str]]) -> list[str]:
+    """Each parentRefs, targetRefs, backendRefs (credentialRefs, certificateRefs, gatewayClassName)
+    that names an object no rendered file holds and no step makes (``made``: (kind, name))."""
+    present = {(d.get("kind"), (d.get("metadata") or {}).get("name")) for docs in files.values() for d in docs} | made
+    problems = []
+    for path, docs in files.items():
+        for i, doc in enumerate(docs):
+            for key, kind, name in _references(doc.get("spec") or {}, doc.get("kind")):
+                if (kind, name) not in present:
+                    problems.append(f"{path} #{i + 1} ({doc.get('kind')} {(doc.get('metadata') or {}).get('name')}): "
+                                    f"its {key} names {kind} {name}, which no rendered file holds and no step makes")
     return problems

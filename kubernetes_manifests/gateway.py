@@ -12,6 +12,12 @@ from serving.key_limits import OPERATOR, Limits
 KEY_HEADER = "x-dgemma-key"  # the client id Envoy sets from the key (forwardClientIDHeader)
 USER_HEADER = "x-openwebui-user-email"  # a front end's user (serving/haproxy/templates/gateway.cfg.j2)
 KEYS_SECRET = "dgemma-api-keys"  # one entry per key: its name -> the key itself (the operator's to make)
+CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"  # Envoy Gateway's controller name
+# what the render's README installs, pinned: Envoy Gateway (its chart installs the Gateway API's CRDs, v1.6.1),
+# Envoy AI Gateway (whose values and rate-limit addon Envoy Gateway is installed with), at the releases whose
+# CRDs kubernetes_manifests/schemas holds (SOURCES.md)
+ENVOY_GATEWAY = "v1.9.0"
+AI_GATEWAY = "v1.1.0"
 TOKENS = "llm_total_token"  # the AI gateway's metadata key for a request's total tokens
 
 
@@ -53,6 +59,39 @@ def rate_limit_rules(keys: dict[str, Limits]) -> list[dict]:
         if limit.tokens_per_day:
             rules.append(_tokens_per_day(_clients(name, limit), limit.tokens_per_day))
     return rules
+
+
+def tls_secret(release: str) -> str:
+    """The Secret that holds the Gateway's certificate and key (the README's step makes it)."""
+    return f"{release}-gateway-tls"
+
+
+def gateway_class(release: str) -> str:
+    return f"{release}-envoy"
+
+
+def listener(release: str, namespace: str, gateway: str) -> list[dict]:
+    """The GatewayClass Envoy Gateway runs and the Gateway the route attaches to: one HTTPS listener on
+    443 with the fleet's certificate (TLS ends there, as at the fleet's gateways), routes of its
+    namespace alone."""
+    return [
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+         "metadata": {"name": gateway_class(release)}, "spec": {"controllerName": CONTROLLER}},
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+         "metadata": {"name": gateway, "namespace": namespace},
+         "spec": {"gatewayClassName": gateway_class(release),
+                  "listeners": [{"name": "https", "protocol": "HTTPS", "port": 443,
+                                 "tls": {"mode": "Terminate",
+                                         "certificateRefs": [{"group": "", "kind": "Secret",
+                                                              "name": tls_secret(release)}]},
+                                 "allowedRoutes": {"namespaces": {"from": "Same"}}}]}},
+    ]
+
+
+def made_by_steps(release: str) -> set[tuple[str, str]]:
+    """(kind, name) of what no file here holds and a step makes: the README's Secrets, and the
+    HTTPRoute Envoy AI Gateway makes of the AIGatewayRoute, of its name (the policies target it)."""
+    return {("Secret", KEYS_SECRET), ("Secret", tls_secret(release)), ("HTTPRoute", f"{release}-api")}
 
 
 def policies(keys: dict[str, Limits], release: str, namespace: str, gateway: str, families: list[str]) -> list[dict]:

@@ -32,13 +32,19 @@ class Settings:
     gateway: str = DEFAULTS["gateway"]
     values: dict = field(default_factory=dict)  # the inventory's kubernetes.values
     where: str = "kubernetes.values"  # where they were set (file:line), for errors
+    hostnames: tuple = ()  # the names clients reach the Gateway by (its certificate's)
+    tls_files: tuple = ()  # (certificate, key) of the Gateway on the control machine, the fleet CA's
 
     @classmethod
     def of(cls, v: dict, where: str = "") -> "Settings":
         k = v.get("kubernetes") or {}
         return cls(k.get("namespace", DEFAULTS["namespace"]), k.get("release", DEFAULTS["release"]),
                    k.get("gateway", DEFAULTS["gateway"]), copy.deepcopy(k.get("values") or {}),
-                   f"{where}: kubernetes.values" if where else "kubernetes.values")
+                   f"{where}: kubernetes.values" if where else "kubernetes.values", tuple(k.get("hostnames") or ()))
+
+    def certificate_names(self) -> list[str]:
+        """What the Gateway's certificate names: the inventory's hostnames, else the Gateway's own name."""
+        return list(self.hostnames) or [self.gateway]
 
 
 def _yaml(docs: list[dict]) -> str:
@@ -62,6 +68,7 @@ def render(hosts: list[ServingHost], keys: dict[str, Limits], settings: Settings
     for spec in values["servingEngineSpec"]["modelSpec"]:
         files[f"serving/{spec['name']}.yaml"] = pods.deployment(in_force, spec, release, ns)
     families = sorted({g.family for _, g in named})
+    files["gateway/gateway.yaml"] = gateway.listener(release, ns, settings.gateway)
     files["gateway/policies.yaml"] = gateway.policies(keys, release, ns, settings.gateway, families)
     files["monitoring/servicemonitor.yaml"] = [monitoring.service_monitor(release, ns)]
     files["monitoring/prometheusrule.yaml"] = [monitoring.rules(v, release, ns)]
@@ -70,6 +77,7 @@ def render(hosts: list[ServingHost], keys: dict[str, Limits], settings: Settings
         for i, doc in enumerate(docs):
             problems += checks.document_problems(doc, f"{path} #{i + 1} ({doc.get('kind')} "
                                                       f"{(doc.get('metadata') or {}).get('name')})")
+    problems += checks.reference_problems(files, gateway.made_by_steps(release))
     if problems:
         raise RenderError(problems)
     out = {"values.yaml": "# production-stack (vllm-stack " + checks.chart_version() + ") values: "
@@ -85,6 +93,9 @@ def readme(named: list, keys: dict[str, Limits], s: Settings) -> str:
     rows = "\n".join(f"| {name} | {g.model} | {g.image} | {dict(g.labels)[hardware.PRODUCT]} | {len(g.hosts)} | "
                      f"{', '.join(sorted({h for h, _ in g.hosts}))} |" for name, g in named)
     key_names = ", ".join(sorted(k for k in keys if k != "api_key_file")) or "(none yet: invoke keys.add NAME)"
+    cert, key = s.tls_files or ("GATEWAY_CERT_FILE", "GATEWAY_KEY_FILE")
+    eg, ai = gateway.ENVOY_GATEWAY, gateway.AI_GATEWAY
+    ai_files = f"https://raw.githubusercontent.com/envoyproxy/ai-gateway/{ai}"
     return f"""# The fleet for Kubernetes
 
 Rendered by `invoke render --target kubernetes` from the inventory and its hosts' facts: the same
@@ -94,13 +105,43 @@ the diffusion settings, replicas per GPU), each checked against the projects' ow
 
 ## Install
 
+First Envoy Gateway {eg} (its chart installs the Gateway API's CRDs, v1.6.1) with Envoy AI Gateway {ai}'s
+values and its rate-limit addon, the Redis its global rate limits count in, then Envoy AI Gateway {ai}:
+the releases whose CRDs these files are checked against.
+
+    kubectl apply -f {ai_files}/examples/token_ratelimit/redis.yaml
+    helm upgrade -i eg oci://docker.io/envoyproxy/gateway-helm --version {eg} \\
+        -n envoy-gateway-system --create-namespace \\
+        -f {ai_files}/manifests/envoy-gateway-values.yaml \\
+        -f {ai_files}/examples/token_ratelimit/envoy-gateway-values-addon.yaml
+    kubectl wait --timeout=2m -n envoy-gateway-system deployment/envoy-gateway --for=condition=Available
+    helm upgrade -i aieg-crd oci://docker.io/envoyproxy/ai-gateway-crds-helm --version {ai} \\
+        -n envoy-ai-gateway-system --create-namespace
+    helm upgrade -i aieg oci://docker.io/envoyproxy/ai-gateway-helm --version {ai} \\
+        -n envoy-ai-gateway-system --create-namespace
+    kubectl wait --timeout=2m -n envoy-ai-gateway-system deployment/ai-gateway-controller --for=condition=Available
+
+Then the fleet: its namespace, its Secrets, production-stack's chart, the Gateway and its route.
+The Gateway's certificate is the fleet CA's, for {', '.join(s.certificate_names())} (the inventory's
+`kubernetes.hostnames`: the names your clients use), kept with the fleet's credentials on this
+machine; clients trust the fleet CA as they do at the fleet's gateways.
+
     kubectl create namespace {ns}
+    kubectl -n {ns} create secret tls {gateway.tls_secret(release)} --cert={cert} --key={key}
     kubectl -n {ns} create secret generic {SECRETS['hf_token'][0]} --from-file={SECRETS['hf_token'][1]}=HF_TOKEN_FILE
     kubectl -n {ns} create secret generic {SECRETS['vllm_api_key'][0]} --from-file={SECRETS['vllm_api_key'][1]}=API_KEY_FILE
     kubectl -n {ns} create secret generic {gateway.KEYS_SECRET} --from-literal=NAME=KEY ...   # one per key
     helm repo add vllm https://vllm-project.github.io/production-stack
     helm install {release} vllm/vllm-stack -n {ns} -f values.yaml
     kubectl apply -f gateway/ -f monitoring/
+    kubectl -n {ns} wait --timeout=5m gateway/{s.gateway} --for=condition=Programmed
+
+The Gateway's address, and a chat through it (the CA file is `invoke endpoints`' `ca_file`):
+
+    ADDRESS=$(kubectl -n {ns} get gateway {s.gateway} -o jsonpath='{{.status.addresses[0].value}}')
+    curl --cacert CA_FILE --resolve {s.certificate_names()[0]}:443:$ADDRESS https://{s.certificate_names()[0]}/v1/chat/completions \\
+        -H "Authorization: Bearer KEY" -H "Content-Type: application/json" \\
+        -d '{{"model": "diffusiongemma", "messages": [{{"role": "user", "content": "Say OK."}}]}}'
 
 `serving/` holds each model spec's Deployment as the chart renders it (for a cluster without Helm,
 and what the lab runs with `podman kube play`): apply it instead of the chart's engines, not with them.

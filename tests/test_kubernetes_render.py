@@ -141,6 +141,7 @@ def test_every_rendered_file_passes_the_vendored_schemas_and_a_misspelt_field_do
             for d in yaml.safe_load_all(text)]
     kinds = {d["kind"] for _, d in docs}
     assert kinds >= {"Deployment", "Service", "PersistentVolumeClaim", "AIGatewayRoute", "AIServiceBackend", "Backend",
+                     "Gateway", "GatewayClass",
                      "SecurityPolicy", "BackendTrafficPolicy", "PrometheusRule", "ServiceMonitor", "ConfigMap"}
     for path, doc in docs:
         assert checks.document_problems(doc, path) == [], path
@@ -151,6 +152,49 @@ def test_every_rendered_file_passes_the_vendored_schemas_and_a_misspelt_field_do
         (broken.get("spec") or broken.setdefault("data", {})).update({"replicaz": 1}) if doc["kind"] != "ConfigMap" \
             else broken.update({"datta": {}})
         assert checks.document_problems(broken, path), (path, doc["kind"])
+
+
+def _documents(rendered) -> dict[str, list[dict]]:
+    return {path: list(yaml.safe_load_all(text)) for path, text in rendered.items()
+            if path.endswith(".yaml") and path != "values.yaml"}
+
+
+def test_the_route_ends_at_a_gateway_with_an_https_listener_and_every_reference_resolves(rendered):
+    """The AIGatewayRoute's parent is a Gateway the render writes (its class Envoy Gateway's), with one
+    HTTPS listener whose certificate is the Secret the README's step makes; every parentRefs,
+    targetRefs, backendRefs of every file names an object a file holds or a step makes (the HTTPRoute
+    Envoy AI Gateway makes of the route); a dangling one fails the render, named."""
+    from kubernetes_manifests import gateway
+    files = _documents(rendered)
+    kinds = {d["kind"]: d for d in files["gateway/gateway.yaml"] + files["gateway/policies.yaml"]}
+    listener, = kinds["Gateway"]["spec"]["listeners"]
+    assert (listener["protocol"], listener["port"], listener["tls"]["mode"]) == ("HTTPS", 443, "Terminate")
+    assert listener["tls"]["certificateRefs"] == [{"group": "", "kind": "Secret", "name": "dgemma-gateway-tls"}]
+    assert kinds["GatewayClass"]["spec"]["controllerName"] == "gateway.envoyproxy.io/gatewayclass-controller"
+    assert kinds["Gateway"]["spec"]["gatewayClassName"] == kinds["GatewayClass"]["metadata"]["name"]
+    assert kinds["AIGatewayRoute"]["spec"]["parentRefs"][0]["name"] == kinds["Gateway"]["metadata"]["name"]
+    made = gateway.made_by_steps("dgemma")
+    assert checks.reference_problems(files, made) == []
+    seen = {kind for docs in files.values() for d in docs for _, kind, _ in checks._references(d.get("spec") or {},
+                                                                                              d["kind"])}
+    assert seen >= {"Gateway", "GatewayClass", "Secret", "HTTPRoute", "AIServiceBackend", "Backend"}
+    # a route whose Gateway nothing renders, and a policy on a route nothing makes
+    broken = copy.deepcopy(files)
+    broken["gateway/gateway.yaml"] = [d for d in broken["gateway/gateway.yaml"] if d["kind"] != "Gateway"]
+    problems = checks.reference_problems(broken, made)
+    assert any("its parentRefs names Gateway dgemma-gateway, which no rendered file holds" in p for p in problems)
+    assert checks.reference_problems(files, made - {("HTTPRoute", "dgemma-api")})
+    # the README installs what the files need, at the versions their schemas come from
+    readme = rendered["README.md"]
+    for step in ("helm upgrade -i eg oci://docker.io/envoyproxy/gateway-helm --version v1.9.0",
+                 "helm upgrade -i aieg-crd oci://docker.io/envoyproxy/ai-gateway-crds-helm --version v1.1.0",
+                 "helm upgrade -i aieg oci://docker.io/envoyproxy/ai-gateway-helm --version v1.1.0",
+                 "envoy-gateway-values-addon.yaml", "token_ratelimit/redis.yaml",
+                 "kubectl -n dgemma create secret tls dgemma-gateway-tls --cert=GATEWAY_CERT_FILE",
+                 "kubectl apply -f gateway/", "--for=condition=Programmed"):
+        assert step in readme, step
+    sources = (ROOT / "kubernetes_manifests" / "schemas" / "SOURCES.md").read_text()
+    assert "| gateway.json | kubernetes-sigs/gateway-api v1.6.1 |" in sources
 
 
 def test_the_keys_limits_become_envoy_rate_limits_on_the_key_the_secret_names(rendered):

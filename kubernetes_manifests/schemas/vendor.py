@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).parent
-CRDS = [  # (repository, path in it, the file written here)
+CRDS = [  # (repository, path in it, the file written here[, the tag or commit: HEAD when left out])
     ("envoyproxy/gateway", "charts/gateway-helm/charts/crds/crds/generated/gateway.envoyproxy.io_securitypolicies.yaml",
      "securitypolicy.json"),
     ("envoyproxy/gateway",
@@ -34,6 +34,12 @@ CRDS = [  # (repository, path in it, the file written here)
      "prometheusrule.json"),
     ("prometheus-operator/prometheus-operator",
      "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", "servicemonitor.json"),
+    # the Gateway API's standard channel, at the release Envoy Gateway v1.9.0 is built on (its go.mod), whose
+    # chart installs these CRDs (charts/gateway-helm/charts/crds/crds/gatewayapi-crds.yaml)
+    ("kubernetes-sigs/gateway-api", "config/crd/standard/gateway.networking.k8s.io_gateways.yaml", "gateway.json",
+     "v1.6.1"),
+    ("kubernetes-sigs/gateway-api", "config/crd/standard/gateway.networking.k8s.io_gatewayclasses.yaml",
+     "gatewayclass.json", "v1.6.1"),
 ]
 CHART = ("vllm-project/production-stack", ["helm/values.schema.json", "helm/values.yaml", "helm/Chart.yaml"])
 CORE_VERSION = "v1.33.0-local-strict"
@@ -58,21 +64,26 @@ def _reached(definitions: dict, roots: list[str]) -> dict:
     return keep
 
 
+def vendor_crd(mirrors: Path, repo_name: str, path: str, out: str, ref: str = "HEAD") -> str:
+    """One CRD's stored version's openAPIV3Schema, written to ``out``; its SOURCES.md row."""
+    repo = mirrors / repo_name.replace("/", "+") / "repo"
+    commit = _git(repo, "rev-parse", f"{ref}^{{commit}}").strip()
+    crd = yaml.safe_load(_git(repo, "show", f"{commit}:{path}"))
+    spec = crd["spec"]
+    version = next(v for v in spec["versions"] if v.get("storage")) if len(spec["versions"]) > 1 else spec["versions"][0]
+    kept = {"group": spec["group"], "kind": spec["names"]["kind"], "version": version["name"],
+            "source": f"https://github.com/{repo_name}/blob/{commit}/{path}",
+            "openAPIV3Schema": version["schema"]["openAPIV3Schema"]}
+    (HERE / out).write_text(json.dumps(kept, separators=(",", ":"), sort_keys=True) + "\n")
+    return f"| {out} | {repo_name}{'' if ref == 'HEAD' else ' ' + ref} | {commit} | {path} |"
+
+
 def main(mirrors: Path, wheel: Path):
     sources = ["# Where each vendored schema came from", "",
                "Refreshed by `python -m kubernetes_manifests.schemas.vendor MIRRORS WHEEL`.", "",
                "| file | project | commit | path |", "|---|---|---|---|"]
-    for repo_name, path, out in CRDS:
-        repo = mirrors / repo_name.replace("/", "+") / "repo"
-        commit = _git(repo, "rev-parse", "HEAD").strip()
-        crd = yaml.safe_load(_git(repo, "show", f"HEAD:{path}"))
-        spec = crd["spec"]
-        version = next(v for v in spec["versions"] if v.get("storage")) if len(spec["versions"]) > 1 else spec["versions"][0]
-        kept = {"group": spec["group"], "kind": spec["names"]["kind"], "version": version["name"],
-                "source": f"https://github.com/{repo_name}/blob/{commit}/{path}",
-                "openAPIV3Schema": version["schema"]["openAPIV3Schema"]}
-        (HERE / out).write_text(json.dumps(kept, separators=(",", ":"), sort_keys=True) + "\n")
-        sources.append(f"| {out} | {repo_name} | {commit} | {path} |")
+    for entry in CRDS:
+        sources.append(vendor_crd(mirrors, *entry))
     repo = mirrors / CHART[0].replace("/", "+") / "repo"
     commit = _git(repo, "rev-parse", "HEAD").strip()
     chart = HERE / "vllm-stack"

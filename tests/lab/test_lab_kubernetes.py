@@ -5,8 +5,11 @@ as when a host moves to the cluster) with the lab's vLLM stand-in image, answeri
 a chat with its key, then `podman kube down` leaving no pod behind. The two things a cluster adds
 that podman does not (the device plugin's GPU, the downward API's pod IP) are lab/kube_play.py's."""
 import json
+import os
 import re
 import shutil
+import stat
+import subprocess
 import time
 
 import pytest
@@ -50,6 +53,11 @@ def test_the_fleet_renders_for_kubernetes_and_its_h100_pod_runs_under_podman_kub
     assert spec["vllmConfig"]["gpuMemoryUtilization"] == facts["gpu_memory_utilization"]
     readme = (out / "README.md").read_text()
     assert "| " + spec["name"] + " |" in readme and HOST in readme
+    # the Gateway's certificate: the fleet CA's, kept with the credentials (its key 0600), never in the render
+    cert, key_file = re.search(r"create secret tls dgemma-gateway-tls --cert=(\S+) --key=(\S+)", readme).groups()
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600 and not list(out.rglob("*.key"))
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(config.CA_FILE), cert], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
     docs = list(yaml.safe_load_all((out / "serving" / f"{spec['name']}.yaml").read_text()))
     claim, deployment = [d for d in docs if d["kind"] in ("PersistentVolumeClaim", "Deployment")]

@@ -317,9 +317,9 @@ def tune(c, inventory=None, hosts=None, bounds=None, prompts=None, repeats=1, ma
         groups = play.hostvars(host)["group_names"]
         if group not in groups:
             raise Exit(f"--group {group}: {host} is not in it (its groups: {', '.join(groups) or 'none'})", code=2)
-    code = tune_run(play, lambda path: runs.load_play(path, ask_become_pass=False), inventory, host, tried, asked,
-                    int(repeats), json, answers, applied, ("group_vars", group) if group else ("host_vars", host),
-                    index, float(timeout))
+    code = tune_run(play, lambda path: runs.load_play(path, ask_become_pass=False), runs.run, inventory, host, tried,
+                    asked, int(repeats), json, answers, applied,
+                    ("group_vars", group) if group else ("host_vars", host), index, float(timeout))
     if code:
         raise Exit(code=code)
 

@@ -43,8 +43,12 @@ def _on_terminate(signum, frame):
 
 
 class Tune:
-    def __init__(self, play, host: str, load_play, inventory, console: Console | None = None):
+    """``run_roles``: the command line's way to run roles on hosts (its errors, its recap: cli/runs.py's
+    run); ``load_play``: its way to load the inventory again (after --apply wrote it)."""
+
+    def __init__(self, play, host: str, load_play, inventory, run_roles, console: Console | None = None):
         self.play, self.host, self.load_play, self.inventory = play, host, load_play, inventory
+        self.run_roles = run_roles
         self.console = console or Console(highlight=False)
         self.connections = None
         self.index: int | None = None  # the replica the trials take
@@ -56,8 +60,7 @@ class Tune:
     # ------------------------------------------------------------ the engine's runs
 
     def _run(self, role_list, title: str | None, play=None):
-        from cli import runs
-        return runs.run(play or self.play, role_list, self.host, title=title, connections=self.connections)
+        return self.run_roles(play or self.play, role_list, self.host, title=title, connections=self.connections)
 
     def _failure(self, report) -> str:
         if report.interrupted:
@@ -159,14 +162,14 @@ def _ask(base_url, key, model, prompt: Prompt, index: int, repeat: int, replica:
         return Answer(index, repeat, time.perf_counter() - started, error=str(exc)[:300])
 
 
-def run(play, load_play, inventory, host: str, bounds: list[float], prompts: list[Prompt], repeats: int,
+def run(play, load_play, run_roles, inventory, host: str, bounds: list[float], prompts: list[Prompt], repeats: int,
         json_target: str | None, answers_path: str | None, apply_bound: float | None,
         apply_to: tuple[str, str] | None, replica: int | None, timeout: float) -> int:
     """The whole tune; returns the exit code (0, 1: a trial or the way back failed, 130/143)."""
     console = Console(stderr=json_target == "-", highlight=False)
     hostvars = {h: play.hostvars(h) for h in play.inventory.host_names}
     v = hostvars[host]
-    tune = Tune(play, host, load_play, inventory, console)
+    tune = Tune(play, host, load_play, inventory, run_roles, console)
     tune.index = replica
     trials = tune.trials
     restored, why, written = None, "", ""

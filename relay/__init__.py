@@ -2,5 +2,5 @@
 
 ``server``: the HTTP relay on the control machine; ``service``: how a run offers
 it to its hosts' roles (the engine's per-run service hook, converge.runner.RunService);
-``probe``: the step that asks whether a host reaches it.
+the step that asks whether a host reaches it is the roles' (serving/relay_probe.py).
 """

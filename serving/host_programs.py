@@ -124,9 +124,9 @@ def decoded(field_value: str, what: str = "a field") -> str:
 
 
 # the library that reads a NAME=VALUE table's rows by name (a program that is handed one includes it first)
-NAME_VALUE_TABLE = Path(__file__).parent / "name_value_table.sh"
+NAME_VALUE_TABLE = Path(__file__).parent / "files" / "name_value_table.sh"
 # the library that prints a program's result line (`result NAME=VALUE...`)
-RESULT_LIBRARY = Path(__file__).parent / "result.sh"
+RESULT_LIBRARY = Path(__file__).parent / "files" / "result.sh"
 
 
 @lru_cache(maxsize=None)

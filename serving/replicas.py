@@ -3,7 +3,7 @@ its GPUs, and every name made from them (its container, its unit and the unit's 
 its loopback port, its server in the front door), with the parse of each name back to
 the replica. Every role, day-2 command and bench names a replica through this module;
 host-side scripts get the names it makes as a table of NAME=VALUE words (`shell_table`,
-read there by serving/replicas.sh).
+read there by serving/files/replicas.sh).
 
 A replica's index follows its GPUs (roles/preflight/placement.py) and numbers it on the
 host, whatever family it serves: it gives the port (``replica_base_port + index``) and
@@ -176,9 +176,9 @@ def chosen(indices, wanted: int | None) -> list[int]:
 
 
 # the table's reader for host-side programs, a library they start with
-# what a host program that is handed the table includes to read it (its functions: serving/replicas.sh)
-TABLE_READER = (NAME_VALUE_TABLE, Path(__file__).with_suffix(".sh"))
-# the replica table's fields, each a NAME=VALUE word of a replica's line (serving/replicas.sh reads
+# what a host program that is handed the table includes to read it (its functions: serving/files/replicas.sh)
+TABLE_READER = (NAME_VALUE_TABLE, Path(__file__).parent / "files" / "replicas.sh")
+# the replica table's fields, each a NAME=VALUE word of a replica's line (serving/files/replicas.sh reads
 # them by name): what host-side programs know of a replica
 TABLE_FIELDS = ("index", "unit", "container", "port", "server", "gpus")
 
@@ -191,7 +191,7 @@ def _table_values(r: Replica) -> dict:
 def shell_table(replicas) -> str:
     """The replicas as a table for host-side programs, a parameter of theirs: a line each, its
     fields NAME=VALUE words (`TABLE_FIELDS`; gpus comma-separated, empty when not known). The
-    names come from here, never made again in shell; serving/replicas.sh reads them."""
+    names come from here, never made again in shell; serving/files/replicas.sh reads them."""
     lines = []
     for r in replicas:
         values = {name: str(value) for name, value in _table_values(r).items()}

@@ -1,5 +1,5 @@
-"""systemctl's actions on a unit, and folders made, as host programs (``serving/systemd.sh``,
-``serving/folders.sh``): a role says what it wants done to which unit or folder, and the host runs
+"""systemctl's actions on a unit, and folders made, as host programs (``serving/files/systemd.sh``,
+``serving/files/folders.sh``): a role says what it wants done to which unit or folder, and the host runs
 the same file with those parameters. Pure."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 from serving.host_programs import Program
 
 HERE = Path(__file__).parent
-SYSTEMD_FILE = HERE / "systemd.sh"
+SYSTEMD_FILE = HERE / "files" / "systemd.sh"
 SYSTEMD_PROGRAM = Program((SYSTEMD_FILE,))
-FOLDERS_PROGRAM = Program((HERE / "folders.sh",))
+FOLDERS_PROGRAM = Program((HERE / "files" / "folders.sh",))
 ACTIONS = ("none", "start", "restart", "reload", "stop", "try-restart", "enable", "disable", "remove")
 
 

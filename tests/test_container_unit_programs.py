@@ -10,7 +10,7 @@ import time
 
 from converge.errors import StepFailed
 from converge.transport import Result
-from relay.probe import fallback_note
+from serving.relay_probe import fallback_note
 from serving.container_unit import Container, _interpret, answering_script, pull_script
 from tests.test_day2_programs import Pages, closed_port
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from relay.probe import fallback_note
+from serving.relay_probe import fallback_note
 from roles.image.role import INSPECT, INSPECT_PROGRAM, PULL, pull_script
 
 REF = "10.213.0.1:5000/vllm/vllm-openai:gemma-x86_64-cu130"

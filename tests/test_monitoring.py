@@ -153,7 +153,7 @@ def test_the_textfiles_say_which_gpu_serves_which_replica_and_why_one_is_left_ou
 
 
 def test_the_gpu_collector_writes_dcgms_names_from_the_real_h100s_answer(tmp_path):
-    """roles/exporters/collector.sh fed the real H100's answer to its query (captured with
+    """roles/exporters/files/collector.sh fed the real H100's answer to its query (captured with
     what it wrote there): the same series, the same values; a [N/A] field is left out, a
     failing nvidia-smi says so (dgemma_gpu_collector_up 0) instead of writing half a file."""
     capture = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h100"
@@ -168,7 +168,7 @@ def test_the_gpu_collector_writes_dcgms_names_from_the_real_h100s_answer(tmp_pat
         smi.chmod(0o755)
         env = {"PATH": f"{bindir}:/usr/bin:/bin", "DGEMMA_ONCE": "1", "DGEMMA_TEXTFILES": str(tmp_path / "out"),
                "DGEMMA_WEIGHTS": str(tmp_path), "DGEMMA_FRONTDOOR_SOCKET": str(tmp_path / "none.sock")}
-        subprocess.run(["sh", str(ROOT / "roles" / "exporters" / "collector.sh")], env=env, check=True, timeout=60)
+        subprocess.run(["sh", str(ROOT / "roles" / "exporters" / "files" / "collector.sh")], env=env, check=True, timeout=60)
         return (tmp_path / "out" / "gpu.prom").read_text()
 
     def series(text):

@@ -178,7 +178,7 @@ def test_a_multi_arch_index_goes_through_when_the_client_sends_one_accept_header
 
 
 def test_a_pull_that_fell_back_from_the_relay_says_why():
-    from relay.probe import fallback_note
+    from serving.relay_probe import fallback_note
     assert fallback_note("Writing manifest\n") == ""
     note = fallback_note("Trying to pull 10.213.0.1:40000/t/r0/library/haproxy:2.6...\n"
                          "Error: reading manifest 2.6: manifest unknown\n@relay-failed\n")

@@ -1,4 +1,4 @@
-"""serving/systemd.sh and serving/folders.sh run for real under dash: systemctl a stand-in that
+"""serving/files/systemd.sh and serving/files/folders.sh run for real under dash: systemctl a stand-in that
 writes down what it was asked; folders made in a test's own folder."""
 import os
 import subprocess

@@ -111,7 +111,7 @@ def made_by_step(path: str, step) -> bool:
     if isinstance(step, File):  # the engine's write makes the file's folders (converge/changes.py)
         return _under(step.path, path)
     if isinstance(step, Command):
-        # serving/folders.sh: FOLDERS, "MODE OWNER GROUP PATH" a line
+        # serving/files/folders.sh: FOLDERS, "MODE OWNER GROUP PATH" a line
         folders = re.search(r"^FOLDERS=('[^']*'|\S*)$", step.script, re.M)
         if folders and path in [line.split(None, 3)[3] for line in shlex.split(folders.group(1))[0].splitlines()]:
             return True
@@ -121,7 +121,7 @@ def made_by_step(path: str, step) -> bool:
 
 
 def starts(step, unit: str) -> bool:
-    # a systemctl of its own, or serving/systemd.sh's (a program that ends in it) told to start it
+    # a systemctl of its own, or serving/files/systemd.sh's (a program that ends in it) told to start it
     return isinstance(step, Command) and unit in step.script and bool(
         re.search(r"systemctl (re)?start", step.script) or re.search(r"^ACTION=(re)?start$", step.script, re.M))
 

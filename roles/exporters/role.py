@@ -40,7 +40,7 @@ HERE = Path(__file__).parent
 COLLECTOR_RUNNING = Protocol("the metrics collector running", result={
     "state": "ready (its textfile written since the start), failed (its unit; its last log lines before) or timeout",
     "seconds": "since the start"}, exits={"failed": 3, "timeout": 4})
-COLLECTOR_RUNNING_PROGRAM = Program((SYSTEMD_FILE, RESULT_LIBRARY, HERE / "collector_running.sh"), COLLECTOR_RUNNING)
+COLLECTOR_RUNNING_PROGRAM = Program((SYSTEMD_FILE, RESULT_LIBRARY, HERE / "files" / "collector_running.sh"), COLLECTOR_RUNNING)
 
 
 def facts(v):
@@ -107,7 +107,7 @@ def _textfiles(ctx):
 
 def _collector(ctx, nixos: bool, dcgm: bool):
     v, f = ctx.vars, ctx.facts
-    script = File("metrics collector", path=COLLECTOR, content=(HERE / "collector.sh").read_text(), mode="0755",
+    script = File("metrics collector", path=COLLECTOR, content=(HERE / "files" / "collector.sh").read_text(), mode="0755",
                   current=f.get("collector"))
     yield script
     unit_file = None

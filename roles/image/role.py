@@ -8,7 +8,7 @@ from converge.errors import StepFailed
 from converge.facts.containers import Images, find_image
 from converge.facts.host import FileState
 
-from relay.probe import fallback_note, relay_steps, usable_relay
+from serving.relay_probe import fallback_note, relay_steps, usable_relay
 
 from serving.fleet import is_serving
 from serving.handoffs import CHOICE

@@ -6,7 +6,7 @@ from __future__ import annotations
 from converge.changes import Command, Output, Produced, Role
 from converge.errors import StepFailed
 
-from relay.probe import relay_steps, usable_relay
+from serving.relay_probe import relay_steps, usable_relay
 from serving.fleet import is_serving
 from serving.handoffs import CHOICE
 from serving.replicas import Served

@@ -15,7 +15,7 @@ from converge.changes import Check, Command, File
 from converge.errors import StepFailed
 from converge.facts.containers import find_image
 
-from relay.probe import fallback_note, relay_steps, usable_relay
+from serving.relay_probe import fallback_note, relay_steps, usable_relay
 
 from serving.host_programs import RESULT_LIBRARY as RESULT_FILE, Program, Protocol, ended
 from serving.systemd import SYSTEMD_FILE, systemd_parameters

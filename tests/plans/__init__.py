@@ -216,8 +216,8 @@ def _digest(text: str) -> str:
 # the files of the programs a host runs (and of the files the roles copy there as they are): a
 # snapshot names each by its path and digest where a script or file holds it whole, so that it holds
 # a program's parameters, not its body (the file's own tests read the body: tests/test_host_programs.py)
-PROGRAM_FILES = ("roles/*/files/*", "roles/exporters/*.sh", "serving/*/files/*", "serving/*.sh", "converge/host_scripts/*",
-                 "converge/facts/files/*", "day2/host_programs/*", "relay/files/*")
+PROGRAM_FILES = ("roles/*/files/*", "serving/files/*", "serving/*/files/*", "converge/host_scripts/*",
+                 "converge/facts/files/*", "day2/host_programs/*")
 SMALLEST_NAMED = 200  # a shorter file is shown as it is: its name would be no shorter
 
 

@@ -28,7 +28,7 @@
 # what happens here must finish even if the control machine goes away
 trap '' HUP PIPE
 
-# the replicas of the table $1 (serving/replicas.sh): EACH (their indices), UNITS, COUNT
+# the replicas of the table $1 (serving/files/replicas.sh): EACH (their indices), UNITS, COUNT
 table() {
   REPLICAS=$1
   EACH=$(table_field index "$REPLICAS")

@@ -3,7 +3,7 @@
 # readiness loop, ready.sh), and say how it ended in one result line: state ready, start-failed
 # (systemctl refused), failed (a unit failed while it started: units, its state in how) or timeout
 # (units: those that did not answer); ms, how long the wait took. REPLICAS: the replicas
-# (serving/replicas.py's table, read by serving/replicas.sh).
+# (serving/replicas.py's table, read by serving/files/replicas.sh).
 UNITS=$(table_field unit "$REPLICAS")
 COUNT=$(printf '%s\n' "$UNITS" | grep -c .)
 journal() { [ "$COUNT" -gt 1 ] && echo "  | -- $1"; journalctl -u "$1" -n 25 --no-pager -o cat 2>/dev/null | sed 's/^/  | /'; }

@@ -3,7 +3,7 @@
 # answers, then /v1/models answers the key, on its loopback port. A unit that fails, goes
 # inactive, or that systemd restarts (its container exited) fails the wait at once.
 #
-# await_ready TIMEOUT_S TABLE: every replica of the table (serving/replicas.sh) on its port; says
+# await_ready TIMEOUT_S TABLE: every replica of the table (serving/files/replicas.sh) on its port; says
 # @replica-ready UNIT MS as each answers. How the wait ended is the including program's to say (its
 # result, or its own markers), from what this sets: waited_ms (how long it took), and when it returns
 # 1, why, with failed_unit and failed_state (a unit that failed: its ActiveState/SubState) or late

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from converge.changes import Command, Output, Produced
-from serving.host_programs import Program
+from relay.server import RelayView
 
-from .server import RelayView
+from .host_programs import Program
 
 RELAY = Output("the run's artifact relay", RelayView)
-PING_PROGRAM = Program((Path(__file__).parent / "files" / "ping.sh",))
+PING_PROGRAM = Program((Path(__file__).parent / "files" / "relay_ping.sh",))
 
 
 def relay_steps(ctx):

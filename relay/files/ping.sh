@@ -1,4 +1,0 @@
-# shellcheck shell=dash
-# Whether this host reaches the run's artifact relay (relay/probe.py): it answers URL with "relay".
-# Parameters: URL.
-curl -fsS --max-time 3 "$URL" 2>&1

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine, as root:
+#   ./run.sh install   install the toolkit alone (your control machine: no lab, no test tools)
 #   ./run.sh main   bring up the local lab, deploy to it, verify it
 #   ./run.sh test   run the whole test suite (unit tests and the lab tests)
 #   ./run.sh docs   serve the documentation site on http://127.0.0.1:8001 (mkdocs.yml, docs/)
@@ -31,6 +32,24 @@ setup() {
 }
 
 case "${1:-}" in
+  install)
+    # the toolkit and its dependencies (pyproject's), in .venv; nothing of the lab or the tests
+    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+      if [ "$(id -u)" = 0 ]; then
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip
+      else
+        echo "./run.sh install: Python's venv is missing: sudo apt-get install python3-venv, then run this again" >&2
+        exit 1
+      fi
+    fi
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+    echo "./run.sh install: the toolkit is installed in $PWD/.venv:"
+    echo "  . $PWD/.venv/bin/activate"
+    echo "  export DGEMMA_INVENTORY=/path/to/your/inventory    # once, instead of --inventory after every task"
+    echo "  invoke inventory.check"
+    ;;
   main)
     setup
     export DGEMMA_INVENTORY=/var/lib/dgemma-lab/inventory
@@ -64,7 +83,7 @@ case "${1:-}" in
     NO_MKDOCS_2_WARNING=1 exec .venv/bin/mkdocs serve -a 127.0.0.1:8001
     ;;
   *)
-    echo "usage: $0 main|test|docs [pytest args]" >&2
+    echo "usage: $0 install|main|test|docs [pytest args]" >&2
     exit 2
     ;;
 esac

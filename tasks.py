@@ -10,6 +10,9 @@ Deploy's and day 2's tasks keep their short names at the top (``invoke deploy``,
 """
 from __future__ import annotations
 
+import os
+import sys
+
 from invoke import Collection
 
 from cli import day2, deploy, keys
@@ -25,6 +28,20 @@ def _merged(*collections: Collection) -> Collection:
             root.add_collection(sub, name)
     return root
 
+
+def _quiet_on_a_closed_pipe(kind, value, traceback):
+    """A reader that stops reading (`invoke top --once | head -n 2`) ends the command quietly, as a
+    Unix tool ends (exit 141, SIGPIPE's), not with a traceback. Standard output goes to /dev/null
+    first, so that Python's last flush at exit has nowhere to fail. SIGPIPE itself stays ignored:
+    a host's connection that closes must be an error the engine reports, not a signal that kills."""
+    if issubclass(kind, BrokenPipeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        sys.exit(141)
+    sys.__excepthook__(kind, value, traceback)
+
+
+sys.excepthook = _quiet_on_a_closed_pipe
 
 ns = _merged(deploy.ns, day2.ns)
 ns.add_collection(keys.ns, name="keys")

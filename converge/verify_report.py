@@ -21,6 +21,7 @@ def print_table(data: dict, console):
     every name whole (a table there would cut them to its width)."""
     if not console.is_terminal:
         print_lines(data, console)
+        console.print(summary(data), markup=False, highlight=False)
         return
     checks = []
     for entry in data["hosts"].values():
@@ -42,6 +43,19 @@ def print_table(data: dict, console):
                 row.append(f"[red]FAIL[/red] {found['message']}")
         table.add_row(*row)
     console.print(table)
+    console.print(summary(data), markup=False, highlight=False)
+
+
+def summary(data: dict) -> str:
+    """``verify: 120 passed, 0 failed, 48 skipped on 7 hosts``: the last line, as pytest ends."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for entry in data["hosts"].values():
+        for c in entry["checks"]:
+            key = c["status"] if c["status"] in counts else "failed"
+            counts[key] += 1
+    hosts = len(data["hosts"])
+    return (f"verify: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped on {hosts} "
+            f"host{'s' if hosts != 1 else ''}")
 
 
 STATUS_WORDS = {"passed": "pass", "skipped": "skip", "failed": "FAIL"}

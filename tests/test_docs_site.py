@@ -19,6 +19,17 @@ def _nav_pages(items) -> set[str]:
     return pages
 
 
+def test_the_readme_is_a_front_page():
+    """At most 250 lines; the rest of what a user reads is in docs/, which it links."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for page in ("your-machines.md", "keys.md", "gateways.md", "rolling.md", "monitoring.md", "clients.md",
+                 "kubernetes.md", "lab.md", "troubleshooting.md", "architecture.md", "reference/inventory.md",
+                 "reference/tasks.md"):
+        assert f"](docs/{page})" in readme, page
+        assert (ROOT / "docs" / page).is_file(), page
+
+
 def test_every_page_is_in_the_navigation():
     nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
     pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.lab.conftest import LAB_INVENTORY
+from tests.lab.conftest import LAB_INVENTORY, deploy_json
 
 
 
@@ -83,7 +83,15 @@ def test_the_shown_output_matches_only_what_it_shows():
     assert not shows("b\na\n", "a\nb")
 
 
-def test_the_readme_tour_runs_as_written(lab):
+@pytest.fixture(scope="module")
+def deployed(lab):
+    """The whole lab deployed, as after ./run.sh main (whatever tests ran before)."""
+    proc, _ = deploy_json()
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return lab
+
+
+def test_the_readme_tour_runs_as_written(deployed):
     run_as_written("README.md", "tour")
 
 
@@ -95,7 +103,7 @@ def _at_the_start_of_a_minute(code: str) -> str:
     return 'while [ "$(date +%S | sed "s/^0//")" -gt 40 ]; do sleep 1; done\n'
 
 
-def test_the_keys_guide_runs_as_written(lab):
+def test_the_keys_guide_runs_as_written(deployed):
     name = f"alice{int(time.time())}"
     try:
         run_as_written("docs/keys.md", "keys", before_block=_at_the_start_of_a_minute, names={"alice": name})
@@ -104,7 +112,7 @@ def test_the_keys_guide_runs_as_written(lab):
                        env={**os.environ, "DGEMMA_INVENTORY": str(LAB_INVENTORY)}, capture_output=True, timeout=300)
 
 
-def test_the_control_machine_install_as_the_readme_writes_it(lab, tmp_path):
+def test_the_control_machine_install_as_the_readme_writes_it(deployed, tmp_path):
     """A clean clone, the README's install command in it, then its venv's invoke against the lab."""
     readme = (ROOT / "README.md").read_text()
     assert "./run.sh install" in readme and "export DGEMMA_INVENTORY=" in readme

@@ -154,8 +154,12 @@ def verify(c, inventory=None, hosts=None, json=None, junit=None, set=None, ask_b
                                       "Gateway policies, a PrometheusRule, ServiceMonitors and dashboards, written "
                                       "to --out (each checked against its project's schema)",
                             "out": "the folder --target kubernetes writes to",
+                            "gateway_certificate": "with --target kubernetes: also make the Gateway's certificate "
+                                                   "from the fleet CA (kept in credentials_dir, its key 0600): the "
+                                                   "one thing render then writes on this machine",
                             "ask_become_pass": runs.HELP["ask_become_pass"]}, iterable=["set"])
-def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False, target=None, out=None):
+def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become_pass=False, target=None, out=None,
+           gateway_certificate=False):
     """Print the unit (or NixOS module) deploy would write, or the fleet's scrape configuration;
     --target kubernetes: write the fleet for Kubernetes."""
     from roles.preflight.role import FACTS_ROLE
@@ -168,7 +172,7 @@ def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become
         raise Exit(f"--format {format}: expected one of {', '.join(FORMATS + ('prometheus',))}", code=2)
     play = runs.load_play(inventory, set, ask_become_pass)
     if target:
-        _render_kubernetes(play, hosts, out)
+        _render_kubernetes(play, hosts, out, gateway_certificate)
         return
     if format == "prometheus":
         _render_prometheus(play, hosts)
@@ -189,7 +193,7 @@ def render(c, inventory=None, hosts=None, format="systemd", set=None, ask_become
     runs.finish(report, None, None, ok=not failed)
 
 
-def _render_kubernetes(play, hosts, out):
+def _render_kubernetes(play, hosts, out, gateway_certificate=False):
     """Every serving host's facts (read-only, one round trip each), the same choices as deploy's,
     rendered for Kubernetes and checked, then written; nothing is written when anything fails."""
     from pathlib import Path
@@ -228,14 +232,17 @@ def _render_kubernetes(play, hosts, out):
     keys = {name: effective(first.get("key_limits"), entry.get("limits")) for name, entry in store.items()}
     keys[OPERATOR] = UNLIMITED
     settings = Settings.of(first, where)
-    # the Gateway's certificate, the fleet CA's, kept with the hosts' (its key 0600, never in the render)
+    # the Gateway's certificate, the fleet CA's, kept with the hosts' (its key 0600, never in the render):
+    # made only when asked (a render otherwise makes nothing on this machine); named when it is there
     from credentials.ca import certificate_paths, host_certificate
     holder = f"kubernetes-{settings.gateway}"
-    try:
-        host_certificate(directory(first), holder, settings.certificate_names(), make=True)
-    except CredentialError as exc:
-        raise Exit(str(exc), code=2)
-    settings.tls_files = tuple(str(p) for p in certificate_paths(directory(first), holder))
+    if gateway_certificate:
+        try:
+            host_certificate(directory(first), holder, settings.certificate_names(), make=True)
+        except CredentialError as exc:
+            raise Exit(str(exc), code=2)
+    cert, key = certificate_paths(directory(first), holder)
+    settings.tls_files = (str(cert), str(key)) if cert.is_file() and key.is_file() else ()
     try:
         files = render(serving, keys, settings, first)
     except RenderError as exc:
@@ -243,7 +250,8 @@ def _render_kubernetes(play, hosts, out):
     written = write(files, Path(out))
     print(f"render --target kubernetes: {len(written)} files in {out} for {len(serving)} serving hosts, each "
           f"checked against its project's schema and every reference resolved; {Path(out) / 'README.md'} says how "
-          f"to install them; the Gateway's certificate: {settings.tls_files[0]}")
+          f"to install them; the Gateway's certificate: "
+          f"{settings.tls_files[0] if settings.tls_files else 'none yet (--gateway-certificate makes it)'}")
     for path in written:
         print(f"  {path}")
 

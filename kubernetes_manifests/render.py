@@ -124,7 +124,9 @@ the releases whose CRDs these files are checked against.
 Then the fleet: its namespace, its Secrets, production-stack's chart, the Gateway and its route.
 The Gateway's certificate is the fleet CA's, for {', '.join(s.certificate_names())} (the inventory's
 `kubernetes.hostnames`: the names your clients use), kept with the fleet's credentials on this
-machine; clients trust the fleet CA as they do at the fleet's gateways.
+machine (`invoke render --target kubernetes --gateway-certificate` makes it{', and has' if s.tls_files else ''});
+clients trust the fleet CA as they do at the fleet's gateways. Your own certificate for those names
+does as well.
 
     kubectl create namespace {ns}
     kubectl -n {ns} create secret tls {gateway.tls_secret(release)} --cert={cert} --key={key}

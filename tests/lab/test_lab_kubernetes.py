@@ -40,7 +40,7 @@ def _curl(path: str, key: str | None, body: dict | None = None) -> tuple[int, st
 
 def test_the_fleet_renders_for_kubernetes_and_its_h100_pod_runs_under_podman_kube_play(deployed, tmp_path):
     out = tmp_path / "k8s"
-    proc = invoke("render", "--target", "kubernetes", "--out", out)
+    proc = invoke("render", "--target", "kubernetes", "--out", out, "--gateway-certificate")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "each checked against its project's schema" in proc.stdout
     values = yaml.safe_load((out / "values.yaml").read_text())

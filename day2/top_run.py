@@ -48,8 +48,8 @@ def run(play, hosts: list[str], once: bool, json_target: str | None, every: floa
     console = Console(stderr=json_target == "-", highlight=False)
     with play.connections() as connections:
         source, why = source_for(play, connections, hostvars, choice)
-        if why:
-            console.print(f"[dim]{why}: reading the hosts themselves[/dim]")
+        if why:  # a note for the person, on stderr: standard output is the view (`--once | head`)
+            Console(stderr=True, highlight=False).print(f"[dim]{why}: reading the hosts themselves[/dim]")
         if isinstance(source, top.HostsSource):
             source.snapshot()  # a first reading: the rates are the difference between two
             time.sleep(every)

@@ -36,6 +36,7 @@ from roles.service.role import facts as service_facts, is_nixos, render_unit
 from roles.service.rollout import command as roll_command, fleet_throttle, plan_roll
 from serving.serving_host import is_running, unit_file, unit_state
 
+from .benchmark import percentile
 from .readings import ServiceProbe, denoising_ratios
 
 BOUND = "diffusion_entropy_bound"
@@ -60,9 +61,7 @@ def parse_bounds(text: str | None) -> list[float]:
             bound = float(word.strip())
         except ValueError:
             raise TuneError(f"--bounds {text}: {word.strip()!r} is not a number") from None
-        if not 0 < bound <= BOUND_MAX:
-            raise TuneError(f"--bounds {text}: {word.strip()} is out of range: an entropy bound is greater than 0 "
-                            f"and at most {BOUND_MAX:g}")
+        _in_range(bound, f"--bounds {text}: {word.strip()}")
         if bound in out:
             raise TuneError(f"--bounds {text}: {word.strip()} is given twice")
         out.append(bound)
@@ -75,9 +74,14 @@ def parse_bound(text, option: str = "--apply") -> float:
         bound = float(str(text).strip())
     except ValueError:
         raise TuneError(f"{option} {text}: expected one entropy bound, a number (e.g. {option} 0.15)") from None
-    if not 0 < bound <= BOUND_MAX:
-        raise TuneError(f"{option} {text}: out of range: an entropy bound is greater than 0 and at most {BOUND_MAX:g}")
+    _in_range(bound, f"{option} {text}")
     return bound
+
+
+def _in_range(bound: float, said: str):
+    """The schema's range for diffusion_entropy_bound (roles/service/schema.yml)."""
+    if not 0 < bound <= BOUND_MAX:
+        raise TuneError(f"{said} is out of range: an entropy bound is greater than 0 and at most {BOUND_MAX:g}")
 
 
 @dataclass(frozen=True)
@@ -261,13 +265,6 @@ def counter_delta(before: dict | None, after: dict | None) -> dict | None:
         return None
     return {**grown, **denoising_ratios(grown["denoising_steps"], grown["canvas_positions"],
                                         grown["committed_tokens"])}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def document(host: str, replica: int | None, inventory_bound, prompts: list[Prompt], repeats: int,

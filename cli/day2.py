@@ -1,4 +1,4 @@
-"""Day-2 tasks: status, start, stop, restart, recover, logs, endpoints, bench, top, usage, tune."""
+"""Day-2 tasks: status, start, stop, restart, recover, logs, endpoints, bench, top, usage, tune, prune."""
 from __future__ import annotations
 
 import sys
@@ -324,4 +324,26 @@ def tune(c, inventory=None, hosts=None, bounds=None, prompts=None, repeats=1, ma
         raise Exit(code=code)
 
 
-ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top, usage, tune)
+@task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"],
+                                 "json": runs.HELP["json"], "ask_become_pass": runs.HELP["ask_become_pass"],
+                                 "check": "remove nothing: list what would go, each with its size and what it frees",
+                                 "keep": "earlier releases kept on each host besides what its replicas run (default 1: "
+                                         "the rollback target; 0 keeps only what runs)",
+                                 **runs.SERIAL_HELP})
+def prune(c, inventory=None, hosts=None, check=False, keep=1, json=None, ask_become_pass=False, serial=None,
+          max_fail=None):
+    """Remove the fleet's old images and weights no replica runs, keeping the rollback target (--keep N)."""
+    from day2.prune import prune_role
+    from day2.prune_table import print_prune, prune_document
+    if not str(keep).isdigit() or int(keep) > 100:
+        raise Exit(f"--keep {keep}: expected how many earlier releases to keep, 0 to 100", code=2)
+    runs.check_batches(serial, max_fail)
+    play = runs.load_play(inventory, ask_become_pass=ask_become_pass)
+    report = runs.run(play, [prune_role(int(keep))], hosts, json, check=check, serial=serial, max_fail=max_fail,
+                      title="CHECK RECAP (nothing was removed)" if check else "PRUNE RECAP")
+    data = prune_document(report, check)
+    print_prune(data, report.console)
+    runs.finish(report, data, json)
+
+
+ns = Collection(status, start, stop, restart, recover, logs, endpoints, bench, top, usage, tune, prune)

@@ -5,6 +5,8 @@ from converge.changes import Role
 
 from serving.fleet import is_gateway, is_monitoring, is_serving
 from serving.handoffs import CHOICE, UNITS
+from converge.facts.containers import find_image
+from serving.releases import Release, parse_history, rollback_target
 from serving.replicas import installed, replica
 from serving.serving_host import UNITS_FACT, record_path
 from roles.shared_address.keepalived import holds
@@ -55,6 +57,8 @@ def status_role() -> Role:
                 "generation": probe.get("generation"),
                 # its load now: requests running and waiting, KV cache (vLLM's /metrics)
                 "load": probe.get("load"),
+                # what it would go back to (the host's release history), and whether that is still here
+                "rollback": rollback_of(f, ident.unit),
                 "since": unit.get("ActiveEnterTimestampMonotonic"),
                 "gpu_memory_used_mib": sum(g.get("memory_used_mib") or 0 for g in used) if used else None,
                 "gpu_memory_total_mib": sum(g.get("memory_total_mib") or 0 for g in used) if used else None})
@@ -68,6 +72,27 @@ def status_role() -> Role:
             "record": record_path(v)}}
 
     return Role("status", facts, lambda ctx: iter(()), summary=summary, hosts=is_serving)
+
+
+def on_disk(facts, release: Release) -> dict:
+    """Whether a release's image (by digest, else by its tag) and its weights (the commit's
+    snapshot) are on the host, as the facts read them."""
+    images = facts.get("images") or []
+    image = next((i for i in images if release.digest and release.digest in i["digests"]), None) \
+        or find_image(images, release.image)
+    model = (facts.get("weights") or {}).get(release.model) or {}
+    snapshot = (model.get("snapshots") or {}).get(release.commit) or {}
+    return {"image": image is not None, "weights": bool(snapshot.get("files")) and not snapshot.get("broken")}
+
+
+def rollback_of(facts, unit: str) -> dict | None:
+    """A replica's rollback target (the release it ran before its current one) and what of it
+    is still on the disk; None when the history names none."""
+    releases = parse_history(((facts.get("release_history") or {}).get("content") or ""))
+    target = rollback_target(releases, unit)
+    if target is None:
+        return None
+    return {**target.as_dict(), "on_disk": on_disk(facts, target)}
 
 
 def gateway_status_role() -> Role:

@@ -82,7 +82,8 @@ def print_status(data, console):
         if not h["reachable"]:
             table.add_row(host, "[red]unreachable[/red]", "", "", "", "", "", "", "", "", h["errors"][0][:80])
             continue
-        image = f"{(h.get('image') or '-').rsplit('/', 1)[-1]}\n{(h.get('digest') or '')[:19]}"
+        image = "\n".join(filter(None, [(h.get('image') or '-').rsplit('/', 1)[-1], (h.get('digest') or '')[:19],
+                                         rollback_text((h.get("replicas") or [{}])[0].get("rollback"))]))
         drift = ("[green]none[/green]" if not h["drift"] and not h["errors"] else
                  "[yellow]" + "; ".join(h["drift"] + h["errors"])[:120] + "[/yellow]")
         replicas = h.get("replicas") or [h]
@@ -100,7 +101,7 @@ def print_status(data, console):
                                                    generation_text(r.get("generation"))])),
                           "\n".join(filter(None, [diffusion_text(r.get("diffusion")),
                                                    denoising_text(r.get("denoising"))])),
-                          image if n == 0 else "", mem,
+                          image if n == 0 else rollback_text(r.get("rollback")), mem,
                           drift if n == 0 else ("" if r.get("planned", True) else "[yellow]not planned[/yellow]"))
     if table.row_count:  # a status of the gateways alone has no replica to show
         console.print(table)
@@ -124,6 +125,18 @@ def print_status(data, console):
             console.print(f"SHARED ADDRESS {shared['address']}: held by [green]{shared['holders'][0]}[/green]"
                           if shared["holders"] else f"SHARED ADDRESS {shared['address']}: holder unknown "
                                                     f"(a gateway is unreachable)", highlight=False)
+
+
+def rollback_text(rollback: dict | None, words: bool = True) -> str:
+    """``back: v0.32.1-x86_64 (on disk)`` (a replica's rollback target: its image's tag, and
+    whether its image and weights are still on the host); ``-`` on a line when there is none."""
+    if not rollback:
+        return "" if words else "-"
+    tag = rollback["image"].rsplit("/", 1)[-1]
+    kept = rollback["on_disk"]
+    where = ("on disk" if kept["image"] and kept["weights"] else
+             "image gone" if kept["weights"] else "weights gone" if kept["image"] else "gone")
+    return f"back: {tag} ({where})" if words else f"{tag}:{where.replace(' ', '-')}"
 
 
 def load_text(load: dict | None, words: bool = True) -> str:
@@ -236,7 +249,8 @@ def print_lines(data, console):
                 f"diffusion={diffusion_text(r.get('diffusion'), ':')} "
                 f"{'denoising=' + denoising_text(r.get('denoising'), ':') + ' ' if r.get('denoising') else ''}"
                 f"defaults={generation_text(r.get('generation'), ':') or '-'} image={(h.get('image') or '-').rsplit('/', 1)[-1]} "
-                f"digest={(h.get('digest') or '-')[:19]} gpu_memory={mem}{planned} drift={drift}")
+                f"digest={(h.get('digest') or '-')[:19]} rollback={rollback_text(r.get('rollback'), words=False)} "
+                f"gpu_memory={mem}{planned} drift={drift}")
     for host, h in data["hosts"].items():
         if "gateway_servers" not in h:
             continue

@@ -266,28 +266,64 @@ def fault_tag(arch: str, fault: str) -> str:
     return f"{config.IMAGE_TAGS[arch][0]}-fault-{fault}"
 
 
-def ensure_fault_image(fault: str, log=print) -> dict[str, str]:
-    """A bad release of each arch's image (the stand-in with ``VLLM_STANDIN_FAULT``: it
-    starts and exits, or answers 500 to generation), pushed beside the good tags; returns
-    arch -> the reference hosts pull it by (through the lab's registry)."""
-    if fault not in FAULTS:
-        raise ValueError(f"fault {fault!r}: one of {', '.join(FAULTS)}")
+def release_tag(arch: str, release: int) -> str:
+    return f"{config.IMAGE_TAGS[arch][0]}-r{release}"
+
+
+RELEASE_MIB = 2  # what each release adds over the good image: a layer of its own, so that pruning it frees space
+
+
+def _over_good_image(tag_of, containerfile: str, log, context: Path | None = None) -> dict[str, str]:
+    """An image of each arch built over the good one (``containerfile`` after its FROM line: nothing
+    runs, so either arch builds here), pushed as ``tag_of(arch)``; returns arch -> the reference
+    hosts pull it by (through the lab's registry)."""
     refs = {}
     for arch in config.IMAGE_TAGS:
         stamp = config.CACHE / f"image-{arch}.pushed"
         good = f"localhost/dglab-vllm:{arch}-{stamp.read_text().strip()}" if stamp.exists() else None
         if good is None or not sh.ok("podman", "image", "exists", good):
             raise RuntimeError(f"the lab's {arch} image is not built: run invoke lab.up first")
-        tag = fault_tag(arch, fault)
+        tag = tag_of(arch)
         local = f"localhost/dglab-vllm:{tag}"
-        # one layer of configuration over the good image: nothing runs, so either arch builds here
         sh.run("podman", "build", "-q", "--pull=never", "--arch", config.DEB_ARCH[arch], "-t", local, "-f", "-",
-               input=f"FROM {good}\nENV VLLM_STANDIN_FAULT={fault}\n", timeout=300)
+               *([context] if context else []), input=f"FROM {good}\n{containerfile}", timeout=300)
         log(f"pushing {config.REPOSITORY}:{tag} to the lab registry")
         sh.run("podman", "push", "-q", "--tls-verify=false", local, f"{config.REGISTRY_LOCAL}/{config.REPOSITORY}:{tag}",
                timeout=900)
         refs[arch] = f"{config.REGISTRY}/{config.REPOSITORY}:{tag}"
     return refs
+
+
+def ensure_fault_image(fault: str, log=print) -> dict[str, str]:
+    """A bad release of each arch's image (the stand-in with ``VLLM_STANDIN_FAULT``: it
+    starts and exits, or answers 500 to generation), pushed beside the good tags; returns
+    arch -> the reference hosts pull it by (through the lab's registry)."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault {fault!r}: one of {', '.join(FAULTS)}")
+    # one layer of configuration over the good image
+    return _over_good_image(lambda arch: fault_tag(arch, fault), f"ENV VLLM_STANDIN_FAULT={fault}\n", log)
+
+
+def ensure_release_image(release: int, log=print) -> dict[str, str]:
+    """Another release of each arch's good image, ``<tag>-r<N>``: the same stand-in, with
+    ``VLLM_STANDIN_RELEASE=N`` and a layer of RELEASE_MIB of its own (what a new vLLM brings, in
+    small), so that releases differ by digest and by the space pruning one frees."""
+    if not 1 <= release <= 999:
+        raise ValueError(f"release {release}: from 1 to 999")
+    context = config.CACHE / f"release-{release}"
+    context.mkdir(parents=True, exist_ok=True)
+    payload = context / "release.bin"
+    if not payload.exists() or payload.stat().st_size != RELEASE_MIB << 20:
+        # its own bytes (seeded by the release): two releases share no layer
+        seed = hashlib.sha256(f"release {release}".encode()).digest()
+        blocks, block = [], seed
+        while len(blocks) * 32 < RELEASE_MIB << 20:
+            block = hashlib.sha256(block).digest()
+            blocks.append(block)
+        payload.write_bytes(b"".join(blocks)[:RELEASE_MIB << 20])
+    return _over_good_image(lambda arch: release_tag(arch, release),
+                            f"ENV VLLM_STANDIN_RELEASE={release}\nCOPY release.bin /usr/local/share/vllm-standin/release.bin\n",
+                            log, context)
 
 
 def _in_registry(tag: str) -> bool:

@@ -267,15 +267,21 @@ def hub(c, size_mib=None, corrupt=None, reset=False):
             if knobs.get("corrupt") else ""))
 
 
-@task(help={"fault": "the bad release to push: 'exits' (loads, then exits) or '500' (answers 500 to every "
-                     "generation)"})
-def image(c, fault):
-    """Push a bad release of the vLLM stand-in beside the good tags, for rollout tests:
+@task(help={"fault": "a bad release to push: 'exits' (loads, then exits) or '500' (answers 500 to every "
+                     "generation)",
+            "release": "a good release N to push (1-999): the same stand-in under <tag>-rN, with a layer of its own"})
+def image(c, fault=None, release=None):
+    """Push another release of the vLLM stand-in beside the good tags, for rollout and prune tests:
     prints, per arch, the reference to deploy (--set image=REF)."""
-    if fault not in images.FAULTS:
+    if (fault is None) == (release is None):
+        raise Exit("lab.image: give --fault exits|500 (a bad release) or --release N (a good one)", code=2)
+    if fault is not None and fault not in images.FAULTS:
         raise Exit(f"--fault: {fault!r} is not one of {', '.join(images.FAULTS)}", code=2)
+    if release is not None and (not str(release).isdigit() or not 1 <= int(release) <= 999):
+        raise Exit(f"--release {release}: expected a number from 1 to 999", code=2)
     try:
-        refs = images.ensure_fault_image(fault, _say)
+        refs = (images.ensure_fault_image(fault, _say) if fault is not None else
+                images.ensure_release_image(int(release), _say))
     except (RuntimeError, sh.LabError) as exc:
         raise Exit(str(exc), code=1) from None
     for arch, ref in refs.items():

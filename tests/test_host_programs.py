@@ -20,7 +20,7 @@ from converge.verify import CheckShell
 from serving.relay_probe import PING_PROGRAM
 from converge.errors import StepFailed
 from converge.transport import Result
-from day2 import logs, readings, top, usage
+from day2 import logs, prune, readings, top, usage
 from roles.frontdoor.back import BACK, BACK_PROGRAM
 from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
 from serving.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
@@ -34,7 +34,7 @@ from roles.weights.cache import CACHE_PROGRAM
 from serving.replicas import replica
 from roles.service import rollout
 from roles.service.rollout import PROGRAM as ROLL_PROGRAM, ROLL, Roll
-from roles.start.role import PROGRAM as START_PROGRAM, START
+from roles.start.role import PROGRAM as START_PROGRAM, RECORD_PROGRAM, START
 from roles.weights.download import (FETCH, FETCH_PROGRAM, MANIFEST, MANIFEST_PROGRAM, HubFile, Manifest,
                                     parse_manifest, progress_reader)
 from tests.conftest import ROOT
@@ -62,7 +62,8 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
             "day2-replicas": readings.REPLICAS_PROGRAM, "day2-serving-host": readings.SERVING_HOST_PROGRAM, "day2-gateway": readings.GATEWAY_PROGRAM,
             "day2-alerts": readings.ALERTS_PROGRAM, "day2-prometheus": top.PROMETHEUS_PROGRAM,
             "day2-journal": logs.JOURNAL_PROGRAM, "day2-usage-days": usage.USAGE_DAYS_PROGRAM,
-            "day2-records": usage.RECORDS_PROGRAM}
+            "day2-records": usage.RECORDS_PROGRAM, "day2-prune-facts": prune.FACTS_PROGRAM,
+            "day2-prune": prune.REMOVE_PROGRAM, "start-record-release": RECORD_PROGRAM}
 
 
 def test_every_host_program_file_belongs_to_a_program():

@@ -7,19 +7,29 @@ from pathlib import Path
 from converge.changes import Command, Role
 from converge.errors import StepFailed
 
+from converge.facts.host import FileState
+
 from serving.fleet import is_serving
+from serving.hf_cache import ref_path
+from serving.releases import KEPT_LINES, current, history_path, parse_history
 from serving.handoffs import UNITS, gated
 from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
 from serving.replica_ready import PRELUDE, READY, READY_MARKERS, replica_ready
 from serving.replicas import TABLE_READER, Replica, service, shell_table, unit_globs
 from serving.systemd import systemctl
-from serving.serving_host import env_path, is_running, record_path, restart, step_name, unit_state
+from serving.serving_host import STATE_DIR, env_path, is_running, record_path, restart, step_name, unit_state
 
 START = Protocol("start and wait", markers=READY_MARKERS, exits={"failed": 3, "timeout": 4}, result={
     "state": "ready, start-failed (systemctl refused), failed (a unit failed) or timeout",
     "ms": "how long the wait took", "units": "the unit that failed, or those that did not answer in time",
     "how": "the failed unit's ActiveState/SubState, or what failed"})
 PROGRAM = Program((PRELUDE, RESULT_LIBRARY, *TABLE_READER, READY, Path(__file__).parent / "files" / "start.sh"), START)
+RECORD = Protocol("record the release", result={"recorded": "the units whose release was new (blank-separated)"})
+RECORD_PROGRAM = Program((RESULT_LIBRARY, *TABLE_READER, Path(__file__).parent / "files" / "record_release.sh"), RECORD)
+
+
+def facts(hostvars):
+    return {"release_history": FileState(history_path(hostvars))}
 
 
 def wait_script(v: dict, replicas: list[Replica], timeout: int) -> str:
@@ -70,6 +80,56 @@ def plan(ctx):
                                               f"({'; '.join(whys)})",
                   timeout=timeout + 60, interpret=interpret,
                   changes=any(not is_running(states[r.index]) for r in wanted))
+    yield from record_releases(ctx)
+
+
+def _release_rows(ctx) -> list[dict]:
+    """What each replica serves, as the history records it (the digest and commit are read there)."""
+    v = ctx.vars
+    cache = v.get("model_cache", "/srv/models/hf-cache")
+    revision = v.get("model_revision", "main")
+    declared = ctx.results[UNITS]
+    return [{"unit": p.replica.unit, "image": declared.image, "model": p.served.model, "revision": revision,
+             "refs": ref_path(cache, p.served.model, revision)} for p in declared.replicas]
+
+
+def _recorded(ctx, rows: list[dict]) -> bool:
+    """Whether the history's last line for every replica already says what the facts say it serves."""
+    record = ((ctx.facts.get("image_record") or {}).get("content") or "").split("\n")
+    digest = record[1] if len(record) > 1 and record[0] == ctx.results[UNITS].image else ""
+    weights = ctx.facts.get("weights") or {}
+    last = current(parse_history((ctx.facts.get("release_history") or {}).get("content") or ""))
+    for row in rows:
+        commit = ((weights.get(row["model"]) or {}).get("refs") or {}).get(row["revision"], "")
+        seen = last.get(row["unit"])
+        if seen is None or (seen.image, seen.digest, seen.model, seen.revision, seen.commit) != \
+                (row["image"], digest, row["model"], row["revision"], commit):
+            return False
+    return True
+
+
+def record_releases(ctx):
+    """Each replica's release in the host's history, once it serves it (serving/releases.py): only
+    when this run changed something on the host, or the history does not say what the facts do."""
+    rows = _release_rows(ctx)
+    if any(any(c.isspace() or c == "=" for c in str(value)) for row in rows for value in row.values()):
+        raise StepFailed(f"a replica's image or model holds a blank or '=': {rows}")
+    needed = bool(ctx.changed_steps) or not _recorded(ctx, rows)
+
+    def interpret(result):
+        if result.rc != 0:
+            raise StepFailed(f"the release history {history_path(ctx.vars)} could not be written (exit {result.rc}): "
+                             f"{(result.stdout + result.stderr).strip()[-300:]}. Check the disk under {STATE_DIR}")
+        units = str(RECORD.result_of(result.stdout)["recorded"]).split()
+        return (f"recorded {', '.join(units)} in {history_path(ctx.vars)}" if units else "already recorded"), bool(units)
+
+    yield Command("record the release", when=needed, maybe=True, timeout=60, interpret=interpret,
+                  script=RECORD_PROGRAM.script({
+                      "HISTORY": history_path(ctx.vars), "RECORD": record_path(ctx.vars), "STATE_DIR": STATE_DIR,
+                      "KEEP_LINES": KEPT_LINES,
+                      "RELEASES": "\n".join(" ".join(f"{k}={val}" for k, val in row.items()) for row in rows)}),
+                  describe=f"note what each replica serves in {history_path(ctx.vars)} (image by digest, weights by "
+                           f"commit), when it is new")
 
 
 def summary(ctx) -> dict:
@@ -97,4 +157,4 @@ def summary(ctx) -> dict:
         "model_revision": v.get("model_revision", "main")}}
 
 
-ROLE = Role("start", lambda v: {}, plan, flush_handlers=True, summary=summary, hosts=is_serving)
+ROLE = Role("start", facts, plan, flush_handlers=True, summary=summary, hosts=is_serving)

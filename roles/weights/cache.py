@@ -13,14 +13,11 @@ from pathlib import Path
 
 from converge.facts import Fact
 
+from serving.hf_cache import model_of, repo_dir  # noqa: F401  (the weights role's names for them)
 from serving.host_programs import Program, Protocol
 
 VERIFIED = ".dgemma-verified"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def repo_dir(model: str) -> str:
-    return "models--" + model.replace("/", "--")
 
 
 CACHE = Protocol("the Hugging Face cache", markers={
@@ -46,7 +43,7 @@ def parse_cache(text: str) -> dict:
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "@repo":
-            name = rest[len("models--"):].replace("--", "/", 1)
+            name = model_of(rest)
             current = models[name] = {"refs": {}, "snapshots": {}, "blobs": {}, "verified": set()}
         elif current is None:
             continue

@@ -69,7 +69,7 @@ def _model(ctx, model: str, restarts: tuple, relayed: bool):
         yield from relay_steps(ctx)
     relay = usable_relay(ctx)
 
-    interpret = read_fetch(model, manifest, cache, endpoint, relayed_through=bool(relay))
+    interpret = read_fetch(model, manifest, cache, endpoint, relayed_through=bool(relay), host=ctx.name)
 
     yield Command(f"download {model}", script=fetch_script(cache, manifest, endpoint, token,
                                                            relay=relay.url if relay else None,
@@ -81,7 +81,7 @@ def _model(ctx, model: str, restarts: tuple, relayed: bool):
 
 
 
-def read_fetch(model: str, manifest: Manifest, cache: str, endpoint: str, relayed_through: bool):
+def read_fetch(model: str, manifest: Manifest, cache: str, endpoint: str, relayed_through: bool, host: str = "HOST"):
     """The download step's reader: what the fetch's result and markers (download.FETCH) say of it, or
     StepFailed saying what to do."""
     def interpret(result):
@@ -90,14 +90,17 @@ def read_fetch(model: str, manifest: Manifest, cache: str, endpoint: str, relaye
         said = seen["result"] or {}
         if said.get("outcome") == "no-space":
             raise StepFailed(f"{cache} has {_mib(int(said['free']))} free; {model} needs {_mib(int(said['need']))} "
-                             f"more: free space there or set model_cache to a larger disk (nothing was fetched)")
+                             f"more: free space there (invoke prune --hosts {host} --check shows what the fleet's old images and "
+                             f"weights take) or set model_cache to a larger disk (nothing was fetched)")
         if said.get("outcome") == "no-folder":
             raise StepFailed(f"{model}'s folders in {cache} could not be made: {output[-300:] or 'mkdir failed'}. "
                              f"Check that model_cache is a folder the deploy may write (its owner, its mount)")
         if said.get("outcome") != "complete" or str(said.get("commit")) != manifest.commit:
             if "No space left on device" in output:
                 raise StepFailed(f"downloading {model} failed: the disk under {cache} is full (No space left on "
-                                 f"device). Free space there, or set model_cache to a larger disk, and deploy again: "
+                                 f"device). Free space there (invoke prune --hosts {host} --check shows what the "
+                                 f"fleet's old images and weights take), or set model_cache to a larger disk, and "
+                                 f"deploy again: "
                                  f"what was downloaded is kept and the download resumes")
             if not said:
                 raise StepFailed(f"downloading {model} was cut off before it said how it ended (exit {result.rc}, no "

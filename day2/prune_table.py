@@ -2,7 +2,7 @@
 each with its size and what it frees, what stays and why, and the totals."""
 from __future__ import annotations
 
-from .prune import size_text
+from serving.prune import size_text
 
 
 def prune_document(report, check: bool) -> dict:

@@ -20,7 +20,8 @@ from converge.verify import CheckShell
 from serving.relay_probe import PING_PROGRAM
 from converge.errors import StepFailed
 from converge.transport import Result
-from day2 import logs, prune, readings, top, usage
+from day2 import logs, readings, top, usage
+from serving import prune
 from roles.frontdoor.back import BACK, BACK_PROGRAM
 from roles.gateway.usage_steps import USAGE_RUNNING, USAGE_RUNNING_PROGRAM, _interpret as usage_reader
 from serving.haproxy.steps import ANSWERING, ANSWERING_PROGRAM, _interpret as answering_reader
@@ -29,7 +30,7 @@ from serving import container_unit, systemd
 from roles.exporters import role as exporters
 from roles.shared_address import role as shared_address
 from serving.host_programs import Program
-from roles.image.role import INSPECT_PROGRAM, PULL_PROGRAM
+from roles.image.role import INSPECT_PROGRAM, MANIFEST_PROGRAM as IMAGE_MANIFEST_PROGRAM, PULL_PROGRAM
 from roles.weights.cache import CACHE_PROGRAM
 from serving.replicas import replica
 from roles.service import rollout
@@ -49,7 +50,7 @@ HOST_LOCK = Program((hostlock.SCRIPT,))  # the engine's own
 PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING_PROGRAM, "back": BACK_PROGRAM,
             "collector": COLLECTOR, "usage-running": USAGE_RUNNING_PROGRAM, "hostlock": HOST_LOCK,
             "weights-manifest": MANIFEST_PROGRAM, "weights-fetch": FETCH_PROGRAM,
-            "image-pull": PULL_PROGRAM, "image-inspect": INSPECT_PROGRAM, "weights-cache": CACHE_PROGRAM,
+            "image-pull": PULL_PROGRAM, "image-manifest": IMAGE_MANIFEST_PROGRAM, "image-inspect": INSPECT_PROGRAM, "weights-cache": CACHE_PROGRAM,
             "container-pull": container_unit.PULL_PROGRAM, "container-answering": container_unit.ANSWERING_PROGRAM,
             "systemd": SYSTEMD, "folders": FOLDERS, "collector-running": exporters.COLLECTOR_RUNNING_PROGRAM,
             "shared-address-answering": shared_address.ANSWERING_PROGRAM,

@@ -3,6 +3,7 @@
 for real under sh on a Hugging Face cache laid out in a temporary folder."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from day2 import prune
+from serving import prune
 from roles.start.role import RECORD, RECORD_PROGRAM
 from serving.releases import kept, parse_history, rollback_target
 
-DATA = Path(__file__).parent / "data" / "prune"
+DATA = Path(__file__).parent / "data" / "disk"
 REPO = "10.213.0.1:5000/vllm/vllm-openai"
 MODEL = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
 UNIT = "vllm-diffusiongemma.service"
@@ -209,3 +210,25 @@ def test_the_release_is_recorded_once_with_the_digest_and_commit_the_host_holds(
                                       (f"{REPO}@sha256:1", "vllm/vllm-openai"), ("busybox:1", "library/busybox")])
 def test_a_repository_is_the_same_through_any_registry(ref, repo):
     assert prune.repository(ref) == repo
+
+
+def answer(body, status="200", kind=""):
+    return {"status": status, "type": kind, "body": base64.b64encode(body.encode()).decode(), "why": ""}
+
+
+def test_an_images_size_is_read_from_its_registrys_manifest_before_a_pull():
+    from roles.image.registry import locate, read_answer
+    pushed = (DATA / "manifest-r4-x86_64.json").read_text()  # what the lab's registry answered for a release
+    size = read_answer(answer(pushed, kind="application/vnd.oci.image.manifest.v1+json"), "amd64").size
+    doc = json.loads(pushed)
+    assert size == sum(layer["size"] for layer in doc["layers"]) + doc["config"]["size"] and size > 2_000_000
+    index = json.dumps({"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"digest": "sha256:a", "platform": {"architecture": "amd64", "os": "linux"}},
+        {"digest": "sha256:b", "platform": {"architecture": "arm64", "os": "linux"}}]})
+    assert read_answer(answer(index), "arm64").platform_digest == "sha256:b"
+    assert "lists no riscv64 image (it has amd64, arm64)" in read_answer(answer(index), "riscv64").unknown
+    assert read_answer(answer("", status="401"), "amd64").unknown == "the registry answered 401"
+    assert "could not be read" in read_answer(answer("{not json"), "amd64").unknown
+    assert locate("vllm/vllm-openai:v0.33.0-x86_64") == ("registry-1.docker.io", "vllm/vllm-openai", "v0.33.0-x86_64")
+    assert locate("haproxy:3.0") == ("registry-1.docker.io", "library/haproxy", "3.0")
+    assert locate("10.213.0.1:5000/vllm/vllm-openai@sha256:ab") == ("10.213.0.1:5000", "vllm/vllm-openai", "sha256:ab")

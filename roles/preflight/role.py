@@ -10,6 +10,7 @@ from converge.facts.nvidia import NvidiaSmi
 
 from serving.fleet import is_serving
 from serving.handoffs import CHOICE
+from serving.hf_cache import status as weights_complete
 from serving.nixos_module import module_path
 from serving.vllm_serve import diffusion_wanted, generation_wanted
 from serving.replicas import from_container, units_of
@@ -140,7 +141,7 @@ def plan(ctx):
     need = spec.get("disk_mib", 0) + v.get("min_free_disk_mib", 2048)
     disk = f.get("disk_cache")
     have_weights = f.get("weights") or {}
-    if disk and not (have_weights.get(choice.model) or {}).get("complete"):
+    if disk and not weights_complete(have_weights, choice.model, v.get("model_revision", "main"))[0]:
         yield Check("disk space for weights", ok=disk["free_mib"] >= need,
                     message=(f"{disk['free_mib']} MiB free on {disk['mount']} for {disk['path']}" if
                              disk["free_mib"] >= need else

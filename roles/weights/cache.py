@@ -8,16 +8,14 @@ and mtime in ``.dgemma-verified``; the fact compares against that record.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from converge.facts import Fact
 
-from serving.hf_cache import model_of, repo_dir  # noqa: F401  (the weights role's names for them)
+from serving.hf_cache import model_of, repo_dir, status  # noqa: F401  (the weights role's names for them)
 from serving.host_programs import Program, Protocol
 
 VERIFIED = ".dgemma-verified"
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 CACHE = Protocol("the Hugging Face cache", markers={
@@ -59,26 +57,3 @@ def parse_cache(text: str) -> dict:
         elif kind == "@verified":
             current["verified"].add(tuple(rest.split()))
     return models
-
-
-def status(models: dict, model: str, revision: str = "main") -> tuple[bool, str]:
-    """(complete, why not) for one model."""
-    entry = models.get(model)
-    if not entry:
-        return False, "not in the cache"
-    commit = entry["refs"].get(revision) or (revision if revision in entry["snapshots"] else None)
-    if not commit:
-        return False, f"no refs/{revision}"
-    snap = entry["snapshots"].get(commit)
-    if not snap or snap["files"] == 0:
-        return False, f"no snapshot for {commit[:12]}"
-    if snap["broken"]:
-        return False, f"{snap['broken']} snapshot files point at missing blobs"
-    incomplete = [b for b in entry["blobs"] if b.endswith(".incomplete")]
-    if incomplete:
-        return False, f"{len(incomplete)} partial downloads (.incomplete)"
-    recorded = {(name, size, mtime) for name, size, mtime in entry["verified"]}
-    for name, (size, mtime) in entry["blobs"].items():
-        if SHA256.match(name) and (name, str(size), str(mtime)) not in recorded:
-            return False, f"blob {name[:12]} not verified"
-    return True, f"{commit[:12]}, {len(entry['blobs'])} blobs verified"

@@ -151,3 +151,36 @@ def test_releases_rolled_one_host_first_then_pruned_keeping_the_rollback_target(
         assert [t["task"] for t in steps if t["status"] == "changed"] == [f"record {releases[2][ARCH[host]]}"], steps
         running = ssh(host, f"{RUNTIME[host]} ps --format '{{{{.Image}}}}'").stdout
         assert releases[2][ARCH[host]] in running, running
+
+
+def test_a_pull_that_cannot_fit_fails_before_it_starts_naming_what_is_missing_and_prune(releases, lab_copy):
+    """min_free_disk_mib larger than the disk: the image step asks the registry for the new release's
+    size, finds it short, and fails before the pull; nothing of it is on the host, the replica runs on."""
+    fresh = refs("--release 4")
+    for host in HOSTS:
+        running = ssh(host, f"{RUNTIME[host]} ps --format '{{{{.Image}}}}'").stdout
+        set_image(lab_copy, host, fresh[ARCH[host]], pull="missing")
+        path = lab_copy / "host_vars" / f"{host}.yml"
+        path.write_text(path.read_text() + "min_free_disk_mib: 100000000\n")
+        proc, data = deploy(lab_copy, "--hosts", host)
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        failed = [t for t in data["hosts"][host]["tasks"] if t["status"] == "failed"]
+        assert [(t["role"], t["task"]) for t in failed] == [("image", "room for the image")], failed
+        message = failed[0]["message"]
+        assert "MiB missing. Nothing was pulled" in message and f"invoke prune --hosts {host} --check" in message
+        assert re.search(r"needs about [0-9,]+ MiB on \S+ \(/var/lib/(containers|docker)\)", message), message
+        assert not any(fresh[ARCH[host]].split("/", 1)[1] in i for i in images_of(host))
+        assert ssh(host, f"{RUNTIME[host]} ps --format '{{{{.Image}}}}'").stdout == running
+        if host == "rtx01":
+            # prune_before_pull: what prune would remove goes first (release 1 pulled back here: no release
+            # keeps it); the disk is still short by far, so the pull is refused all the same, saying so
+            ssh(host, f"podman pull -q --tls-verify=false {releases[1]['x86_64']}")
+            path.write_text(path.read_text() + "prune_before_pull: true\n")
+            proc, data = deploy(lab_copy, "--hosts", host)
+            assert proc.returncode == 1, proc.stdout[-3000:]
+            tasks = data["hosts"][host]["tasks"]
+            removed = [t for t in tasks if t["role"] == "image" and t["task"].startswith("remove image")]
+            assert [t["status"] for t in removed if releases[1]["x86_64"] in t["task"]] == ["changed"], tasks
+            failed = [t for t in tasks if t["status"] == "failed"]
+            assert "after prune_before_pull freed" in failed[0]["message"], failed
+            assert not any(releases[1]["x86_64"].split("/", 1)[1] in i for i in images_of(host))

@@ -6,7 +6,7 @@ from converge.changes import Command, Role
 from converge.errors import StepFailed
 
 from serving.fleet import is_serving
-from serving.prune import DEFAULT_KEEP, prune_facts, removal_commands, selection
+from serving.prune import DEFAULT_KEEP, disk_textfile_step, prune_facts, removal_commands, selection
 
 
 def prune_role(keep: int = DEFAULT_KEEP) -> Role:
@@ -17,6 +17,9 @@ def prune_role(keep: int = DEFAULT_KEEP) -> Role:
                                                        "here is running or kept")
             return
         yield from removal_commands(ctx, chosen)
+        # the fleet's disk as monitoring sees it, once every removal is done (keep 1: what deploy writes)
+        if keep == DEFAULT_KEEP:
+            yield disk_textfile_step(ctx, chosen, removed=True)
 
     def summary(ctx):
         if ctx.facts is None:

@@ -124,6 +124,9 @@ HOST = [
     panel("Disk for the weights", [('dgemma_weights_filesystem_avail_bytes{host="$host"}', "free on {{mountpoint}}"),
                                    ('dgemma_weights_filesystem_size_bytes{host="$host"}', "size of {{mountpoint}}")],
           "bytes"),
+    panel("The fleet's images and weights, and what invoke prune would free",
+          [('dgemma_fleet_disk_bytes{host="$host"}', "{{kind}} take"),
+           ('dgemma_prunable_bytes{host="$host"}', "{{kind}}: prune frees")], "bytes"),
     panel("Front door: answers per replica",
           [(f'sum by (server, code) (rate(haproxy_server_http_responses_total{{job="frontdoor", host="$host", '
             f'proxy="servers"}}[{RATE}]))', "{{server}} {{code}}")], "reqps"),

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from converge.changes import Command
+from converge.changes import Command, File
 from converge.errors import StepFailed
 from converge.facts import Fact, FactError
 from converge.facts.containers import DOCKER_SOCKET, LIBRARY as CONTAINERS_LIBRARY, Images, normalise_ref
@@ -32,6 +32,7 @@ from converge.facts.host import Arch, FileState
 from serving import catalog
 from serving.hf_cache import model_of, model_path
 from serving.host_programs import RESULT_LIBRARY, Program, ProgramResultError, Protocol
+from serving.exporter_containers import TEXTFILES
 from serving.releases import Release, history_path, kept, parse_history
 from serving.serving_host import record_path
 
@@ -159,6 +160,26 @@ class Removal:
 class Selection:
     remove: list
     keep: list  # (what, why)
+    images_bytes: int = 0  # the fleet's images here, each as the runtime sizes it (shared layers in each)
+    weights_bytes: int = 0  # the blobs and unfinished downloads of the models the history names
+
+
+def disk_textfile(chosen: Selection, removed: bool = False) -> str:
+    """The node exporter's textfile of the fleet's disk (roles/exporters writes it at each deploy,
+    invoke prune after it removed): what the fleet's images and weights take, and what prune would
+    free. ``removed``: the figures once every removal of ``chosen`` is done."""
+    gone = {kind: sum(r.frees for r in chosen.remove if (r.kind == "image") == (kind == "images"))
+            for kind in ("images", "weights")}
+    taken = {"images": chosen.images_bytes, "weights": chosen.weights_bytes}
+    lines = ["# HELP dgemma_fleet_disk_bytes Space the fleet's images (each as its runtime sizes it) and weights "
+             "(the blobs of the models deployed here) take on the host.",
+             "# TYPE dgemma_fleet_disk_bytes gauge"]
+    lines += [f'dgemma_fleet_disk_bytes{{kind="{kind}"}} {max(taken[kind] - (gone[kind] if removed else 0), 0)}'
+              for kind in ("images", "weights")]
+    lines += ["# HELP dgemma_prunable_bytes What invoke prune (keeping the rollback target) would free on the host.",
+              "# TYPE dgemma_prunable_bytes gauge"]
+    lines += [f'dgemma_prunable_bytes{{kind="{kind}"}} {0 if removed else gone[kind]}' for kind in ("images", "weights")]
+    return "\n".join(lines) + "\n"
 
 
 def _image_name(image: dict) -> str:
@@ -172,6 +193,7 @@ def select(releases: list[Release], images: list[dict], space: dict, models: dic
     staying = kept(releases, keep)
     now = {r.unit: r for r in releases}
     remove, kept_notes = [], []
+    images_bytes = weights_bytes = 0
     kept_digests = {r.digest for r in staying if r.digest}
     kept_tags = {normalise_ref(r.image) for r in now.values()} | {normalise_ref(ref) for ref in wanted if ref}
     kept_tags |= {normalise_ref(r.image) for r in staying if not r.digest}
@@ -196,9 +218,11 @@ def select(releases: list[Release], images: list[dict], space: dict, models: dic
             seen = image_space(space, image["id"])
             remove.append(Removal("image", name, seen.get("size", 0), seen.get("unique", 0),
                                   {"ID": image["id"], "TAGS": " ".join(image["tags"])}))
+        images_bytes += image_space(space, image["id"]).get("size", 0)
     kept_commits = {(r.model, r.commit) for r in staying}
     for model, entry in sorted(models.items()):
         repo = model_path(cache, model)
+        weights_bytes += sum(entry["blobs"].values()) + sum(p["size"] for p in entry["partials"].values())
         held = any(p["held"] for p in entry["partials"].values())
         links = entry["snapshots"]
         keep_snaps = {c for c in links if (model, c) in kept_commits}
@@ -231,7 +255,7 @@ def select(releases: list[Release], images: list[dict], space: dict, models: dic
                                   {"REPO": repo, "BLOBS": " ".join(partial)}))
         if held:
             kept_notes.append((f"{model}: unfinished downloads", "a download is under way"))
-    return Selection(remove, kept_notes)
+    return Selection(remove, kept_notes, images_bytes, weights_bytes)
 
 
 def inventory_refs(v: dict, arch: str | None) -> set[str]:
@@ -250,20 +274,20 @@ def fleet_repositories(v: dict, releases: list[Release]) -> set[str]:
 
 
 def _facts(v: dict) -> dict:
-    return {"arch": Arch(), "prune_images": Images(v.get("container_runtime", "podman")), "prune_space": PruneFacts(v),
+    return {"arch": Arch(), "images": Images(v.get("container_runtime", "podman")), "prune_space": PruneFacts(v),
             "prune_history": FileState(history_path(v)), "prune_record": FileState(record_path(v))}
 
 
 def _selection(ctx, keep: int) -> Selection:
     f, v = ctx.facts, ctx.vars
-    if f.get("prune_images") is None and "prune_images" in f.errors:
+    if f.get("images") is None and "images" in f.errors:
         raise StepFailed(f"the images could not be listed: {f.errors['prune_images']}")
     if "prune_space" in f.errors:
         raise StepFailed(str(f.errors["prune_space"]))
     releases = parse_history((f.get("prune_history") or {}).get("content") or "")
     record = ((f.get("prune_record") or {}).get("content") or "").split("\n")
     seen = f.get("prune_space") or {"space": {}, "models": {}}
-    return select(releases, f.get("prune_images") or [], seen["space"], seen["models"], keep,
+    return select(releases, f.get("images") or [], seen["space"], seen["models"], keep,
                   fleet_repositories(v, releases), {record[0]} | inventory_refs(v, f.get("arch")),
                   v.get("model_cache", DEFAULT_CACHE))
 
@@ -274,9 +298,18 @@ def _params(v: dict, removal: Removal) -> dict:
     return {**base, **removal.params}
 
 
+DISK_TEXTFILE = f"{TEXTFILES}/disk.prom"
+
+
 def prune_facts(v: dict) -> dict:
-    """The facts prune weighs (gathered in the run's one round trip)."""
-    return _facts(v)
+    """The facts prune weighs (gathered in the run's one round trip), and the disk textfile as it is."""
+    return {**_facts(v), "disk_textfile": FileState(DISK_TEXTFILE)}
+
+
+def disk_textfile_step(ctx, chosen: Selection, removed: bool = False) -> File:
+    """The disk textfile written (atomic; a change only when a figure moved)."""
+    return File("disk textfile", path=DISK_TEXTFILE, mode="0644", content=disk_textfile(chosen, removed),
+                current=ctx.facts.get("disk_textfile"))
 
 
 def selection(ctx, keep: int) -> Selection:

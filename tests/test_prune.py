@@ -232,3 +232,73 @@ def test_an_images_size_is_read_from_its_registrys_manifest_before_a_pull():
     assert locate("vllm/vllm-openai:v0.33.0-x86_64") == ("registry-1.docker.io", "vllm/vllm-openai", "v0.33.0-x86_64")
     assert locate("haproxy:3.0") == ("registry-1.docker.io", "library/haproxy", "3.0")
     assert locate("10.213.0.1:5000/vllm/vllm-openai@sha256:ab") == ("10.213.0.1:5000", "vllm/vllm-openai", "sha256:ab")
+
+
+class Registry:
+    """A registry on loopback that answers as Docker Hub does: 401 with a Bearer challenge, a token
+    from its realm, then the manifest for a request that carries the token."""
+
+    def __init__(self, manifest: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        owner = self
+        self.asked = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                owner.asked.append((self.path, self.headers.get("Authorization"), self.headers.get("Accept")))
+                if self.path.startswith("/token?"):
+                    status, body, kind = 200, json.dumps({"token": "t0k3n"}), "application/json"
+                elif self.headers.get("Authorization") != "Bearer t0k3n":
+                    status, body, kind = 401, "{}", "application/json"
+                else:
+                    status, body, kind = 200, manifest, "application/vnd.oci.image.manifest.v1+json"
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                if status == 401:
+                    self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{owner.port}/token",'
+                                                         f'service="registry.test",scope="repository:vllm/vllm-openai:pull"')
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_manifest_program_answers_a_bearer_challenge_and_keeps_the_token_off_the_command_line():
+    from roles.image.registry import read_answer
+    from roles.image.role import MANIFEST, MANIFEST_PROGRAM
+    pushed = (DATA / "manifest-r4-x86_64.json").read_text()
+    registry = Registry(pushed)
+    try:
+        script = MANIFEST_PROGRAM.script({"REGISTRY": f"127.0.0.1:{registry.port}", "REPOSITORY": "vllm/vllm-openai",
+                                          "REFERENCE": "v1"})
+        assert "t0k3n" not in script
+        done = sh(script)
+    finally:
+        registry.server.shutdown()
+        registry.server.server_close()
+    said = MANIFEST.result_of(done.stdout)
+    assert said["status"] == 200 and read_answer(said, "amd64").size > 2_000_000, said
+    paths = [(path, auth) for path, auth, _ in registry.asked]
+    assert paths[0] == ("/v2/vllm/vllm-openai/manifests/v1", None)
+    assert paths[1][0].startswith("/token?") and "scope=repository%3avllm%2fvllm-openai%3apull" in paths[1][0].lower()
+    assert paths[2] == ("/v2/vllm/vllm-openai/manifests/v1", "Bearer t0k3n")
+    assert "application/vnd.oci.image.index.v1+json" in registry.asked[0][2]
+
+
+def test_the_disk_textfile_says_what_the_fleet_takes_and_what_prune_frees():
+    chosen = prune.Selection([prune.Removal("image", "r1", 50, 30), prune.Removal("snapshot", "m@a", 20, 12),
+                              prune.Removal("partial", "m", 4, 4)], [], images_bytes=500, weights_bytes=200)
+    before = prune.disk_textfile(chosen)
+    assert 'dgemma_fleet_disk_bytes{kind="images"} 500\n' in before and 'dgemma_prunable_bytes{kind="images"} 30\n' in before
+    assert 'dgemma_prunable_bytes{kind="weights"} 16\n' in before
+    after = prune.disk_textfile(chosen, removed=True)
+    assert 'dgemma_fleet_disk_bytes{kind="images"} 470\n' in after and 'dgemma_fleet_disk_bytes{kind="weights"} 184\n' in after
+    assert 'dgemma_prunable_bytes{kind="images"} 0\n' in after

@@ -31,6 +31,7 @@ from serving.handoffs import CERTIFICATES, CHOICE, GPU_METRICS, UNITS
 from serving.exporter_containers import (COLLECTOR, COLLECTOR_UNIT, COLLECTOR_UNIT_PATH, DCGM_COUNTERS, TEXTFILES,
                                        collector_unit, dcgm_counters, dcgm_exporter, node_exporter)
 from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
+from serving.prune import DEFAULT_KEEP, disk_textfile_step, prune_facts, selection
 from serving.serving_host import STATE_DIR
 from serving.systemd import SYSTEMD_FILE, folders_script, systemd_parameters
 
@@ -55,7 +56,9 @@ def facts(v):
             "collector": FileState(COLLECTOR), "collector_unit_file": FileState(COLLECTOR_UNIT_PATH),
             "collector_unit": UnitState(COLLECTOR_UNIT),
             "placement_textfile": FileState(f"{TEXTFILES}/placement.prom"),
-            "certificates_textfile": FileState(f"{TEXTFILES}/certificates.prom")}
+            "certificates_textfile": FileState(f"{TEXTFILES}/certificates.prom"),
+            # the fleet's disk (what prune weighs), on the hosts that serve
+            **(prune_facts(v) if is_serving(v) else {})}
 
 
 def plan(ctx):
@@ -100,6 +103,13 @@ def _textfiles(ctx):
         yield File("placement textfile", path=f"{TEXTFILES}/placement.prom", mode="0644",
                    content=textfiles.placement(gpus, declared.replicas, choice.placement.skipped, settings),
                    current=f.get("placement_textfile"))
+    if is_serving(ctx.vars) and ctx.facts.get("prune_space") is not None:
+        try:
+            chosen = selection(ctx, DEFAULT_KEEP)
+        except StepFailed:
+            chosen = None  # prune says why when it runs; the textfile is not deploy's to fail for
+        if chosen is not None:
+            yield disk_textfile_step(ctx, chosen)
     if ctx.results.get(CERTIFICATES):
         yield File("certificates textfile", path=f"{TEXTFILES}/certificates.prom", mode="0644",
                    content=textfiles.certificates(ctx.results[CERTIFICATES]), current=f.get("certificates_textfile"))

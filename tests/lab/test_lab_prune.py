@@ -139,6 +139,14 @@ def test_releases_rolled_one_host_first_then_pruned_keeping_the_rollback_target(
     for host in HOSTS:
         assert not [r for r in again["hosts"][host]["prune"]["remove"] if r["kind"] == "image"], again["hosts"][host]
     assert invoke("verify", "--hosts", ",".join(HOSTS), inventory=inv).returncode == 0
+    # the fleet's disk in monitoring: the node exporter serves the textfile prune wrote
+    for host in HOSTS:
+        exported = ssh(host, "curl -sS --max-time 5 http://127.0.0.1:9100/metrics | grep '^dgemma_' | "
+                             "grep -E 'fleet_disk|prunable'").stdout
+        figures = dict(re.findall(r'^(dgemma_\w+\{kind="\w+"\}) (\S+)$', exported, re.M))
+        assert float(figures['dgemma_fleet_disk_bytes{kind="images"}']) > 4_000_000, exported
+        assert float(figures['dgemma_fleet_disk_bytes{kind="weights"}']) > 0, exported
+        assert float(figures['dgemma_prunable_bytes{kind="images"}']) == 0, exported
 
     # back to release 2, the rollback target: no pull (image_pull: missing finds it here)
     for host in HOSTS:

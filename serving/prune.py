@@ -18,12 +18,13 @@ it alone holds (``podman system df``, the Engine API's ``/system/df``): layers i
 image that stays are not counted."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from converge.changes import Command, File
+from converge.changes import Command, atomic_write_script
 from converge.errors import StepFailed
 from converge.facts import Fact, FactError
 from converge.facts.containers import DOCKER_SOCKET, LIBRARY as CONTAINERS_LIBRARY, Images, normalise_ref
@@ -306,10 +307,16 @@ def prune_facts(v: dict) -> dict:
     return {**_facts(v), "disk_textfile": FileState(DISK_TEXTFILE)}
 
 
-def disk_textfile_step(ctx, chosen: Selection, removed: bool = False) -> File:
-    """The disk textfile written (atomic; a change only when a figure moved)."""
-    return File("disk textfile", path=DISK_TEXTFILE, mode="0644", content=disk_textfile(chosen, removed),
-                current=ctx.facts.get("disk_textfile"))
+def disk_textfile_step(ctx, chosen: Selection, removed: bool = False) -> Command:
+    """The disk textfile written (atomic) when a figure moved. It is monitoring's reading of the host,
+    not the host's configuration: writing it is not a change (the figures a deploy reads before it
+    pulls move at the next run, which still changes nothing)."""
+    content = disk_textfile(chosen, removed)
+    current = ctx.facts.get("disk_textfile") or {}
+    differs = current.get("sha256") != hashlib.sha256(content.encode()).hexdigest()
+    return Command("disk textfile", when=differs, changes=False, timeout=60,
+                   script=atomic_write_script(DISK_TEXTFILE, content.encode(), "0644", "root", "root", False),
+                   describe=f"write {DISK_TEXTFILE}: the fleet's images and weights, what prune would free")
 
 
 def selection(ctx, keep: int) -> Selection:

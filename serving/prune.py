@@ -207,19 +207,18 @@ def select(releases: list[Release], images: list[dict], space: dict, models: dic
             if repos & ours:
                 kept_notes.append((_image_name(image), f"also tagged for {', '.join(sorted(repos - ours))}"))
             continue
-        used = image_space(space, image["id"]).get("containers", 0)
+        seen = image_space(space, image["id"])
         name = _image_name(image)
-        if used:
+        if seen.get("containers", 0):
             kept_notes.append((name, "a container uses it"))
         elif set(image["digests"]) & kept_digests:
             kept_notes.append((name, "a kept release"))
         elif {normalise_ref(t) for t in image["tags"]} & kept_tags:
             kept_notes.append((name, "a replica's current image, or the inventory's"))
         else:
-            seen = image_space(space, image["id"])
             remove.append(Removal("image", name, seen.get("size", 0), seen.get("unique", 0),
                                   {"ID": image["id"], "TAGS": " ".join(image["tags"])}))
-        images_bytes += image_space(space, image["id"]).get("size", 0)
+        images_bytes += seen.get("size", 0)
     kept_commits = {(r.model, r.commit) for r in staying}
     for model, entry in sorted(models.items()):
         repo = model_path(cache, model)
@@ -274,15 +273,11 @@ def fleet_repositories(v: dict, releases: list[Release]) -> set[str]:
     return {catalog.images()["repository"]} | {repository(r.image) for r in releases}
 
 
-def _facts(v: dict) -> dict:
-    return {"arch": Arch(), "images": Images(v.get("container_runtime", "podman")), "prune_space": PruneFacts(v),
-            "prune_history": FileState(history_path(v)), "prune_record": FileState(record_path(v))}
-
-
-def _selection(ctx, keep: int) -> Selection:
+def selection(ctx, keep: int) -> Selection:
+    """What prune removes on the host of ``ctx`` (StepFailed when its facts could not be read)."""
     f, v = ctx.facts, ctx.vars
     if f.get("images") is None and "images" in f.errors:
-        raise StepFailed(f"the images could not be listed: {f.errors['prune_images']}")
+        raise StepFailed(f"the images could not be listed: {f.errors['images']}")
     if "prune_space" in f.errors:
         raise StepFailed(str(f.errors["prune_space"]))
     releases = parse_history((f.get("prune_history") or {}).get("content") or "")
@@ -304,7 +299,9 @@ DISK_TEXTFILE = f"{TEXTFILES}/disk.prom"
 
 def prune_facts(v: dict) -> dict:
     """The facts prune weighs (gathered in the run's one round trip), and the disk textfile as it is."""
-    return {**_facts(v), "disk_textfile": FileState(DISK_TEXTFILE)}
+    return {"arch": Arch(), "images": Images(v.get("container_runtime", "podman")), "prune_space": PruneFacts(v),
+            "prune_history": FileState(history_path(v)), "prune_record": FileState(record_path(v)),
+            "disk_textfile": FileState(DISK_TEXTFILE)}
 
 
 def disk_textfile_step(ctx, chosen: Selection, removed: bool = False) -> Command:
@@ -317,11 +314,6 @@ def disk_textfile_step(ctx, chosen: Selection, removed: bool = False) -> Command
     return Command("disk textfile", when=differs, changes=False, timeout=60,
                    script=atomic_write_script(DISK_TEXTFILE, content.encode(), "0644", "root", "root", False),
                    describe=f"write {DISK_TEXTFILE}: the fleet's images and weights, what prune would free")
-
-
-def selection(ctx, keep: int) -> Selection:
-    """What prune removes on the host of ``ctx`` (StepFailed when its facts could not be read)."""
-    return _selection(ctx, keep)
 
 
 def removal_commands(ctx, chosen: Selection):

@@ -302,3 +302,13 @@ def test_the_disk_textfile_says_what_the_fleet_takes_and_what_prune_frees():
     after = prune.disk_textfile(chosen, removed=True)
     assert 'dgemma_fleet_disk_bytes{kind="images"} 470\n' in after and 'dgemma_fleet_disk_bytes{kind="weights"} 184\n' in after
     assert 'dgemma_prunable_bytes{kind="images"} 0\n' in after
+
+
+def test_images_that_cannot_be_listed_fail_the_host_saying_why():
+    from types import SimpleNamespace
+
+    from converge.errors import StepFailed
+    from converge.facts import Facts
+    facts = Facts(values={}, errors={"images": "podman: command not found"})
+    with pytest.raises(StepFailed, match="the images could not be listed: podman: command not found"):
+        prune.selection(SimpleNamespace(facts=facts, vars={}), 1)

@@ -13,22 +13,26 @@ setup() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip git
   fi
   # the tests evaluate the NixOS modules with Debian's Nix (nix-instantiate), run the front door's
-  # configuration in Debian's HAProxy (the lab's image has the same one), and check the monitoring
+  # and the gateway's configuration in HAProxy 3.0 LTS (Debian 13's package, unpacked with its own
+  # loader and libraries by `invoke lab.haproxy`: the lab's image has the same), and check the monitoring
   # configuration and rules with Debian's promtool and amtool (the lab's images run the same versions),
   # and watch `invoke top` in tmux; the programs the roles run on hosts pass shellcheck; Open WebUI
   # is driven in Debian's Chromium (Playwright cannot download a browser here)
-  if [ "${1:-}" = test ] && { ! command -v nix-instantiate >/dev/null || ! command -v haproxy >/dev/null \
+  if [ "${1:-}" = test ] && { ! command -v nix-instantiate >/dev/null \
                               || ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
                               || ! command -v tmux >/dev/null || ! command -v shellcheck >/dev/null \
                               || ! command -v chromium >/dev/null; }; then
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin haproxy prometheus \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin prometheus \
       prometheus-alertmanager tmux shellcheck chromium
   fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  if [ "${1:-}" = test ]; then
+    .venv/bin/invoke lab.haproxy
+  fi
 }
 
 case "${1:-}" in

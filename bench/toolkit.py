@@ -29,6 +29,20 @@ def cpu_times() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields[:8])
 
 
+def haproxy_program() -> str | None:
+    """The HAProxy the benchmarks run: $DGEMMA_HAPROXY when set, else the 3.0 LTS the tests
+    and the lab's image run (`invoke lab.haproxy` unpacks it in the lab's cache, lab/config.py's
+    CACHE; stdlib only, so lab/ is not imported), else the one on PATH."""
+    if os.environ.get("DGEMMA_HAPROXY"):
+        return os.environ["DGEMMA_HAPROXY"]
+    cache = Path(os.environ.get("DGEMMA_LAB_CACHE", "/var/cache/dgemma-lab"))
+    unpacked = cache / "haproxy-3.0" / os.uname().machine / "haproxy"
+    if unpacked.exists():
+        return str(unpacked)
+    import shutil
+    return shutil.which("haproxy")
+
+
 # HAProxy's httplog timers, TR/Tw/Tc/Tr/Ta, then the status ("+" before Ta: logged before the end)
 HAPROXY_TIMERS = re.compile(r" (-?\d+)/(-?\d+)/(-?\d+)/(-?\d+)/(\+?-?\d+) \d{3} ")
 

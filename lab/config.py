@@ -57,7 +57,8 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "py
             # podman's Recommends on Debian (apt installs it with podman): a pod's pause process
             # (podman kube play builds its infra image from it)
             "catatonit",
-            # Debian's HAProxy, for the lab's image of the front door (library/haproxy)
+            # Debian 12's HAProxy, for its user: the front door image (library/haproxy) takes the base's
+            # passwd and runs as haproxy; its binary is Debian 13's 3.0 (lab/haproxy_package.py)
             "haproxy",
             # Debian's keepalived: the gateways' shared address (VRRP), as on a real gateway host
             "keepalived",
@@ -70,7 +71,7 @@ IMAGE_TAGS = {
 REPOSITORY = "vllm/vllm-openai"
 # the front door's image: one tag, both arches (a manifest list, as Docker Hub's)
 FRONTDOOR_REPOSITORY = "library/haproxy"
-FRONTDOOR_TAG = "2.6"
+FRONTDOOR_TAG = "3.0"
 # the monitoring stack's images (serving/catalog/images.yml names the same), built from Debian's
 # packages: (repository, tag, the package, its program, the official image's, the arches)
 MONITORING_IMAGES = {

@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import config, debs, rootfs, sh
+from . import config, debs, haproxy_package, rootfs, sh
 from .slimroot import SlimRoot
 
 IMAGE_VERSION = "6"  # 5: small roots (lab/slimroot.py), not the whole base; 6: PATH, as the official image has
@@ -139,9 +139,11 @@ def _push_manifest(listed: str, target: str, stamp: Path, digest: str):
 
 
 def ensure_frontdoor_image(log=print):
-    """library/haproxy:2.6 in the lab registry: Debian's HAProxy, run as the official
-    image runs it, one image per arch under one tag (a manifest list)."""
-    digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {HAPROXY_ENTRYPOINT}".encode()).hexdigest()[:16]
+    """library/haproxy:3.0 in the lab registry: Debian 13's HAProxy 3.0 LTS package with its
+    libraries (lab/haproxy_package.py) over the base's shell, run as the official image runs
+    it, one image per arch under one tag (a manifest list)."""
+    digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {HAPROXY_ENTRYPOINT} "
+                            f"{haproxy_package.PACKAGES}".encode()).hexdigest()[:16]
     stamp = config.CACHE / "image-frontdoor.pushed"
     target = f"{config.REGISTRY_LOCAL}/{config.FRONTDOOR_REPOSITORY}:{config.FRONTDOOR_TAG}"
     if _pushed(stamp, digest, target):
@@ -150,15 +152,20 @@ def ensure_frontdoor_image(log=print):
     for arch in config.IMAGE_TAGS:
         local = f"localhost/dglab-haproxy:{arch}-{digest}"
         if not sh.ok("podman", "image", "exists", local):
-            log(f"building the {arch} front door image (Debian's haproxy)")
+            package = haproxy_package.ensure(arch, log)
+            log(f"building the {arch} front door image (Debian 13's haproxy {haproxy_package.BRANCH})")
             extras = config.CACHE / f"frontdoor-extras-{arch}"
             shutil.rmtree(extras, ignore_errors=True)
-            (extras / "usr/local/bin").mkdir(parents=True)
+            # the package's usr/ (its binary, its loader and libraries: Debian 13's, which the base's
+            # shell runs on too) over the base's
+            (extras / "usr").mkdir(parents=True)
+            sh.run("cp", "-a", f"{package / 'usr'}/.", extras / "usr", timeout=300)
+            (extras / "usr/local/bin").mkdir(parents=True, exist_ok=True)
             entry = extras / "usr/local/bin/docker-entrypoint.sh"
             entry.write_text(HAPROXY_ENTRYPOINT)
             entry.chmod(0o755)
             (extras / "usr/local/etc/haproxy").mkdir(parents=True)
-            _import(arch, local, ("/usr/sbin/haproxy",), (), extras,
+            _import(arch, local, (), (), extras,
                     ['ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]',
                      'CMD ["haproxy", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]', "STOPSIGNAL SIGUSR1",
                      "USER haproxy"], log)

@@ -1,4 +1,4 @@
-"""invoke lab.up | lab.status | lab.down | lab.gpu | lab.uplink | lab.hub | lab.image"""
+"""invoke lab.up | lab.status | lab.down | lab.gpu | lab.uplink | lab.hub | lab.image | lab.haproxy"""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from . import config, hubdata, images, inventory, lock, machines, network, rootfs, services, sh
+from . import config, haproxy_package, hubdata, images, inventory, lock, machines, network, rootfs, services, sh
 
 
 def _say(text):
@@ -288,6 +288,17 @@ def image(c, fault=None, release=None):
         _say(f"{arch}: {ref}")
 
 
+@task
+def haproxy(c):
+    """Unpack Debian 13's HAProxy 3.0 LTS package (the front door image's) for this machine and
+    print the program's path: what the tests and the gateway benchmarks run."""
+    try:
+        path = haproxy_package.program(_say)
+    except sh.LabError as exc:
+        raise Exit(f"lab.haproxy: {exc}", code=1) from None
+    _say(f"{haproxy_package.installed()}: {path}")
+
+
 @task(help={"timeout": "seconds to wait for the answer (default 60)"})
 def serves(c, timeout=60):
     """Whether the lab serves as a user reaches it: a chat completion through the fleet's shared
@@ -326,4 +337,4 @@ def serves(c, timeout=60):
          f"(gateway {gateway}, replica {replica}): {text[:60]!r}")
 
 
-ns = Collection(up, status, down, gpu, uplink, hub, image, serves)
+ns = Collection(up, status, down, gpu, uplink, hub, image, haproxy, serves)

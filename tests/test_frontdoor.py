@@ -25,6 +25,7 @@ from serving.haproxy.instance import GATEWAY_SEES_FLAG_S, render_unit, run_comma
 from serving.haproxy.config import ALLOWED, Server, render_config, render_keys
 from serving.haproxy.stats import stats_rows
 from serving.replicas import Served, replica
+from tests.haproxy_program import haproxy
 
 
 def test_the_ca_is_made_once_and_its_key_stays_0600(tmp_path):
@@ -89,7 +90,7 @@ def test_the_units_hold_no_secret_and_name_vllms_key_only():
     assert "-e VLLM_API_KEY " in unit and "HF_TOKEN" not in unit
     assert "ExecReload=/usr/bin/docker kill --signal USR2 dgemma-frontdoor" in unit
     run = run_command({"registry": "10.213.0.1:5000"})
-    assert "10.213.0.1:5000/library/haproxy:2.6" in run and "--network=host" in run
+    assert "10.213.0.1:5000/library/haproxy:3.0" in run and "--network=host" in run
     # each access-log line once, straight into the unit's journal (podman); docker has no such mode
     assert run[run.index("--log-driver") + 1] == "passthrough"
     assert "--log-driver" not in run_command({"container_runtime": "docker"})
@@ -160,8 +161,7 @@ def _front_door(tmp_path, replicas: int, pools=None):
     """The rendered configuration in a real HAProxy (Debian's, as in the lab's image), before
     ``replicas`` backends (each says its port in ``x-backend-port``); ``pools(servers)``: the
     replicas by family (one family when None)."""
-    if not shutil.which("haproxy"):
-        pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
+    haproxy()  # fails, saying how to get it, when it is not there
     backends = [ThreadingHTTPServer(("127.0.0.1", 0), Backend) for _ in range(replicas)]
     for backend in backends:
         threading.Thread(target=backend.serve_forever, daemon=True).start()
@@ -183,7 +183,7 @@ def _front_door(tmp_path, replicas: int, pools=None):
         return config
 
     write_config(servers)
-    proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+    proc = subprocess.Popen([haproxy(), "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
                             env={**os.environ, "VLLM_API_KEY": "vllm-own-key"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     context = ssl.create_default_context(cafile=str(tmp_path / "ca" / "ca.crt"))
@@ -349,8 +349,8 @@ def reload_as_the_deploy_does(proxy, config: str, state_dir, proc) -> None:
 
 def until_reloaded(proc, taken, said=lambda: "the reload did not take") -> None:
     """Until ``taken()``, within 10 s of the reload; signalled once more after 3 s, as the
-    deploy's wait does (proxy.wait_script): HAProxy 2.6's master now and then acts on no
-    SIGUSR2 on a loaded machine, and a second one takes."""
+    deploy's wait does (proxy.wait_script): HAProxy's master now and then acts on no
+    SIGUSR2 on a loaded machine (seen on 2.6), and a second one takes."""
     signalled, again = time.monotonic(), True
     while not taken():
         if again and time.monotonic() > signalled + 3:

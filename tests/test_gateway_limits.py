@@ -33,6 +33,7 @@ from serving.haproxy.config import Server, render_config, render_keys
 from serving.haproxy.instance import GATEWAY
 from serving.haproxy.pools import Pool, upstream
 from tests.conftest import ROOT
+from tests.haproxy_program import haproxy
 
 SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
 DIFFUSION = "canvas_length=256 max_denoising_steps=48 diffusion_sampler=entropy_bound diffusion_entropy_bound=0.1"
@@ -252,8 +253,7 @@ class Fleet:
 
     def __init__(self, tmp: Path, shared: str = "", records_queue: int = 0, day_from_header: bool = False):
         self.records_queue = records_queue  # the usage service's --records-queue (0: the host's as it is)
-        if not shutil.which("haproxy"):
-            pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
+        haproxy()  # fails, saying how to get it, when it is not there
         self.tmp = tmp
         self.door = Quiet(("127.0.0.1", 0), Door)
         threading.Thread(target=self.door.serve_forever, daemon=True).start()
@@ -316,7 +316,7 @@ class Fleet:
         _until(lambda: (gw.dir / "usage.sock").exists(), "the usage service bound its socket")
 
     def start_haproxy(self, gw: Gateway):
-        gw.proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(gw.dir / "haproxy.cfg")],
+        gw.proc = subprocess.Popen([haproxy(), "-W", "-db", "-f", str(gw.dir / "haproxy.cfg")],
                                    env={**os.environ, "GATEWAY_KEY": "sk-gateway"},
                                    stdout=open(gw.dir / "haproxy.log", "a"), stderr=subprocess.STDOUT)
         _until(lambda: self.call(gw.name, "GET", "/health")[0] == 200, f"{gw.name} answers")
@@ -410,20 +410,27 @@ def fleet(tmp_path_factory):
 
 
 def test_a_burst_gets_exactly_its_requests_a_minute_and_the_rest_openais_429(fleet):
-    _clear_of_the_minute_turn()
-    answers = []
     lock = threading.Lock()
+    for attempt in range(2):
+        _clear_of_the_minute_turn()
+        minute = time.time() // 60
+        answers = []
 
-    def one():
-        got = fleet.chat("burst")
-        with lock:
-            answers.append(got)
+        def one():
+            got = fleet.chat("burst")
+            with lock:
+                answers.append(got)
 
-    threads = [threading.Thread(target=one) for _ in range(200)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        threads = [threading.Thread(target=one) for _ in range(200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # a burst the machine was too slow to send within one minute of the clock (a loaded CI
+        # machine) counts in two: sent again in the next one, the key's count there is its own
+        if time.time() // 60 == minute:
+            break
+        time.sleep(60.2 - time.time() % 60)  # a minute the last burst has no count in
     statuses = sorted(a[0] for a in answers)
     assert statuses.count(200) == 60 and statuses.count(429) == 140, [a[1] for a in answers if a[0] not in (200, 429)]
     refused = [a for a in answers if a[0] == 429]
@@ -1037,7 +1044,7 @@ def stranger(tmp: Path, name: str, dials: str, cert: Path | None) -> tuple[subpr
         f"peers gateways\n    bind 127.0.0.1:{_free_port()}\n"
         f"    server gateway02\n    server gateway01 {dials} ssl verify none{crt}\n"
         "backend tokens_day\n    stick-table type string len 200 size 200k expire 2d store gpc0 peers gateways\n")
-    proc = subprocess.Popen(["haproxy", "-db", "-f", str(folder / "haproxy.cfg")],
+    proc = subprocess.Popen([haproxy(), "-db", "-f", str(folder / "haproxy.cfg")],
                             stdout=open(folder / "haproxy.log", "a"), stderr=subprocess.STDOUT)
     stranger = Gateway(name, folder, 0, 0, proc)
     _until(lambda: proc.poll() is None and (folder / "admin.sock").exists() and stranger.ask("show info")

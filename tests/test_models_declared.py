@@ -24,6 +24,7 @@ from serving.vllm_serve import serve_args
 from tests import openai_upstream
 from tests.test_frontdoor import _free_port, reload_as_the_deploy_does, until_reloaded
 from tests.test_placement import H200, nvidia
+from tests.haproxy_program import haproxy
 
 BOTH = [{"family": "diffusiongemma", "gpus": 1}, {"family": "gemma4"}]
 
@@ -201,8 +202,7 @@ def test_a_run_that_places_nothing_keeps_the_front_doors_pools():
 def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:
     """The gateway's files in ``tmp_path`` (its certificate from a new fleet CA there), and its
     configuration as it reads them there."""
-    if not shutil.which("haproxy"):
-        pytest.fail("haproxy is not installed: ./run.sh test installs it (apt-get install haproxy)")
+    haproxy()  # fails, saying how to get it, when it is not there
     from credentials import ca as fleet_ca
     issued = fleet_ca.host_certificate(tmp_path, "gateway01", ["gateway01", "127.0.0.1"], make=True)
     (tmp_path / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
@@ -219,7 +219,7 @@ def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:
 
 def _haproxy_accepts(tmp_path, config: str, **env):
     path = _gateway_files(tmp_path, config)
-    proc = subprocess.run(["haproxy", "-c", "-f", path], capture_output=True, text=True,
+    proc = subprocess.run([haproxy(), "-c", "-f", path], capture_output=True, text=True,
                           env={**os.environ, "GATEWAY_KEY": "g", **env}, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -227,5 +227,5 @@ def _haproxy_accepts(tmp_path, config: str, **env):
 def _haproxy_runs(tmp_path, config: str, accepted: dict) -> subprocess.Popen:
     """A real HAProxy (master and worker, as in the container) on the gateway's files."""
     path = _gateway_files(tmp_path, config, accepted)
-    return subprocess.Popen(["haproxy", "-W", "-db", "-f", path], env={**os.environ, "GATEWAY_KEY": "g"},
+    return subprocess.Popen([haproxy(), "-W", "-db", "-f", path], env={**os.environ, "GATEWAY_KEY": "g"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

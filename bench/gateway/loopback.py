@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.toolkit import cpu_times, haproxy_timers, percentile  # noqa: E402  (stdlib only: `run` needs no toolkit environment)
+from bench.toolkit import cpu_times, haproxy_program, haproxy_timers, percentile  # noqa: E402  (stdlib only: `run` needs no toolkit environment)
 
 STANDIN = ROOT / "lab" / "stubs" / "vllm"
 ROUTES = ROOT / "lab" / "stubs" / "vllm-routes.txt"
@@ -272,14 +272,14 @@ class Processes:
             if self.pace == NO_COST:
                 config = self.folder / f"no-cost-{i}.cfg"
                 config.write_text(no_cost_config(port))
-                self._start(f"vllm-{i}", ["haproxy", "-W", "-db", "-f", str(config)], {}, port)
+                self._start(f"vllm-{i}", [haproxy_program(), "-W", "-db", "-f", str(config)], {}, port)
             else:
                 self._start(f"vllm-{i}", [sys.executable, "-c", STANDIN_LAUNCHER, str(STANDIN), "serve", MODEL,
                                           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL],
                             env, port)
-        self._start("frontdoor", ["haproxy", "-W", "-db", "-f", str(self.folder / "frontdoor" / "haproxy.cfg")],
+        self._start("frontdoor", [haproxy_program(), "-W", "-db", "-f", str(self.folder / "frontdoor" / "haproxy.cfg")],
                     {"VLLM_API_KEY": VLLM_KEY}, PORTS["frontdoor"])
-        self._start("gateway", ["haproxy", "-W", "-db", "-f", str(self.folder / "gateway" / "haproxy.cfg")],
+        self._start("gateway", [haproxy_program(), "-W", "-db", "-f", str(self.folder / "gateway" / "haproxy.cfg")],
                     {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["gateway"])
         limits = self.folder / "gateway-limits"
         shutil.rmtree(limits / "usage", ignore_errors=True)
@@ -293,7 +293,7 @@ class Processes:
                               *(["--readers", str(self.usage_readers)] if self.usage_readers else [])],
                     {}, PORTS["limits-usage"], pin_as="gateway",
                     nice=self.usage_nice if os.geteuid() == 0 else 0)
-        self._start("gateway-limits", ["haproxy", "-W", "-db", "-f", str(limits / "haproxy.cfg")],
+        self._start("gateway-limits", [haproxy_program(), "-W", "-db", "-f", str(limits / "haproxy.cfg")],
                     {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["limits"], pin_as="gateway")
         time.sleep(3)  # the gateway's and the front door's first health checks have passed
         return self
@@ -354,9 +354,11 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
         paces: dict | None = None, pin: bool = False) -> dict:
     """Every path at every concurrency, ``rounds`` times, the paths interleaved within a round
     (direct, front door, gateway, then again), so the machine's drift falls on each alike."""
-    for tool in ("haproxy", "wrk"):
-        if not shutil.which(tool):
-            raise SystemExit(f"bench/gateway/loopback.py needs {tool} on PATH (Debian: apt-get install {tool})")
+    if not haproxy_program():
+        raise SystemExit("bench/gateway/loopback.py needs HAProxy: invoke lab.haproxy unpacks the 3.0 LTS the tests run "
+                         "(or set DGEMMA_HAPROXY to one)")
+    if not shutil.which("wrk"):
+        raise SystemExit("bench/gateway/loopback.py needs wrk on PATH (Debian: apt-get install wrk)")
     plan = json.loads((folder / "plan.json").read_text())
     rows = []
     paths = [("direct", f"http://127.0.0.1:{PORTS['direct']}"), ("front door", f"https://127.0.0.1:{PORTS['frontdoor']}"),
@@ -396,7 +398,7 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
             print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), took {taken} (its "
                   f"HAProxy), its usage service counted {counted}, read {read} lines, lost {lost}", flush=True)
     return {"counts": counts, "machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
-            "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version(["haproxy", "-v"]), "rows": rows,
+            "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version([haproxy_program(), "-v"]), "rows": rows,
             "pinned": {k: sorted(v) for k, v in pins.items()} if pins else None}
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import loopback, records  # noqa: E402  (stdlib only, as loopback's `run`)
+from bench.gateway import loopback, records  # noqa: E402
+from bench.toolkit import haproxy_program  # noqa: E402  (stdlib only, as loopback's `run`)
 
 MARK_BEGIN = "<!-- bench/gateway parts: begin -->"
 MARK_END = "<!-- bench/gateway parts: end -->"
@@ -105,7 +106,7 @@ def _config_of(limits: Path, name: str) -> Path:
 
 def _start_gateway(folder: Path, config: Path, procs: loopback.Processes) -> subprocess.Popen:
     with open(folder / "gateway-limits.log", "a") as log:  # HAProxy keeps its own copy of the descriptor
-        proc = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(config)],
+        proc = subprocess.Popen([haproxy_program(), "-W", "-db", "-f", str(config)],
                                 env={**os.environ, "GATEWAY_KEY": loopback.GATEWAY_KEY},
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     procs.procs.append(proc)
@@ -125,9 +126,11 @@ def _stop(proc: subprocess.Popen):
 
 
 def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int, only: list[str] | None) -> dict:
-    for tool in ("haproxy", "wrk"):
-        if not shutil.which(tool):
-            raise SystemExit(f"bench/gateway/parts.py needs {tool} on PATH (Debian: apt-get install {tool})")
+    if not haproxy_program():
+        raise SystemExit("bench/gateway/parts.py needs HAProxy: invoke lab.haproxy unpacks the 3.0 LTS the tests run "
+                         "(or set DGEMMA_HAPROXY to one)")
+    if not shutil.which("wrk"):
+        raise SystemExit("bench/gateway/parts.py needs wrk on PATH (Debian: apt-get install wrk)")
     limits = folder / "gateway-limits"
     base = (limits / "haproxy.cfg").read_text()
     sink = limits / "sink.sock"
@@ -176,7 +179,7 @@ def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int,
     finally:
         _stop(sinker)
     return {"machine": platform.node(), "cores": os.cpu_count(), "cpu": loopback._cpu_name(),
-            "haproxy": loopback._version(["haproxy", "-v"]), "seconds": seconds, "concurrency": concurrency,
+            "haproxy": loopback._version([haproxy_program(), "-v"]), "seconds": seconds, "concurrency": concurrency,
             "rounds": rounds, "threads": threads, "rows": rows,
             "takes_away": {name: every[name][0] for name in chosen}}
 

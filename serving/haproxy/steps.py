@@ -113,8 +113,8 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, f
     ``kept`` (`kept_servers`). ``fallback``: a reload that has not taken after ``grace`` seconds
     becomes a restart: the running instance reads files other than those written (a container that
     still sees a directory replaced or remounted since it started). Before that, after ``again``
-    seconds, the reload is signalled once more: HAProxy 2.6's master now and then acts on no SIGUSR2
-    (on a loaded machine, 13 in about 100 reloads of a unit test's gateway; a second signal took it
+    seconds, the reload is signalled once more: HAProxy's master now and then acts on no SIGUSR2
+    (seen on 2.6 on a loaded machine, 13 in about 100 reloads of a unit test's gateway; a second signal took it
     each time, and one that comes during a reload merges into it), and a reload keeps the
     connections in flight where a restart would cut them."""
     v = ctx.vars

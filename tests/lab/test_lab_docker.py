@@ -29,7 +29,7 @@ def test_spark01_serves_the_aarch64_image_under_the_real_docker_engine(deployed,
     running = dict(line.split() for line in ssh("spark01", "docker ps --format '{{.Names}} {{.Image}}'").stdout.splitlines())
     # vLLM, its front door and the node exporter (the official images' names, from the lab's registry)
     assert running == {"vllm-diffusiongemma": "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130",
-                       "dgemma-frontdoor": "10.213.0.1:5000/library/haproxy:2.6",
+                       "dgemma-frontdoor": "10.213.0.1:5000/library/haproxy:3.0",
                        "dgemma-node-exporter": "10.213.0.1:5000/prom/node-exporter:v1.5.0"}
     assert ssh("spark01", "docker image inspect --format '{{.Architecture}}' "
                           "10.213.0.1:5000/vllm/vllm-openai:gemma-aarch64-cu130").stdout.strip() == "arm64"

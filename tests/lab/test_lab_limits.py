@@ -4,8 +4,11 @@ finishes all its requests once the window has passed; a day's tokens counted fro
 streamed or not, to the token, then 429 insufficient_quota; the counts carry over when the
 address moves to the other gateway, through a reload and a restart; `invoke usage`, Prometheus
 and the request records agree with what the clients received, each record with the diffusion
-settings of the replica that answered; a front end's users count apart. (The external
+settings of the replica that answered; a front end's users count apart; a key spent by clients
+at once while the gateway holding the address is killed, or the gateways reload, gets its limit
+within those clients, and `invoke usage` what they received. (The external
 upstream refused to a key that may not spend: tests/lab/test_lab_models.py.)"""
+import http.client
 import json
 import re
 import secrets
@@ -398,6 +401,100 @@ def test_the_counts_carry_over_the_address_moving_a_reload_and_a_restart(deploye
     assert int(headers["x-ratelimit-remaining-requests"]) <= 17, headers
     print(f"10 requests through {first}; its link cut: the 11th through {other} counted as the 11th of the "
           f"minute with the tokens spent before; a reload and a restart of {serving} lost none")
+
+
+class Spenders:
+    """``clients`` threads spending a key through the shared address, each its next request 20 ms
+    after the last was answered (or 0.2 s after it failed), until stopped: what each received."""
+
+    def __init__(self, key: str, clients: int):
+        self.key, self.answers, self.lock, self.stop = key, [], threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._spend, daemon=True) for _ in range(clients)]
+
+    def _spend(self):
+        while not self.stop.is_set():
+            try:
+                status, data, _ = post(self.key, timeout=10)
+            except (OSError, http.client.HTTPException) as exc:  # the address moving: refused, reset, cut
+                status, data = "failed", str(exc)
+            tokens = data["usage"]["total_tokens"] if status == 200 else 0
+            with self.lock:
+                self.answers.append((time.monotonic(), status, tokens))
+            time.sleep(0.02 if status in (200, 429) else 0.2)
+
+    def count(self, status, after: float = 0.0) -> int:
+        with self.lock:
+            return sum(1 for at, s, _ in self.answers if s == status and at > after)
+
+    def until(self, check, what: str, limit: float = 30):
+        deadline = time.monotonic() + limit
+        while not check():
+            assert time.monotonic() < deadline, f"not within {limit} s: {what} ({self.statuses()})"
+            time.sleep(0.1)
+
+    def statuses(self) -> dict:
+        with self.lock:
+            return {str(s): sum(1 for _, t, _ in self.answers if t == s) for s in {a[1] for a in self.answers}}
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+def test_a_gateway_killed_or_reloaded_under_load_passes_a_limit_by_no_more_than_its_clients_at_once(deployed, keys):
+    """The bound of docs/accounting.md: 6 clients spend a key of 30 requests a minute through the
+    shared address while the gateway holding it is killed (its HAProxy, SIGKILL: the address moves),
+    then, with another key, while the gateways reload. Answered: the limit, less the requests the
+    failure cut (counted, never answered), plus what the peers had not yet passed on when it came:
+    within the clients at once either way. `invoke usage` holds exactly what the clients received."""
+    limit, clients, seen = 30, 6, {}
+    for case in ("killed", "reloaded"):
+        key = keys(f"bound-{case}", "--requests-per-minute", str(limit))
+        name = keys.names[f"bound-{case}"]
+        clear_of_the_minute_turn(40)
+        minute, first = time.time() // 60, holder()
+        with Spenders(key, clients) as spenders:
+            spenders.until(lambda: spenders.count(200) >= limit // 3, "a third of the limit answered")
+            event = time.monotonic()
+            if case == "killed":
+                ssh(first, "podman kill --signal KILL dgemma-gateway")
+                spenders.until(lambda: holder() != first, f"{SHARED} moved from {first}", 15)
+            else:
+                keys("reload")  # a key added: every front door and gateway reloads, the spenders still sending
+            # the other gateway (or the reloaded process) refuses every client: the limit reached there
+            spenders.until(lambda: spenders.count(429, after=event) >= 2 * clients, "the limit reached after it", 30)
+        assert time.time() // 60 == minute, "the case ran within one minute of the clock"
+        answered = spenders.count(200)
+        assert limit - clients <= answered <= limit + clients, spenders.statuses()
+        received = sum(tokens for _, s, tokens in spenders.answers if s == 200)
+        if case == "killed":
+            ssh(first, "systemctl reset-failed podman-dgemma-gateway.service; "
+                       "systemctl restart podman-dgemma-gateway.service")
+            _wait_answering(first)
+        rows = [r for r in usage_of(name)["usage"] if r["key"] == name]
+        assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == received, rows
+        assert sum(r["requests"] - r["refused"] - r["errors"] for r in rows) == answered, (rows, spenders.statuses())
+        seen[case] = spenders.statuses()
+    print(f"{limit} a minute, {clients} clients at once: {first} killed: {seen['killed']}; the gateways "
+          f"reloaded: {seen['reloaded']}; invoke usage held what the clients received in both")
+
+
+def _wait_answering(gateway: str, limit: float = 60):
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            if front_door(gateway, "/health", address=config.host(gateway).address, timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{gateway}'s HAProxy does not answer after {limit} s"
+        time.sleep(0.3)
 
 
 def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_another_key(deployed, keys):

@@ -6,9 +6,9 @@
 -- the time to its first byte; it sets them as the request's variables for its record (the
 -- log line), so that an answer cut off mid-stream still counts what was received. The replicas put
 -- usage in every chunk of every stream for that count (--enable-force-include-usage); the filter
--- gives each client the stream it asked for (stream_options), as vLLM would have sent it. HAProxy 2.6
--- cannot add to a stick-table counter (no sc-add-gpc): the usage service adds each answer's
--- tokens to the table `tokens_day` from the record; until that lands, the action `budget`
+-- gives each client the stream it asked for (stream_options), as vLLM would have sent it. The
+-- usage service adds each answer's tokens to the table `tokens_day` from the record (one counting
+-- place, whose counts it keeps through a restart); until that lands, the action `budget`
 -- counts them here, so that the request after the one that spent a budget is refused.
 
 local now_ms = function()
@@ -315,7 +315,7 @@ local function asks(body, default)
 end
 
 -- The tokens reserved by a subject's requests in flight, across this gateway's threads: counters of
--- its entry in the table requests_at_once (tracked as sc2), which HAProxy 2.6 can only add 1 to
+-- its entry in the table requests_at_once (tracked as sc2), which Lua can only add 1 to
 -- (sc_inc_gpc), at once across threads. An amount is added digit by digit in base 16: counter k
 -- (0..7) counts the reserved amounts' units of 16^k, counter 8 + k what was given back of them; what
 -- is in flight is the sum of (reserved - given back) x 16^k. Eight digits hold any budget's amount
@@ -352,7 +352,7 @@ local function in_flight(txn)
 end
 
 -- The tokens a front end's requests in flight hold over all its users, across this process's
--- threads. HAProxy 2.6 tracks three sticky counters a request, and a front end's request already
+-- threads. A request tracks three sticky counters (tune.stick-counters' default), and a front end's request already
 -- tracks three (its user's minute, its own minute, its user's requests in flight): no table entry
 -- can be tracked for this one. So each thread keeps its share in a process variable of its own
 -- (proc.whole_held_KEY_THREAD: only that thread writes it, so no addition is lost) and a reservation

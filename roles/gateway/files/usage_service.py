@@ -3,8 +3,8 @@
 """The gateway's usage service: HAProxy sends it every request's record (its log line, over a
 unix datagram socket); it writes the record to the journal, counts usage per day, key (or a
 front end's user) and model family in /var/lib/dgemma/usage/DAY.json, adds each answer's tokens
-to the gateways' shared table `tokens_day` (HAProxy 2.6 cannot add to a stick-table counter
-itself), puts the day's counts back there when HAProxy has lost them (a restart), and shows
+to the gateways' shared table `tokens_day` (one counting place, whose counts it keeps through
+a restart), puts the day's counts back there when HAProxy has lost them (a restart), and shows
 its counts to Prometheus on loopback (/metrics, which the gateway's /metrics/usage passes on).
 Several reader processes share the records' socket (one Python thread reads about 20,000 records a
 second); this one takes their batches, writes their lines and holds the counts.

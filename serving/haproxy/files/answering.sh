@@ -2,7 +2,7 @@
 # After states.sh and systemd.sh (an HAProxy instance, a front door or a gateway, started,
 # restarted or reloaded: ACTION): waited for until https /health on this host answers with its new
 # configuration's generation (serving/haproxy/steps.py). A reload not acted on after AGAIN_S seconds
-# is signalled once more (HAProxy 2.6's master now and then acts on no SIGUSR2); one not taken after
+# is signalled once more (HAProxy's master now and then acts on no SIGUSR2: seen on 2.6); one not taken after
 # GRACE_S seconds, with FALLBACK=1, becomes a restart. Parameters: UNIT, STATE_FILE, URL, RESOLVE,
 # CA_FILE, GENERATION, TIMEOUT_S, FALLBACK, GRACE_S, AGAIN_S, CONFIG (its configuration file, named
 # when it times out). Its result: state (ready; failed: its unit failed, its last log lines

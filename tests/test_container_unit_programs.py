@@ -79,7 +79,8 @@ def test_a_unit_that_fails_is_said_so_with_its_last_log_lines(tmp_path):
     try:
         _interpret("podman-dgemma-node-exporter.service", 30, "was inactive")(Result(3, out.stdout, ""))
     except StepFailed as exc:
-        assert "(its unit failed after 0 s)" in str(exc) and "level=error" in str(exc), str(exc)
+        # the seconds are the machine's (a loaded one takes one): the failure, not its time, is the point
+        assert re.search(r"\(its unit failed after \d+ s\)", str(exc)) and "level=error" in str(exc), str(exc)
     else:
         raise AssertionError("a failed unit read as answering")
     # enabled alone: no start, no wait

@@ -5,8 +5,8 @@ streamed or not, to the token, then 429 insufficient_quota; the counts carry ove
 address moves to the other gateway, through a reload and a restart; `invoke usage`, Prometheus
 and the request records agree with what the clients received, each record with the diffusion
 settings of the replica that answered; a front end's users count apart; a key spent by clients
-at once while the gateway holding the address is killed, or the gateways reload, gets its limit
-within those clients, and `invoke usage` what they received. (The external
+at once while the gateway holding the address is killed, or reloads, gets its limit within those
+clients, and `invoke usage` what they received. (The external
 upstream refused to a key that may not spend: tests/lab/test_lab_models.py.)"""
 import http.client
 import json
@@ -298,6 +298,12 @@ def test_a_day_of_2000_tokens_is_never_passed_by_more_than_a_prompt_whatever_the
     assert refused.value.code == "insufficient_quota"
     charged = [(r["path"], r["prompt_tokens"], r["completion_tokens"])
                for r in records_of(name, len(received)) if r["status"] == 200]
+    # the cut Responses stream: its reservation and its request's bytes when the gateway saw the client
+    # gone before the stream's last event, or the usage of that event when the gateway's HAProxy read
+    # the answer on to its end (HAProxy 3.0 passes the rest of a short answer through the filter)
+    cut_responses = charged[4] if len(charged) > 4 else None
+    assert cut_responses in (("/v1/responses", sent[-1], 600), ("/v1/responses", received[3][1], 600)), charged
+    received[4] = cut_responses
     assert [c[:2] for c in charged] == [r[:2] for r in received], (charged, received)
     cut_completion = charged[5][2]
     assert cut_completion in (256, 300), charged
@@ -308,7 +314,7 @@ def test_a_day_of_2000_tokens_is_never_passed_by_more_than_a_prompt_whatever_the
         == spent
     print(f"a day of 2000 tokens: {len(charged)} answers (chat, completions and responses, streamed, two cut) "
           f"charged {spent}, the cut completions stream {cut_completion} of its 300, the cut Responses "
-          f"stream its 600 and its {sent[-1]} bytes")
+          f"stream its 600 and {cut_responses[1]} for its prompt ({sent[-1]} bytes sent)")
 
 
 def test_a_stream_has_usage_only_when_its_client_asks_and_the_gateway_counts_it_either_way(deployed, keys):
@@ -448,25 +454,26 @@ class Spenders:
 
 
 def test_a_gateway_killed_or_reloaded_under_load_passes_a_limit_by_no_more_than_its_clients_at_once(deployed, keys):
-    """The bound of docs/accounting.md: 6 clients spend a key of 30 requests a minute through the
+    """The bound of docs/accounting.md: 6 clients spend a key of 60 requests a minute through the
     shared address while the gateway holding it is killed (its HAProxy, SIGKILL: the address moves),
-    then, with another key, while the gateways reload. Answered: the limit, less the requests the
-    failure cut (counted, never answered), plus what the peers had not yet passed on when it came:
-    within the clients at once either way. `invoke usage` holds exactly what the clients received."""
-    limit, clients, seen = 30, 6, {}
-    for case in ("killed", "reloaded"):
+    then, with another key, while that gateway reloads (SIGUSR2: its new process takes the counts
+    over). Answered: the limit, less the requests the failure cut (counted, never answered), plus
+    what the peers had not yet passed on when it came: within the clients at once either way.
+    `invoke usage` holds exactly what the clients received."""
+    limit, clients, seen = 60, 6, {}
+    for case, takes_s in (("killed", 20), ("reloaded", 10)):
         key = keys(f"bound-{case}", "--requests-per-minute", str(limit))
         name = keys.names[f"bound-{case}"]
-        clear_of_the_minute_turn(40)
+        clear_of_the_minute_turn(takes_s)
         minute, first = time.time() // 60, holder()
         with Spenders(key, clients) as spenders:
-            spenders.until(lambda: spenders.count(200) >= limit // 3, "a third of the limit answered")
+            spenders.until(lambda: spenders.count(200) >= limit // 4, "a quarter of the limit answered")
             event = time.monotonic()
             if case == "killed":
                 ssh(first, "podman kill --signal KILL dgemma-gateway")
                 spenders.until(lambda: holder() != first, f"{SHARED} moved from {first}", 15)
             else:
-                keys("reload")  # a key added: every front door and gateway reloads, the spenders still sending
+                ssh(first, "systemctl reload podman-dgemma-gateway.service")
             # the other gateway (or the reloaded process) refuses every client: the limit reached there
             spenders.until(lambda: spenders.count(429, after=event) >= 2 * clients, "the limit reached after it", 30)
         assert time.time() // 60 == minute, "the case ran within one minute of the clock"
@@ -480,9 +487,9 @@ def test_a_gateway_killed_or_reloaded_under_load_passes_a_limit_by_no_more_than_
         rows = [r for r in usage_of(name)["usage"] if r["key"] == name]
         assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == received, rows
         assert sum(r["requests"] - r["refused"] - r["errors"] for r in rows) == answered, (rows, spenders.statuses())
-        seen[case] = spenders.statuses()
-    print(f"{limit} a minute, {clients} clients at once: {first} killed: {seen['killed']}; the gateways "
-          f"reloaded: {seen['reloaded']}; invoke usage held what the clients received in both")
+        seen[case] = (first, spenders.statuses())
+    print(f"{limit} a minute, {clients} clients at once: {seen['killed'][0]} killed: {seen['killed'][1]}; "
+          f"{seen['reloaded'][0]} reloaded: {seen['reloaded'][1]}; invoke usage held what the clients received")
 
 
 def _wait_answering(gateway: str, limit: float = 60):

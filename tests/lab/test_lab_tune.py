@@ -88,13 +88,21 @@ def test_tune_tries_each_bound_on_a_held_replica_with_no_failed_request(rtx01, t
           f"{trials[0.2]['latency_p50_s']} s; {len(load.outcomes)} requests through the gateways, none failed")
 
 
+def _as_from_a_terminal():
+    """Ctrl-C as a terminal delivers it: a suite started in the background (`./run.sh test &` from a
+    script) has SIGINT ignored, and a Python started so ignores it too (it installs its handler only
+    over the default)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_the_middle_leaves_the_replica_on_its_settings_and_in_service(rtx01, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"Write a long story about lab {i}.\n" for i in range(10)))
     env = dict(os.environ, DGEMMA_INVENTORY=str(LAB_INVENTORY), PYTHONUNBUFFERED="1", COLUMNS="200")
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "tune", "--hosts", HOST, "--bounds", "0.05,0.2",
                              "--prompts", str(prompts), "--repeats", "20", "--answers", str(tmp_path / "a.html")],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_from_a_terminal)
     lines, midway = [], threading.Event()
 
     def read():

@@ -48,8 +48,26 @@ def dependencies(packages: list[str], have: set[str]) -> list[str]:
     return wanted
 
 
-def _download(names: list[str], where: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["apt-get", "download", *names], cwd=where, capture_output=True, text=True, timeout=900)
+def _download(names: list[str], where: Path, apt: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["apt-get", *apt, "download", *names], cwd=where, capture_output=True, text=True,
+                          timeout=900)
+
+
+def download_unpacked(names: list[str], target: Path, downloads: Path, refresh, apt: list[str] = ()):
+    """``names`` downloaded (``apt``: apt's options, e.g. another suite's lists) into ``downloads``,
+    the lists refreshed once by ``refresh()`` when a package is not found (lists older than the
+    mirror's pool), then each unpacked with ``dpkg-deb -x`` into ``target``; ``downloads`` removed."""
+    shutil.rmtree(downloads, ignore_errors=True)
+    downloads.mkdir(parents=True)
+    if _download(names, downloads, list(apt)).returncode != 0:
+        refresh()
+        proc = _download(names, downloads, list(apt))
+        if proc.returncode != 0:
+            raise sh.LabError(f"apt-get download {' '.join(names)} failed: {(proc.stdout + proc.stderr)[-1500:]}")
+    target.mkdir(parents=True)
+    for deb in sorted(downloads.glob("*.deb")):
+        sh.run("dpkg-deb", "-x", deb, target, timeout=300)
+    shutil.rmtree(downloads)
 
 
 def unpacked(packages: list[str], base: Path, name: str, log=print) -> Path:
@@ -61,9 +79,6 @@ def unpacked(packages: list[str], base: Path, name: str, log=print) -> Path:
         return target
     shutil.rmtree(target, ignore_errors=True)
     done.unlink(missing_ok=True)
-    downloads = config.CACHE / f"debs-{name}.download"
-    shutil.rmtree(downloads, ignore_errors=True)
-    downloads.mkdir(parents=True)
     wanted = dependencies(packages, installed_in(base))
     if not wanted:  # the base has them all
         target.mkdir(parents=True)
@@ -71,19 +86,12 @@ def unpacked(packages: list[str], base: Path, name: str, log=print) -> Path:
         return target
     log(f"downloading Debian's {', '.join(packages)} for the lab's images ({len(wanted)} packages, unpacked, "
         f"not installed)")
-    if _download(wanted, downloads).returncode != 0:
-        sh.run("apt-get", "update", "-q", timeout=900)  # lists older than the mirror's pool
-        proc = _download(wanted, downloads)
-        if proc.returncode != 0:
-            raise sh.LabError(f"apt-get download {' '.join(wanted)} failed: {(proc.stdout + proc.stderr)[-1500:]}")
-    target.mkdir(parents=True)
-    for deb in sorted(downloads.glob("*.deb")):
-        sh.run("dpkg-deb", "-x", deb, target, timeout=300)
+    download_unpacked(wanted, target, config.CACHE / f"debs-{name}.download",
+                      lambda: sh.run("apt-get", "update", "-q", timeout=900))
     # the base has merged /usr (/bin is a link to usr/bin): what a package puts in /bin goes there
     for top in ("bin", "sbin", "lib", "lib64"):
         if (target / top).is_dir() and not (target / top).is_symlink():
             sh.run("cp", "-a", f"{target / top}/.", target / "usr" / top)
             shutil.rmtree(target / top)
-    shutil.rmtree(downloads)
     done.touch()
     return target

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import config, sh
+from . import config, debs, sh
 
 SUITE = "trixie"
 BRANCH = "3.0"
@@ -68,26 +68,12 @@ def ensure(arch: str, log=print) -> Path:
     if done.exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
-    downloads = HOME / arch / "download"
-    shutil.rmtree(downloads, ignore_errors=True)
-    downloads.mkdir(parents=True)
     suffix = "" if arch == os.uname().machine else f":{config.DEB_ARCH[arch]}"
     names = [name + suffix for name in PACKAGES]
-    for attempt in ("cached lists", "fresh lists"):
-        if attempt == "fresh lists" or not (HOME / "apt" / "lists").is_dir():
-            _lists(log)
-        proc = subprocess.run(["apt-get", *_apt_options(), "download", *names], cwd=downloads,
-                              capture_output=True, text=True, timeout=900)
-        if proc.returncode == 0:
-            break
-    else:
-        raise sh.LabError(f"apt-get download of Debian 13's {' '.join(names)} failed: "
-                          f"{(proc.stdout + proc.stderr)[-1500:]}")
+    if not (HOME / "apt" / "lists").is_dir():
+        _lists(log)
     log(f"unpacking Debian 13's HAProxy {BRANCH} for {arch} ({len(names)} packages, not installed)")
-    target.mkdir(parents=True)
-    for deb in sorted(downloads.glob("*.deb")):
-        sh.run("dpkg-deb", "-x", deb, target, timeout=300)
-    shutil.rmtree(downloads)
+    debs.download_unpacked(names, target, HOME / arch / "download", lambda: _lists(log), _apt_options())
     if not (target / "usr/sbin/haproxy").exists() or not (target / LOADER[arch]).exists():
         raise sh.LabError(f"Debian 13's packages unpacked in {target} lack usr/sbin/haproxy or {LOADER[arch]}")
     done.touch()
@@ -98,7 +84,7 @@ def program(log=print) -> Path:
     """The HAProxy 3.0 program of this machine's arch: unpacked if not yet, and checked to run."""
     arch = os.uname().machine
     ensure(arch, log)
-    wrapper = HOME / arch / "haproxy"
+    wrapper = binary()
     text = WRAPPER.format(branch=BRANCH, loader=LOADER[arch], triplet=TRIPLET[arch])
     if not wrapper.exists() or wrapper.read_text() != text:
         partial = wrapper.with_suffix(".partial")
@@ -107,13 +93,13 @@ def program(log=print) -> Path:
         partial.replace(wrapper)
     version = installed()
     if version is None:
-        raise sh.LabError(f"{wrapper} does not run: remove {HOME / arch} and run `invoke lab.haproxy` again")
+        raise sh.LabError(f"{wrapper} does not run: remove {wrapper.parent} and run `invoke lab.haproxy` again")
     return wrapper
 
 
 def installed() -> str | None:
     """The first line of ``haproxy -v`` of the program here, or None when it is not (yet) there."""
-    wrapper = HOME / os.uname().machine / "haproxy"
+    wrapper = binary()
     if not wrapper.exists():
         return None
     proc = subprocess.run([str(wrapper), "-v"], capture_output=True, text=True, timeout=60)

@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 from tests.haproxy_program import haproxy
+from tests.test_frontdoor import _free_port
 
 CONFIG = """global
     stats socket {dir}/admin.sock mode 600 level admin
@@ -27,12 +28,6 @@ frontend f
 backend held
     stick-table type string len 64 size 1k expire 10m store gpc(2)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check(tmp_path, sc: int, action: str) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ import pytest
 
 from lab import config, sh
 from tests.lab.conftest import CA_FILE, deploy_json, front_door, invoke, ssh
+from tests.lab.test_lab_shared_address import wait_answering
 
 GATEWAYS = ("gateway01", "gateway02")
 SHARED = config.GATEWAY_ADDRESS
@@ -483,25 +484,13 @@ def test_a_gateway_killed_or_reloaded_under_load_passes_a_limit_by_no_more_than_
         if case == "killed":
             ssh(first, "systemctl reset-failed podman-dgemma-gateway.service; "
                        "systemctl restart podman-dgemma-gateway.service")
-            _wait_answering(first)
+            wait_answering(first)
         rows = [r for r in usage_of(name)["usage"] if r["key"] == name]
         assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == received, rows
         assert sum(r["requests"] - r["refused"] - r["errors"] for r in rows) == answered, (rows, spenders.statuses())
         seen[case] = (first, spenders.statuses())
     print(f"{limit} a minute, {clients} clients at once: {seen['killed'][0]} killed: {seen['killed'][1]}; "
           f"{seen['reloaded'][0]} reloaded: {seen['reloaded'][1]}; invoke usage held what the clients received")
-
-
-def _wait_answering(gateway: str, limit: float = 60):
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            if front_door(gateway, "/health", address=config.host(gateway).address, timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"{gateway}'s HAProxy does not answer after {limit} s"
-        time.sleep(0.3)
 
 
 def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_another_key(deployed, keys):

@@ -17,14 +17,38 @@ def inventory_check(c, inventory=None, set=None):
     """Validate the inventory and every host's variables against the schemas, and the files a deploy
     will read on this machine (keys, certificates, secrets: there, readable, a secret 0600)."""
     from serving.control_files import problems
+    from serving.host_roles import host_roles
     play = runs.load_play(inventory, set)
     missing = problems(play)
     if missing:
         raise Exit("inventory check failed: files this machine must hold for a deploy:\n  " + "\n  ".join(missing),
                    code=2)
     hosts = play.inventory.host_names
+    roles = host_roles({h: play.hostvars(h) for h in hosts},
+                       {h: [g.name for g in play.inventory.groups.values() if h in g.hosts] for h in hosts})
+    refused = [f"{_origin(play, r.host, r.problem)}{r.host}: {r.problem}" for r in roles if r.problem]
+    if refused:
+        raise Exit("inventory check failed:\n  " + "\n  ".join(refused), code=2)
     listed = ", ".join(hosts[:12]) + (f", … ({len(hosts) - 12} more)" if len(hosts) > 12 else "")
     print(f"{play.inventory.root}: {len(hosts)} hosts ({listed}), {len(play.inventory.groups) - 1} groups: OK")
+    width = max((len(h) for h in hosts), default=0)
+    for r in roles:
+        print(f"  {r.host:<{width}}  {'; '.join(r.roles) or 'nothing'}")
+        for warning in r.warnings:
+            print(f"  {'':<{width}}  warning: {warning}")
+
+
+def _origin(play, host: str, problem: str) -> str:
+    """``file:line: `` of the variable a host's problem names first (``models[0].family: ...``),
+    or nothing where it names none."""
+    import re
+    found = re.match(r"([A-Za-z_][\w]*)((?:\[\d+\]|\.[A-Za-z_][\w]*)*):", problem)
+    if not found:
+        return ""
+    path = (found.group(1),) + tuple(int(p[1:-1]) if p.startswith("[") else p[1:]
+                                     for p in re.findall(r"\[\d+\]|\.[A-Za-z_][\w]*", found.group(2)))
+    sources = [s for s in play.inventory.host(host, play.defaults, play.overrides).sources if path[0] in s.values]
+    return f"{sources[-1].origin_of(path)}: " if sources else ""
 
 
 @task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],

@@ -131,6 +131,12 @@ def test_the_control_machine_install_as_the_readme_writes_it(deployed, tmp_path)
     check = subprocess.run(["invoke", "inventory.check"], cwd=clone, env=env, capture_output=True, text=True,
                            timeout=300)
     assert check.returncode == 0 and ": OK" in check.stdout, check.stdout + check.stderr
+    # each host's roles, as the deploy reads them
+    for line in ("  spark01    serves diffusiongemma", "  hgx01      serves diffusiongemma on 2 GPUs, gemma4 on the GPUs left",
+                 "  gateway01  gateway, first to hold 10.213.0.200",
+                 "  gateway02  gateway, second in line for 10.213.0.200 (after gateway01)",
+                 "  monitor01  monitoring (Prometheus, Alertmanager)"):
+        assert line in check.stdout.splitlines(), check.stdout
     dry = subprocess.run(["invoke", "deploy", "--check", "--hosts", "rtx01,gateway01"], cwd=clone, env=env,
                          capture_output=True, text=True, timeout=900)
     assert dry.returncode == 0 and "failed=0" in dry.stdout, dry.stdout[-3000:] + dry.stderr[-2000:]

@@ -13,7 +13,7 @@ from converge.facts import Fact, FactError
 
 from serving import scrape_targets
 from serving.exporter_containers import TEXTFILES
-from roles.gateway.accounting import USAGE_PORT
+from serving.accounting import USAGE_PORT
 from serving.haproxy.instance import FRONTDOOR, GATEWAY
 from serving.haproxy.stats import POOL_PREFIX, server_rows, stats_rows
 from serving.host_programs import Program, ProgramResultError, Protocol, decoded

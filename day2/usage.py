@@ -1,6 +1,6 @@
 """`invoke usage` and `invoke logs --requests`: what each key used, from the gateways that
 served it. Each gateway's usage service keeps its own counts per day, key (or a front end's
-user) and model family (roles/gateway/files/usage_service.py); the fleet's are their sum,
+user) and model family (serving/accounting/files/usage_service.py); the fleet's are their sum,
 and a key's tokens of a day the gateways' shared count (the highest either holds). The
 records of requests are the gateways' journal. This module says what to run on a gateway
 and reads what it prints; pure but for ``read``."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from converge.errors import ConvergeError
 from day2.readings import PROGRAMS
-from roles.gateway.accounting import RECORDS_IDENTIFIER, STATE_DIR
+from serving.accounting import RECORDS_IDENTIFIER, STATE_DIR
 from serving.host_programs import Program
 
 USAGE_DAYS_PROGRAM = Program((PROGRAMS / "usage_days.sh",))

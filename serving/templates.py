@@ -9,8 +9,9 @@ import jinja2
 
 
 @functools.cache
-def environment(folder: Path, **syntax: str) -> jinja2.Environment:
-    """Strict (an undefined name fails the render), trailing newlines kept; ``syntax``: other
-    delimiters (variable_start_string...) where the template's own language uses Jinja's."""
+def environment(folder: Path | tuple[Path, ...], **syntax: str) -> jinja2.Environment:
+    """Strict (an undefined name fails the render), trailing newlines kept; ``folder``: one, or
+    several searched in order; ``syntax``: other delimiters (variable_start_string...) where the
+    template's own language uses Jinja's."""
     return jinja2.Environment(loader=jinja2.FileSystemLoader(folder), keep_trailing_newline=True,
                               undefined=jinja2.StrictUndefined, **syntax)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-RULES = ROOT / "serving" / "haproxy" / "templates"
-LUA = ROOT / "roles" / "gateway" / "files" / "usage.lua"
+ACCOUNTING = ROOT / "serving" / "accounting"  # the gateway's rules, its Lua and its usage service
+COMMON = ROOT / "serving" / "haproxy" / "templates" / "common.cfg.j2"  # what the front doors share with it
+LUA = ACCOUNTING / "files" / "usage.lua"
 DOC = ROOT / "docs" / "accounting.md"
 NAME = r"(?:txn|proc)\.[a-z0-9_]+"
 
@@ -16,7 +17,7 @@ NAME = r"(?:txn|proc)\.[a-z0-9_]+"
 def _rules() -> tuple[str, str]:
     """The gateway's rules (its template and the common one) less the record's log-format, and the
     log-format alone."""
-    text = (RULES / "gateway.cfg.j2").read_text() + (RULES / "common.cfg.j2").read_text()
+    text = (ACCOUNTING / "templates" / "gateway.cfg.j2").read_text() + COMMON.read_text()
     record = next(line for line in text.splitlines() if line.strip().startswith("log-format"))
     return text.replace(record, ""), record
 
@@ -70,9 +71,9 @@ def test_the_docs_contract_table_is_the_codes():
 
 def test_the_check_sees_a_variable_it_is_not_told_of(tmp_path, monkeypatch):
     """The check fails when the rules gain a variable the table does not name."""
-    template = tmp_path / "gateway.cfg.j2"
-    template.write_text((RULES / "gateway.cfg.j2").read_text() + "\n    http-request set-var(txn.brand_new) int(1)\n")
-    (tmp_path / "common.cfg.j2").write_text((RULES / "common.cfg.j2").read_text())
-    monkeypatch.setattr(sys.modules[__name__], "RULES", tmp_path)
+    template = tmp_path / "templates" / "gateway.cfg.j2"
+    template.parent.mkdir()
+    template.write_text((ACCOUNTING / "templates" / "gateway.cfg.j2").read_text() + "\n    http-request set-var(txn.brand_new) int(1)\n")
+    monkeypatch.setattr(sys.modules[__name__], "ACCOUNTING", tmp_path)
     code = code_contract()
     assert code["txn.brand_new"] == ({"rules"}, set()) and "txn.brand_new" not in doc_contract()

@@ -28,14 +28,14 @@ import pytest
 from credentials import ca as fleet_ca
 from credentials.keys import digest
 from serving import key_limits as limits
-from roles.gateway.accounting import Accounting, Peer, lua
+from serving.accounting import Accounting, Peer, lua
 from serving.haproxy.config import Server, render_config, render_keys
 from serving.haproxy.instance import GATEWAY
 from serving.haproxy.pools import Pool, upstream
 from tests.conftest import ROOT
 from tests.haproxy_program import haproxy
 
-SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
+SERVICE = ROOT / "serving" / "accounting" / "files" / "usage_service.py"
 DIFFUSION = "canvas_length=256 max_denoising_steps=48 diffusion_sampler=entropy_bound diffusion_entropy_bound=0.1"
 KEYS = {"burst": limits.Limits(requests_per_minute=60), "calm": limits.Limits(requests_at_once=3),
         "budget": limits.Limits(tokens_per_day=120), "old": limits.Limits(expires=1_000_000_000),

@@ -48,7 +48,7 @@ GATEWAY_KEY = "dgk-loopback-bench-gateway-key"
 VLLM_KEY = "loopback-bench-vllm-key"
 MODEL = "diffusiongemma"
 PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443,
-         # the same gateway with each key's limits and its accounting (roles/gateway: Lua, peers, usage service)
+         # the same gateway with each key's limits and its accounting (serving/accounting: Lua, peers, usage service)
          "limits": 18444, "limits-peers": 18445, "limits-usage": 18446, "limits-stats": 18447}
 USAGE_SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
 # the bench key's limits: every one checked on every request, none reached
@@ -125,7 +125,7 @@ def prepare(folder: Path, replicas: int = 1):
         script = folder / name
         script.write_text(wrk_script(key, MODEL))
         script.chmod(0o600)
-    from roles.gateway.accounting import RECORDS_QUEUE, USAGE_NICE, USAGE_READERS
+    from serving.accounting import RECORDS_QUEUE, USAGE_NICE, USAGE_READERS
     (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS,
                                                   "records_queue": RECORDS_QUEUE, "usage_nice": USAGE_NICE,
                                                   "usage_readers": USAGE_READERS}))
@@ -136,7 +136,7 @@ def _prepare_limits(folder: Path, digest: str, fleet_ca):
     day; the usage.lua filter, the peers' tables, the record of every request to the usage service)."""
     from serving.fleet import Fleet, FrontDoor
     from serving import key_limits as limits
-    from roles.gateway.accounting import Accounting, Peer, lua
+    from serving.accounting import Accounting, Peer, lua
     from roles.gateway.role import BACKEND, servers as gateway_servers
     from serving.haproxy.config import render_config
     from serving.haproxy.instance import CONTAINER_DIR, GATEWAY

@@ -28,9 +28,10 @@ from serving.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTER
 from serving.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                  render_upstream_keys, serving)
 
+from serving import accounting
 from serving import key_limits as limits
 
-from . import accounting, usage_steps
+from . import usage_steps
 
 ENV_FILE = "/etc/dgemma/gateway.env"
 # checks every second, a server out after two failures; connects give up after a second

@@ -14,7 +14,7 @@ from serving.systemd import SYSTEMD_FILE, systemd_parameters
 
 from serving import key_limits as limits
 
-from . import accounting as acc
+from serving import accounting as acc
 
 USAGE_RUNNING = Protocol("the usage service running", result={
     "state": "ready (it has bound its socket again), failed (its unit; its last log lines before) or timeout",

@@ -50,7 +50,7 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
     with admin actions (both unix sockets); ``backend``: how servers are checked and retried;
     ``pools``: the pools (pools.Pool) requests are routed to by the model they name;
     ``dcgm``: the host runs NVIDIA's DCGM exporter (scraped at /metrics/gpu); ``accounting``: a
-    gateway's limits and records (roles/gateway/accounting.py: Accounting); ``diffusion``: a front
+    gateway's limits and records (serving/accounting: Accounting); ``diffusion``: a front
     door's diffusion settings per pool, which its answers name (X-Dgemma-Diffusion)."""
     pools = pools or [Pool(DEFAULT_FAMILY, model_names(DEFAULT_FAMILY, [served_name(DEFAULT_FAMILY, v)]), tuple(servers))]
     socket = socket or runtime_socket(proxy)

@@ -25,7 +25,7 @@ class Proxy:
     socket_dir: str  # its runtime API
     upstream_key: str  # the environment variable whose key it sends upstream
     metrics_port: int  # HAProxy's stats and Prometheus exporter, on loopback
-    template: str  # its configuration's template (serving/haproxy/templates)
+    template: str  # its configuration's template (serving/haproxy/templates, serving/accounting/templates)
     role: str  # the role that runs it, as its files say
 
     def name(self, v: dict) -> str:
@@ -78,8 +78,12 @@ def image_ref(v: dict) -> str:
     return catalog.image_ref(v, catalog.images()["frontdoor"], v.get("frontdoor_image"))
 
 
+# the gateway's template lives with the rest of its accounting (its Lua, its usage service)
+ACCOUNTING_TEMPLATES = HERE.parent / "accounting" / "templates"
+
+
 def templates() -> jinja2.Environment:
-    return environment(HERE / "templates")
+    return environment((HERE / "templates", ACCOUNTING_TEMPLATES))
 
 
 def container(v: dict, proxy: Proxy = FRONTDOOR) -> dict:

@@ -1,7 +1,10 @@
-"""Where a gateway's accounting lives: the usage service (files/usage_service.py: each
-request's record, usage per key and model, the tokens each key spent today), the socket
-HAProxy sends it records on, the gateways' shared counts (HAProxy's peers) and the files
-HAProxy reads the keys' names and limits from. Pure."""
+"""A gateway's accounting, in one folder: its HAProxy rules (templates/gateway.cfg.j2, over the
+front doors' common.cfg.j2), the Lua that reads what HAProxy cannot natively (files/usage.lua)
+and the usage service (files/usage_service.py: each request's record, usage per key and model, the tokens
+each key spent today; files/usage_running.sh: whether it runs). docs/accounting.md has the contract
+between them. Here: what they share with the gateway role (roles/gateway), which installs
+them: the socket HAProxy sends the records on, the gateways' shared counts (HAProxy's
+peers), the files HAProxy reads the keys' names and limits from. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

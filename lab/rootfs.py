@@ -7,11 +7,15 @@ import json
 import os
 import secrets
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import config, sh
 
 BASE_VERSION = "9"  # bump when what goes into a base rootfs changes (9: catatonit)
+# in a base's folder .building: debootstrap of this BASE_VERSION finished there (a folder without
+# it is thrown away)
+BOOTSTRAPPED = ".debootstrapped"
 YESCRYPT_COST = 1  # chpasswd's --sha-rounds for yescrypt: 1 to 11, Debian's default 5
 
 HOST_PACKAGES = ["debootstrap", "systemd-container", "qemu-user-static", "binfmt-support", "podman", "crun",
@@ -117,17 +121,43 @@ def _stamp(path: Path) -> Path:
     return path / f".dgemma-base-{BASE_VERSION}"
 
 
-def ensure_base(arch: str, log=print) -> Path:
-    """A finished base rootfs for ``arch``; a half-built one is thrown away."""
-    final = base_dir(arch)
-    if _stamp(final).exists():
-        return final
-    work = final.with_name(final.name + ".building")
+def ensure_bases(arches: list[str], log=print):
+    """A finished base rootfs for each of ``arches``; their debootstraps run at once (an arm64
+    one spends minutes in its second stage under qemu, an x86_64 one mostly downloading: side by
+    side, a cold lab.up waits for the longer alone), then each is finished in order."""
+    todo = [arch for arch in arches if not _stamp(base_dir(arch)).exists()]
+    if len(todo) > 1:
+        with ThreadPoolExecutor(len(todo)) as pool:
+            bootstrapped = [pool.submit(_debootstrap, arch, log) for arch in todo]
+        for done in bootstrapped:
+            done.result()  # the first failure, as ensure_base would have raised it
+    for arch in arches:
+        ensure_base(arch, log)
+
+
+def _debootstrap(arch: str, log=print) -> Path:
+    """The packages of ``arch``'s base, installed in its folder ``.building`` (kept once whole:
+    ``ensure_base`` finishes it)."""
+    work = base_dir(arch).with_name(base_dir(arch).name + ".building")
+    mark = work / BOOTSTRAPPED
+    if mark.exists() and mark.read_text() == BASE_VERSION:
+        return work
     shutil.rmtree(work, ignore_errors=True)
     config.CACHE.mkdir(parents=True, exist_ok=True)
     log(f"debootstrap {config.SUITE} {config.DEB_ARCH[arch]} into {work} (once; cached)")
     sh.run("debootstrap", f"--arch={config.DEB_ARCH[arch]}", "--variant=minbase",
            f"--include={','.join(config.PACKAGES)}", config.SUITE, work, config.MIRROR, timeout=1800)
+    mark.write_text(BASE_VERSION)  # of this version's packages
+    return work
+
+
+def ensure_base(arch: str, log=print) -> Path:
+    """A finished base rootfs for ``arch``; a half-built one is thrown away."""
+    final = base_dir(arch)
+    if _stamp(final).exists():
+        return final
+    work = _debootstrap(arch, log)
+    (work / BOOTSTRAPPED).unlink()
     _customise_base(work, arch)
     shutil.rmtree(final, ignore_errors=True)
     work.rename(final)

@@ -62,8 +62,8 @@ def _up(hosts: int, fresh: bool, renew: set, cold_start):
             machines.release_disk(host)
             shutil.rmtree(host.dir, ignore_errors=True)
     (config.STATE / "lab.json").write_text(json.dumps({"extra": int(hosts)}))
-    for arch in sorted({h.arch for h in lab_hosts}, reverse=True):  # x86_64 first: arm64 takes its runc
-        rootfs.ensure_base(arch, _say)
+    # x86_64 first: arm64 takes its runc
+    rootfs.ensure_bases(sorted({h.arch for h in lab_hosts}, reverse=True), _say)
     network.ensure_bridge()
     machines.raise_inotify_limits(len(lab_hosts))
     services.ensure_registry()

@@ -570,8 +570,10 @@ def test_a_reservation_of_billions_is_held_whole_in_a_bounded_number_of_addition
     finally:
         slow.join()
     assert held["answer"][0] == 200, held
-    counters = gw.counters("requests_at_once", "vast")
-    assert counters[:8] == counters[8:], ("every digit reserved was given back", counters)
+    # given back as each transaction ends, which may come a moment after its client has the answer
+    # (the 999,000's on a loaded machine: seen)
+    settled = lambda: (lambda c: c[:8] == c[8:])(gw.counters("requests_at_once", "vast"))  # noqa: E731
+    _until(settled, "every digit reserved was given back")
 
 
 def test_the_tokens_are_checked_last_and_a_request_they_refuse_takes_its_place_in_the_minute(fleet):

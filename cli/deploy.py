@@ -47,8 +47,8 @@ def _origin(play, host: str, problem: str) -> str:
         return ""
     path = (found.group(1),) + tuple(int(p[1:-1]) if p.startswith("[") else p[1:]
                                      for p in re.findall(r"\[\d+\]|\.[A-Za-z_][\w]*", found.group(2)))
-    sources = [s for s in play.inventory.host(host, play.defaults, play.overrides).sources if path[0] in s.values]
-    return f"{sources[-1].origin_of(path)}: " if sources else ""
+    where = runs.where_set(play, host, path)
+    return f"{where}: " if where else ""
 
 
 @task(klass=runs.HostTask, help={"inventory": runs.HELP["inventory"], "hosts": runs.HELP["hosts"], "json": runs.HELP["json"],
@@ -243,12 +243,7 @@ def _render_kubernetes(play, hosts, out, gateway_certificate=False):
         raise Exit(f"render --target kubernetes: the variable kubernetes differs between {serving[0].name} and "
                    f"{', '.join(apart)}: set it once for every host (the inventory's all: vars or group_vars/all)",
                    code=2)
-    where = ""
-    host = play.inventory.host(serving[0].name, play.defaults, play.overrides)
-    for source in reversed(host.sources):
-        if "kubernetes" in source.values:
-            where = str(source.origin_of(("kubernetes", "values")))
-            break
+    where = runs.where_set(play, serving[0].name, ("kubernetes", "values")) or ""
     try:
         store = KeyStore(directory(first)).load()
     except CredentialError as exc:

@@ -90,6 +90,14 @@ def load_play(inventory, overrides=None, ask_become_pass=False):
     return play
 
 
+def where_set(play, host: str, keypath: tuple) -> str | None:
+    """``file:line`` of the value of ``keypath`` in force for ``host`` (the last source that sets
+    its top key), or None where nothing sets it."""
+    resolved = play.inventory.host(host, play.defaults, play.overrides)
+    setter = next((src for src in reversed(resolved.sources) if keypath[0] in (src.values or {})), None)
+    return str(setter.origin_of(keypath)) if setter is not None else None
+
+
 def writable(target, option="--json"):
     """Refuse a --json/--junit file that cannot be written before any host is touched."""
     import os

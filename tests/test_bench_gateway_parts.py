@@ -28,9 +28,10 @@ def test_every_variant_takes_away_its_part_and_nothing_else(rendered):
     assert every[parts.EVERYTHING][1] == config
     gone = {name: whole - _lines(text) for name, (_, text) in every.items()}
     assert gone["no filter"] == {"    filter lua.usage"}
-    assert len(gone["no budget"]) == 1 and next(iter(gone["no budget"])).startswith("    http-request lua.budget ")
+    assert len(gone["native reader"]) == 1 and next(iter(gone["native reader"])).startswith("    http-request lua.asks ")
+    assert _lines(every["native reader"][1]) - whole == {parts.NATIVE_READER}
     assert len(gone["no record"]) == 1 and "log unix@" in next(iter(gone["no record"]))
-    assert gone["no Lua"] == gone["no filter"] | gone["no budget"]
+    assert gone["no Lua"] == gone["no filter"] | gone["native reader"]
     assert gone["no Lua + no record"] == gone["no Lua"] | gone["no record"]
     assert gone["no L7 retries"] == {"    retry-on conn-failure empty-response 503"}
     assert "    retry-on conn-failure" in _lines(every["no L7 retries"][1])

@@ -469,12 +469,25 @@ def test_requests_at_once_never_more_than_the_limit(fleet):
     assert 1 <= burst.count(200) <= 3 and burst.count(200) + burst.count(429) == 12, burst
 
 
+def _held_back(ask):
+    """``ask()`` again while it is refused for what the key's requests hold (429 rate_limit_exceeded,
+    retryable: an answer the usage service has not counted yet holds its reservation and its prompt's
+    most for a few ms), as the OpenAI client retries it."""
+    for _ in range(100):
+        status, data, headers = ask()
+        if not (status == 429 and headers.get("x-should-retry") == "true"):
+            return status, data, headers
+        assert data["error"]["code"] == "rate_limit_exceeded" and data["error"]["type"] == "tokens", data
+        time.sleep(0.05)
+    raise AssertionError(f"still held after 5 s: {data}")
+
+
 def test_a_days_tokens_counted_from_vllms_usage_streamed_or_not_then_insufficient_quota(fleet):
     spent, answers, last = 0, 0, 0
     kept = fleet.connect()  # one connection, as the OpenAI client keeps: the next request finds the last counted
     for i in range(20):
         stream = {"stream": True, "stream_options": {"include_usage": True}} if i % 2 else {}
-        status, data, headers = fleet.chat("budget", max_tokens=7, kept=kept, **stream)
+        status, data, headers = _held_back(lambda: fleet.chat("budget", max_tokens=7, kept=kept, **stream))
         if status != 200:
             break
         last = _usage_of(data)
@@ -518,15 +531,18 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
                                  f'{{{MESSAGES}, "max_tokens": "lots"}}')
     assert status == 400 and data["error"]["code"] == "unreadable_request" and "max_tokens" in data["error"]["message"]
     assert table() == 0, "nothing refused was charged"
-    # in flight: 1,500 held by a request the replica answers in 2 s; beside it, on new connections
+    # in flight: 1,500 held by a request the replica answers in 3 s; beside it, on new connections
     # (HAProxy's threads take them in turn), 600 more do not fit, 400 do
     held = {}
-    slow = threading.Thread(target=lambda: held.update(answer=fleet.chat("reserve", max_tokens=1500, hold=2)))
+    slow = threading.Thread(target=lambda: held.update(answer=fleet.chat("reserve", max_tokens=1500, hold=3)))
     slow.start()
     time.sleep(0.7)
-    beside = [fleet.chat("reserve", max_tokens=600) for _ in range(6)]
-    assert [b[0] for b in beside] == [429] * 6, beside
-    assert "has 500 of its 2000 tokens" in beside[0][1]["error"]["message"], beside[0]
+    beside = [fleet.chat("reserve", max_tokens=600) for _ in range(4)]  # each waits 0.2 s for a give-back first
+    assert [b[0] for b in beside] == [429] * 4, beside
+    # it fits beside what was spent, not beside what is held: refused for now, told to retry
+    assert "has 500 of its 2000 tokens of today (UTC) free now" in beside[0][1]["error"]["message"], beside[0]
+    assert beside[0][1]["error"]["code"] == "rate_limit_exceeded" and beside[0][2]["x-should-retry"] == "true"
+    assert beside[0][2]["retry-after"] == "1"
     fits = fleet.chat("reserve", max_tokens=400)
     slow.join()
     assert fits[0] == 200 and held["answer"][0] == 200, (fits, held)
@@ -548,21 +564,26 @@ def test_a_request_is_let_through_only_if_what_it_may_spend_fits_and_is_settled_
     assert fleet.chat("reserve", max_tokens=1)[0] == 429
 
 
-def test_a_reservation_of_billions_is_held_whole_in_a_bounded_number_of_additions(fleet):
-    """A budget of 4e9 tokens (the schema's most): a request that may spend 3,999,000,000 is held in flight
-    digit by digit in base 16, each of the entry's eight reserved digits at most 15 (six digits put
-    3,813 additions into the last), and what it holds is counted whole beside it: 1,000,000 tokens left,
-    a request for 1,000,001 refused, one for 999,000 answered. Given back once answered, digit for digit."""
+def _holding(counters: list[int]) -> int:
+    """What an entry of tokens_held holds: reserved less refused less given back, modulo 2^32."""
+    given, reserved, refused = counters
+    return (reserved - refused - given) % 2 ** 32
+
+
+def test_a_reservation_of_billions_is_held_whole_and_given_back_as_its_answer_is_counted(fleet):
+    """A budget of 4e9 tokens (the schema's most): a request that may spend 3,999,000,000 is held
+    whole in one addition, and counted beside the next: 1,000,000 tokens left, a request for
+    1,000,001 refused, one for 999,000 answered. Once each answer is counted, the usage service
+    gives back what it held: the entry holds nothing."""
     gw = fleet.gateways["gateway01"]
+    entry = f"vast:{int(time.time()) // 86400}"
     held = {}
     slow = threading.Thread(target=lambda: held.update(answer=fleet.chat("vast", max_tokens=3_999_000_000,
                                                                          answer_tokens=5, hold=2)))
     slow.start()
     try:
-        _until(lambda: any(gw.counters("requests_at_once", "vast")[:8]), "the reservation is held")
-        counters = gw.counters("requests_at_once", "vast")
-        assert len(counters) == 16 and max(counters[:8]) <= 15, counters
-        assert sum(c * 16 ** k for k, c in enumerate(counters[:8])) == 3_999_000_000, counters
+        _until(lambda: gw.counters("tokens_held", entry)[1:2] == [3_999_000_000], "the reservation is held")
+        assert _holding(gw.counters("tokens_held", entry)) == 3_999_000_000
         status, data, _ = fleet.chat("vast", max_tokens=1_000_001)
         assert status == 429 and "has 1000000 of its 4000000000 tokens" in data["error"]["message"], data
         status, data, _ = fleet.chat("vast", max_tokens=999_000, answer_tokens=5)
@@ -570,10 +591,9 @@ def test_a_reservation_of_billions_is_held_whole_in_a_bounded_number_of_addition
     finally:
         slow.join()
     assert held["answer"][0] == 200, held
-    # given back as each transaction ends, which may come a moment after its client has the answer
-    # (the 999,000's on a loaded machine: seen)
-    settled = lambda: (lambda c: c[:8] == c[8:])(gw.counters("requests_at_once", "vast"))  # noqa: E731
-    _until(settled, "every digit reserved was given back")
+    _until(lambda: _holding(gw.counters("tokens_held", entry)) == 0, "everything held was given back")
+    given, reserved, refused = gw.counters("tokens_held", entry)
+    assert refused == 1_000_001 and given == reserved - refused, (given, reserved, refused)
 
 
 def test_the_tokens_are_checked_last_and_a_request_they_refuse_takes_its_place_in_the_minute(fleet):
@@ -594,51 +614,63 @@ def test_the_tokens_are_checked_last_and_a_request_they_refuse_takes_its_place_i
 
 
 @pytest.mark.parametrize("key, users", [("quick", False), ("fe_quick", True)])
-def test_an_answer_counts_at_once_on_every_thread_before_the_table_has_it(fleet, key, users):
+def test_an_answer_not_yet_counted_holds_what_it_may_have_spent_and_the_budget_is_spent_exactly(fleet, key, users):
     """A client that sends its next request the moment an answer ends, on a new connection (another
-    of the gateway's threads), before the usage service has added that answer to the table: the
-    answers its threads charged count there too. The usage service is stopped for the whole burst,
-    so the table says 0 throughout: 12 tokens an answer, 120 a day (the key's, or a front end's over
-    all its users), exactly 10 answered, none past the budget (each thread counting only its own
-    charges let about twice that through)."""
+    of the gateway's threads), before the usage service has counted that answer: the answer still
+    holds its reservation and, from its first byte, its prompt's most (its body's length). With the
+    usage service stopped for the whole burst (the table says 0 throughout): 12 tokens an answer,
+    120 a day (the key's, or a front end's over all its users), none answered past the budget, the
+    rest refused for now (retryable). Once the service counts them, the budget is spent exactly:
+    10 answers in all, then insufficient_quota."""
     gw, day = fleet.gateways["gateway01"], int(time.time()) // 86400
     subject = f"{key}/*" if users else key
+    user = (lambda i: {"X-OpenWebUI-User-Email": f"q{i}@lab.org"}) if users else (lambda i: None)
     os.kill(gw.service.pid, signal.SIGSTOP)
     try:
-        answers = [fleet.chat(key, max_tokens=7, headers={"X-OpenWebUI-User-Email": f"q{i}@lab.org"} if users else None)
-                   for i in range(20)]
+        answers = [fleet.chat(key, max_tokens=7, headers=user(i)) for i in range(20)]
         assert gw.table("tokens_day").get(f"{subject}:{day}", 0) == 0, "the table had none of them meanwhile"
     finally:
         os.kill(gw.service.pid, signal.SIGCONT)
     statuses = [a[0] for a in answers]
-    assert statuses == [200] * 10 + [429] * 10, statuses
-    assert all(a[1]["error"]["code"] == "insufficient_quota" for a in answers[10:]), answers[10]
-    spent = sum(_usage_of(a[1]) for a in answers[:10])
-    assert spent == 120
+    answered = statuses.count(200)
+    assert statuses == [200] * answered + [429] * (20 - answered) and 1 <= answered < 10, statuses
+    assert all(a[1]["error"]["code"] == "rate_limit_exceeded" and a[2]["x-should-retry"] == "true"
+               for a in answers[answered:]), answers[answered]
+    spent = sum(_usage_of(a[1]) for a in answers[:answered])
+    for i in range(20, 40):
+        status, data, _ = _held_back(lambda: fleet.chat(key, max_tokens=7, headers=user(i)))
+        if status != 200:
+            break
+        spent += _usage_of(data)
+        answered += 1
+    assert status == 429 and data["error"]["code"] == "insufficient_quota", data
+    assert (answered, spent) == (10, 120)
     _until(lambda: gw.table("tokens_day").get(f"{subject}:{day}") == spent, "the usage service counted them")
-    assert fleet.chat(key, max_tokens=1)[0] == 429
 
 
-def test_a_threads_charges_of_a_day_go_with_the_day(tmp_path):
-    """What a thread charged a day lives in a variable of the process, which lives as long as the
-    process: the thread drops its own as the day turns. On one connection (one thread), the usage
-    service stopped (the table says 0): 5 answers of 12 tokens counted on day 1; a request on day 2;
-    then day 1's count from that thread is gone (a day does not come back: this shows the variables
-    went)."""
+def test_what_a_days_requests_hold_stays_with_that_day(tmp_path):
+    """tokens_held counts SUBJECT:DAY: on one connection, the usage service stopped (nothing is
+    counted or given back), two answers of day 1 hold their reservations (7) and their prompts' most
+    (the body's length); a request of day 2 finds nothing held; day 1's holds are still day 1's, and
+    given back once the service counts the answers."""
     fleet = Fleet(tmp_path, day_from_header=True)
     try:
         gw = fleet.gateways["gateway01"]
         kept = fleet.connect()
+        body = len(json.dumps({"max_tokens": 7, "messages": [{"role": "user", "content": "hello there"}]}))
+        left = lambda day: int(fleet.chat("quick", kept=kept, max_tokens=7,  # noqa: E731
+                                          headers={"X-Test-Day": str(day)})[2]["x-ratelimit-remaining-tokens"])
         os.kill(gw.service.pid, signal.SIGSTOP)
         try:
-            left = lambda day: fleet.chat("quick", kept=kept, max_tokens=7,  # noqa: E731
-                                          headers={"X-Test-Day": str(day)})[2]["x-ratelimit-remaining-tokens"]
-            assert [left(1) for _ in range(5)] == ["113", "101", "89", "77", "65"]  # 120 less 12 an answer, less 7 held
-            assert left(2) == "113"
-            assert left(1) == "113", "day 1's charges went with the turn of the day"
+            assert left(1) == 113  # 120 less its own 7
+            assert left(1) == 113 - 7 - body
+            assert left(2) == 113, "day 2 holds nothing of day 1's"
+            assert _holding(gw.counters("tokens_held", "quick:1")) == 2 * (7 + body)
         finally:
             os.kill(gw.service.pid, signal.SIGCONT)
             kept.close()
+        _until(lambda: _holding(gw.counters("tokens_held", "quick:1")) == 0, "day 1's holds given back")
+        _until(lambda: _holding(gw.counters("tokens_held", "quick:2")) == 0, "day 2's given back")
     finally:
         fleet.close()
 
@@ -815,8 +847,10 @@ def test_a_front_ends_cap_over_all_its_users_holds_what_its_requests_in_flight_m
         user.join()
     statuses = sorted(a[0] for a in answers.values())
     assert statuses == [200] * 5 + [429] * 7, statuses
+    # each fits beside what was spent, not beside what the others hold: refused for now, told to retry
     refused = [a[1]["error"] for a in answers.values() if a[0] == 429]
-    assert all(e["code"] == "insufficient_quota" and " left over all its users" in e["message"] for e in refused), refused
+    assert all(e["code"] == "rate_limit_exceeded" and " free now over all its users" in e["message"]
+               for e in refused), refused
     spent = sum(_usage_of(a[1]) for a in answers.values() if a[0] == 200)
     assert spent == 5 * 405, spent
     _until(lambda: gw.table("tokens_day").get(f"fe_held/*:{day}") == spent, "the front end's count")
@@ -1165,6 +1199,39 @@ def test_the_usage_service_reads_records_it_can_and_skips_the_rest():
     api._ask = lambda commands: sent.extend(commands) or ""
     api.set_counts("tokens_day", [("k:1", 2 ** 32 + 5), ("k:2", 7)])
     assert sent == ["set table tokens_day key k:1 data.gpc0 4294967295", "set table tokens_day key k:2 data.gpc0 7"]
+
+
+def test_what_a_request_held_is_given_back_by_its_own_worker_and_never_past_what_is_held(tmp_path):
+    """The record says what its request held, in which day's entry and under which HAProxy worker:
+    given back to that worker's table alone (a reload's or a restart's new worker never held it),
+    each entry's gpc(0) raised by what it held, never past what the entry holds now (modulo 2^32),
+    and a record that held nothing gives nothing back."""
+    service = _usage_service()
+    record = service.record_of('x @record {"key": "fe", "user": "a@x.org", "status": "200", "prompt_tokens": "5", '
+                               '"completion_tokens": "7", "holding": "80", "all_holding": "80", "day": "20426", '
+                               '"pid": "4242"}')
+    assert record["settle"] == (4242, (("fe/a@x.org:20426", 80), ("fe/*:20426", 80)))
+    assert service.record_of('x @record {"key": "k", "status": "429", "holding": "-", "day": "20426", '
+                             '"pid": "4242"}')["settle"] is None
+    tally = service.Tally()
+    tally.add(record)
+    tally.add({**record, "settle": (4141, (("fe/a@x.org:20426", 30),))})
+    usage = service.Usage(str(tmp_path), 7)
+    usage.merge(tally)
+    assert usage.take_held(4242) == {"fe/a@x.org:20426": 80, "fe/*:20426": 80}
+    assert usage.take_held(4242) == {}, "taken once"
+    sent = []
+    api = service.RuntimeApi("/nonexistent")
+    # given back, reserved, refused: the user's entry holds 100, the front end's 50, a third wrapped round
+    api.entries = lambda table, keys: {"fe/a@x.org:20426": [10, 120, 10], "fe/*:20426": [0, 60, 10],
+                                       "w:1": [2 ** 32 - 5, 20, 0]}
+    api._ask = lambda commands: sent.extend(commands) or ""
+    back = api.give_back({"fe/a@x.org:20426": 80, "fe/*:20426": 80, "w:1": 30, "gone:1": 9})
+    assert sorted(back) == ["set table tokens_held key fe/*:20426 data.gpc 50",
+                            "set table tokens_held key fe/a@x.org:20426 data.gpc 90",
+                            "set table tokens_held key w:1 data.gpc 20"], back  # 2^32 - 5 + 25, round
+    api.set_counts("tokens_day", [("fe/a@x.org:20426", 12)], then=back)
+    assert sent[0].startswith("set table tokens_day ") and sent[1:] == back, "the tokens told first, then given back"
 
 
 def _usage_service():

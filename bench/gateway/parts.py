@@ -66,7 +66,20 @@ def _replaced(config: str, old: str, new: str) -> str:
     return config.replace(old, new)
 
 
-FILTER, BUDGET = r"^\s*filter lua\.usage", r"^\s*http-request lua\.budget "
+FILTER, READER = r"^\s*filter lua\.usage", r"^\s*http-request lua\.asks "
+# what a request may spend read natively instead of by usage.lua's reader (which reads it as vLLM
+# does: HAProxy's json_query takes the first of a repeated key, and sees neither n nor prompts)
+NATIVE_READER = "    http-request set-var(txn.tok_need) req.body,json_query('$.max_tokens') if key_ok generates"
+
+
+def _native_reader(config: str) -> str:
+    lines = config.splitlines()
+    at = [i for i, line in enumerate(lines) if re.search(READER, line)]
+    if len(at) != 1:
+        raise SystemExit(f"bench/gateway/parts.py: {len(at)} lines of the gateway's configuration match {READER!r}: "
+                         f"the role renders it otherwise now; update the variants")
+    lines[at[0]] = NATIVE_READER
+    return "\n".join(lines) + "\n"
 RECORD = r"^\s*log unix@"
 BIG_BUFFERS = "tune.bufsize 131072"
 RETRIES = "retry-on conn-failure empty-response 503"
@@ -77,7 +90,7 @@ def variants(config: str, sink: Path) -> dict[str, tuple[str, str]]:
     record = re.search(r"log unix@(\S+)", config)
     if record is None:
         raise SystemExit("bench/gateway/parts.py: the gateway's configuration sends no record (log unix@...)")
-    no_lua = _without(config, FILTER, BUDGET)
+    no_lua = _native_reader(_without(config, FILTER))
     no_lua_no_record = _without(no_lua, RECORD)
     return {
         EVERYTHING: ("nothing: as the role renders it", config),
@@ -88,12 +101,12 @@ def variants(config: str, sink: Path) -> dict[str, tuple[str, str]]:
                           "before it is sent, to send it again)", _replaced(config, RETRIES, "retry-on conn-failure")),
         "16 KiB buffers": ("the 128 KiB buffers (HAProxy's default instead: bodies past 16 KiB are not read whole)",
                            _replaced(config, BIG_BUFFERS, "tune.bufsize 16384")),
-        "no filter": ("the usage filter (the answer's usage read, the reservation given back, the charge)",
+        "no filter": ("the usage filter (the answer's usage read as it passes, the stream reshaped)",
                       _without(config, FILTER)),
-        "no budget": ("the budget's call into Lua (spent, what the request may spend, the reservation)",
-                      _without(config, BUDGET)),
-        "no Lua": ("the filter and the budget", no_lua),
-        "no Lua + no record": ("the filter, the budget and the record", no_lua_no_record),
+        "native reader": ("usage.lua's reader of what a request may spend: json_query's max_tokens instead",
+                          _native_reader(config)),
+        "no Lua": ("the filter, and the reader native", no_lua),
+        "no Lua + no record": ("the filter, the reader native, and the record", no_lua_no_record),
         "no Lua + no record + 16 KiB": ("all of the above, and the 128 KiB buffers: the limits' native rules alone",
                                       _replaced(no_lua_no_record, BIG_BUFFERS, "tune.bufsize 16384")),
     }

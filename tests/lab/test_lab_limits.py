@@ -210,10 +210,15 @@ def test_a_days_tokens_to_the_token_streamed_or_not_and_usage_prometheus_and_rec
     usage = usage_of(name)
     rows = [r for r in usage["usage"] if r["key"] == name]
     assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == received
-    assert sum(r["requests"] for r in rows) == answers + 1 and sum(r["refused"] for r in rows) == 1, rows
+    # refused: the last request, as insufficient_quota (the client did not retry it), and any the
+    # client retried, refused for now while an answer the usage service had not yet counted held its
+    # reservation (the gateway waits 0.2 s for the give-back first: rare)
+    refused_n = sum(r["refused"] for r in rows)
+    assert sum(r["requests"] for r in rows) == answers + refused_n and 1 <= refused_n <= 3, rows
     proc = invoke("logs", "--requests", "--key", name, "--json", "-")
     records = json.loads(proc.stdout)["records"]
-    assert len(records) == answers + 1, "every request, the refused one once (the client did not retry it)"
+    assert len(records) == answers + refused_n, "every request, each refusal once"
+    assert records[-1]["status"] == 429 and [r["status"] for r in records].count(429) == refused_n, records
     served = [r for r in records if r["status"] == 200]
     assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in served) == received
     for r in served:
@@ -525,8 +530,8 @@ def test_a_front_ends_users_count_apart_and_its_headers_mean_nothing_from_anothe
 def test_a_front_ends_cap_over_all_its_users_holds_what_their_requests_in_flight_may_spend(deployed, keys):
     """Eight users of a front end at once, each asking for up to 200 tokens, under its 600 a day over
     all of them: what each may spend is held over all of them (the gateway's threads each see the
-    others'), so three are let through and five refused as insufficient_quota before any answer is
-    counted; the day's spend passes 600 by their prompts at most, and `invoke usage` says what the
+    others'), so three are let through and five refused before any answer is counted (for now, told
+    to retry, or as insufficient_quota once the three are counted); the day's spend passes 600 by their prompts at most, and `invoke usage` says what the
     clients received, to the token."""
     webui = keys("held", "--front-end", "yes", "--all-users-tokens-per-day", "600")
     name = keys.names["held"]
@@ -534,9 +539,11 @@ def test_a_front_ends_cap_over_all_its_users_holds_what_their_requests_in_flight
     answers = at_once(8, lambda i: _post_with(webui, body, {"X-OpenWebUI-User-Email": f"h{i}@lab.org"}))
     statuses = sorted(status for status, _, _ in answers)
     assert statuses == [200] * 3 + [429] * 5, statuses
+    # refused for now while the others hold what they may spend (told to retry), or as insufficient_quota
+    # once their answers are counted (each waits a moment for a give-back first)
     refused = [json.loads(raw)["error"] for status, raw, _ in answers if status == 429]
-    assert all(e["code"] == "insufficient_quota" and e["message"].startswith(f"The front end {name} has ")
-               and "left over all its users" in e["message"] for e in refused), refused
+    assert all(e["message"].startswith(f"The front end {name} has ") and "over all its users" in e["message"]
+               and e["code"] in ("rate_limit_exceeded", "insufficient_quota") for e in refused), refused
     usages = [json.loads(raw)["usage"] for status, raw, _ in answers if status == 200]
     assert all(u["completion_tokens"] == 200 for u in usages), usages
     spent = sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)

@@ -1,88 +1,20 @@
--- Managed by dgemma-fleet (roles/gateway): each request's accounting at the gateway.
+-- Managed by dgemma-fleet (roles/gateway): each request's accounting at the gateway, where
+-- HAProxy's own rules cannot do it (serving/accounting/templates/gateway.cfg.j2 does the rest).
 --
--- The filter `usage` reads what vLLM's answer says it used (`usage`: prompt_tokens and
--- completion_tokens, or the Responses API's input_tokens and output_tokens) as the answer
--- passes, a streamed one chunk by chunk (vLLM sends usage in its chunks when told to), and
--- the time to its first byte; it sets them as the request's variables for its record (the
--- log line), so that an answer cut off mid-stream still counts what was received. The replicas put
--- usage in every chunk of every stream for that count (--enable-force-include-usage); the filter
--- gives each client the stream it asked for (stream_options), as vLLM would have sent it. The
--- usage service adds each answer's tokens to the table `tokens_day` from the record (one counting
--- place, whose counts it keeps through a restart); until that lands, the action `budget`
--- counts them here, so that the request after the one that spent a budget is refused.
+-- The action `asks` reads what a request may spend from its body, as vLLM reads it; the gateway's
+-- rules reserve it in their counters (docs/accounting.md). The filter `usage` reads what vLLM's
+-- answer says it used (`usage`: prompt_tokens and completion_tokens, or the Responses API's
+-- input_tokens and output_tokens) as the answer passes, a streamed one chunk by chunk (vLLM sends
+-- usage in its chunks when told to), and the time to its first token; it sets them as the request's
+-- variables for its record (the log line), so that an answer cut off mid-stream still counts what
+-- was received. The replicas put usage in every chunk of every stream for that count
+-- (--enable-force-include-usage); the filter gives each client the stream it asked for
+-- (stream_options), as vLLM would have sent it. The usage service counts each answer's tokens from
+-- the record and gives back what the request held.
 
 local now_ms = function()
   local t = core.now()
   return t.sec * 1000 + t.usec // 1000
-end
-
--- Variables of the process that each thread writes its own of (lua-load-per-thread: each thread
--- has its own Lua state, and HAProxy 2.6's shared one broke this filter under load, "attempt to
--- index a thread value", then a crash; a process variable is seen by every thread): for a name,
--- one per thread, proc.PREFIX_NAME_THREAD. Only its thread writes one, so no addition is lost;
--- every thread reads them all
-local threads = nil
-local function per_thread(cache, prefix, name)
-  local names = cache[name]
-  if names == nil then
-    threads = threads or tonumber(core.get_info().Nbthread) or 1
-    -- a variable's name takes letters, digits, "." and "_": any other byte is written as _XX
-    local safe = name:gsub("[^%w]", function(c) return string.format("_%02x", c:byte()) end)
-    names = {}
-    for thread = 1, threads do
-      names[thread] = "proc." .. prefix .. "_" .. safe .. "_" .. thread
-    end
-    cache[name] = names
-  end
-  return names
-end
-
--- What each thread has charged a subject today, as the count it expects the table to reach once the
--- usage service has added its answers: in proc.charged_SUBJECT:DAY_THREAD, read by every thread.
--- The usage service adds an answer's tokens to the table a few ms after its end, when its reservation
--- is given back; until then a next request, on any thread, counts them from here (a client that sends
--- its next request at once on a new connection, on another thread, spent a budget by a whole answer
--- more before). ``charged_names``: subject:day -> those variables' names, for `charged_day`
-local charged_names = {}
-local charged_day = nil
-
--- the names of `day`'s charges; as the day changes, this thread's variables of the day before are
--- dropped (a variable of the process lives as long as the process; one never set is nothing to drop)
-local function charged_names_of(txn, day)
-  if charged_day ~= day then
-    for _, names in pairs(charged_names) do
-      txn:unset_var(names[core.thread])
-    end
-    charged_names, charged_day = {}, day
-  end
-  return charged_names
-end
-
--- An answer's tokens, charged by its thread: the count it expects the table to reach, from the table's
--- count now (not from what was counted against the request: that holds the other threads' charges,
--- which would then be counted twice) or from what it expects already when more
-local function charge(txn, day_key, day, tokens)
-  local own = per_thread(charged_names_of(txn, day), "charged", day_key)[core.thread]
-  local entry = core.backends.tokens_day.stktable:lookup(day_key)
-  local expected = math.max(tonumber(txn:get_var(own)) or 0, entry and tonumber(entry.gpc0) or 0) + tokens
-  txn:set_var(own, expected)
-end
-
--- What a subject spent today: the table's count, and what any thread charged it beyond that (the
--- answers the usage service has not added yet). A thread whose charges the table holds forgets them
-local function spent_today(txn, day_key, table_count)
-  local used = table_count
-  for thread, name in ipairs(per_thread(charged_names, "charged", day_key)) do
-    local expected = tonumber(txn:get_var(name))
-    if expected then
-      if expected > table_count then
-        used = used + (expected - table_count)
-      elseif thread == core.thread then
-        txn:unset_var(name)
-      end
-    end
-  end
-  return used
 end
 
 -- What a request may spend, read from its body as vLLM reads it. vLLM takes the JSON object's top
@@ -314,165 +246,15 @@ local function asks(body, default)
   return out * choices * count, said
 end
 
--- The tokens reserved by a subject's requests in flight, across this gateway's threads: counters of
--- its entry in the table requests_at_once (tracked as sc2), which Lua can only add 1 to
--- (sc_inc_gpc), at once across threads. An amount is added digit by digit in base 16: counter k
--- (0..7) counts the reserved amounts' units of 16^k, counter 8 + k what was given back of them; what
--- is in flight is the sum of (reserved - given back) x 16^k. Eight digits hold any budget's amount
--- (16^8 > 4e9, the schema's most), so a reservation costs at most 15 additions a digit, 120 in all
--- (six digits left 10^9 tokens' top digit about 950 additions)
-local DIGITS, BASE = 8, 16
--- a counter is an unsigned 32-bit integer that wraps round (stick_table.c: std_t_uint++), and a busy
--- key's entry never expires: reserved and given back are compared modulo 2^32, so a count that has
--- wrapped round before the other still gives what is in flight (never 0, never 4 billion)
-local WRAP = 1 << 32
-
-local function add(txn, tokens, first)
-  for k = 0, DIGITS - 1 do
-    local digit = tokens
-    if k < DIGITS - 1 then
-      digit, tokens = tokens % BASE, tokens // BASE
-    end
-    for _ = 1, digit do
-      txn.f:sc_inc_gpc(first + k, 2)
-    end
-  end
-end
-
-local function in_flight(txn)
-  local total, unit = 0, 1
-  for k = 0, DIGITS - 1 do
-    -- given back first, then reserved: a reservation read in one but not the other counts as held
-    local back = tonumber(txn.f:sc_get_gpc(DIGITS + k, 2)) or 0
-    local held = ((tonumber(txn.f:sc_get_gpc(k, 2)) or 0) - back) % WRAP
-    total = total + held * unit
-    unit = unit * BASE
-  end
-  return total
-end
-
--- The tokens a front end's requests in flight hold over all its users, across this process's
--- threads. A request tracks three sticky counters (tune.stick-counters' default), and a front end's request already
--- tracks three (its user's minute, its own minute, its user's requests in flight): no table entry
--- can be tracked for this one. So each thread keeps its share in a process variable of its own
--- (proc.whole_held_KEY_THREAD: only that thread writes it, so no addition is lost) and a reservation
--- sums them over the threads (added first, then summed, as above: of two at once, the later to sum
--- sees both). A stream stays on its thread: it gives back on the thread that reserved
-local held_here = {} -- key -> what this thread's requests in flight hold
-local whole_names = {} -- key -> its variables' names, one per thread
-local function whole_slots(key)
-  return per_thread(whole_names, "whole_held", key)
-end
-
-local function whole_in_flight(txn, key)
-  local total = 0
-  for _, name in ipairs(whole_slots(key)) do
-    total = total + (tonumber(txn:get_var(name)) or 0)
-  end
-  return total
-end
-
-local function hold_whole(txn, key, tokens)
-  local now = (held_here[key] or 0) + tokens
-  held_here[key] = now
-  txn:set_var(whole_slots(key)[core.thread], now)
-end
-
-local function give_back(txn)
-  local tokens = tonumber(txn:get_var("txn.tok_reserved"))
-  if tokens and tokens > 0 then
-    txn:set_var("txn.tok_reserved", 0)
-    add(txn, tokens, DIGITS)
-  end
-  local whole = tonumber(txn:get_var("txn.all_tok_reserved"))
-  if whole and whole > 0 then
-    txn:set_var("txn.all_tok_reserved", 0)
-    hold_whole(txn, txn:get_var("txn.key"), -whole)
-  end
-end
-
--- Two budgets are counted alike: a key's (a front end's user's), held in the table, and a front end's
--- over all its users, held in the threads' variables. Each its request variables' names, and how what
--- its requests in flight hold is added to and read
-local KEY_BUDGET = {limit = "txn.tok_limit", used = "txn.tok_used", left = "txn.tok_left", spent = "txn.tok_spent",
-                    short = "txn.tok_short", day_key = "txn.day_key", reserved = "txn.tok_reserved",
-                    hold = function(txn, tokens) add(txn, tokens, 0) end,
-                    held = in_flight}
-local WHOLE_BUDGET = {limit = "txn.all_tok_limit", used = "txn.all_tok_used", left = "txn.all_tok_left",
-                      spent = "txn.all_tok_spent", short = "txn.all_tok_short", day_key = "txn.all_day_key",
-                      reserved = "txn.all_tok_reserved",
-                      hold = function(txn, tokens) hold_whole(txn, txn:get_var("txn.key"), tokens) end,
-                      held = function(txn) return whole_in_flight(txn, txn:get_var("txn.key")) end}
-
--- Whether the budget has tokens left today: what the table says was spent, and what the threads
--- charged beyond it (spent_today), against its limit. Sets its used and left; its spent when nothing
--- is left. A budget of no limit has tokens left
-local function has_left(txn, budget)
-  local limit = tonumber(txn:get_var(budget.limit)) or 0
-  if limit <= 0 then
-    return true
-  end
-  local used = spent_today(txn, txn:get_var(budget.day_key), tonumber(txn:get_var(budget.used)) or 0)
-  txn:set_var(budget.used, used)
-  txn:set_var(budget.left, math.max(limit - used, 0))
-  if used >= limit then
-    txn:set_var(budget.spent, 1)
-    return false
-  end
-  return true
-end
-
--- What the request may spend, added to what the budget's requests in flight hold, then the whole
--- checked against what is left (added first, then checked: of two requests at once on two threads, the
--- later to read sees both, so two that do not both fit are never both let through). Over: everything
--- this request holds given back at once, and the budget's short set. A budget of no limit lets it through
-local function reserved_in(txn, budget, need)
-  local limit = tonumber(txn:get_var(budget.limit)) or 0
-  if limit <= 0 then
-    return true
-  end
-  local used = tonumber(txn:get_var(budget.used)) or 0
-  local held
-  -- not used + need: a need read as math.maxinteger (max_tokens 1e30) would wrap around below the limit
-  if need <= limit - used then
-    budget.hold(txn, need)
-    txn:set_var(budget.reserved, need)
-    held = budget.held(txn)
-    if used + held <= limit then
-      txn:set_var(budget.left, limit - used - held)
-      return true
-    end
-    held = held - need
-  else
-    held = budget.held(txn)
-  end
-  give_back(txn)
-  txn:set_var(budget.left, math.max(limit - used - held, 0))
-  txn:set_var(budget.short, 1)
-  return false
-end
-
--- The budget, reserve then settle, once every other limit has let the request through (one call into
--- Lua a request: each costs a gateway under load a coroutine and the objects it is handed). What the
--- key (a front end's user) spent today against its limit, and a front end's over all its users against
--- theirs (has_left: each budget's used and left, its spent when nothing is left); then what this request
--- may spend, read from its body (txn.tok_default, the model's context, is set for a request that
--- generates alone: any other has nothing to reserve): txn.tok_unread when its body cannot be read,
--- else txn.tok_need (and txn.tok_asks, how it was read), reserved in the key's budget, then in a front
--- end's over all its users (reserved_in: txn.tok_short or txn.all_tok_short when it does not fit). Let
--- through: held until its answer is charged (Usage:charge gives it back; the usage service has the
--- answer's usage in the table a few ms later)
-core.register_action("budget", {"http-req"}, function(txn)
-  charged_names_of(txn, txn:get_var("txn.day"))
-  if not has_left(txn, KEY_BUDGET) or not has_left(txn, WHOLE_BUDGET) then
-    return
-  end
+-- What a generating request may spend (the rules call this for a key with a token budget alone):
+-- txn.tok_need and txn.tok_asks (how it was read, for a refusal's message), or txn.tok_unread, why
+-- its body cannot be read. txn.tok_default: the model's context, for a request that sets no max_tokens
+core.register_action("asks", {"http-req"}, function(txn)
   local default = tonumber(txn:get_var("txn.tok_default"))
   if default == nil then
     return
   end
-  local body = txn.f:req_body() or ""
-  local need, said = asks(body, default)
+  local need, said = asks(txn.f:req_body() or "", default)
   if need == nil then
     txn:set_var("txn.tok_unread", said)
     return
@@ -480,47 +262,50 @@ core.register_action("budget", {"http-req"}, function(txn)
   need = math.tointeger(need) or math.maxinteger
   txn:set_var("txn.tok_need", need)
   txn:set_var("txn.tok_asks", string.format("%.0f tokens (%s)", need, said))
-  -- the most its prompt can be: a token is at least a byte of the text, which JSON only lengthens
-  txn:set_var("txn.tok_body", #body)
-  if reserved_in(txn, KEY_BUDGET, need) then
-    reserved_in(txn, WHOLE_BUDGET, need)
-  end
 end)
 
--- The day's tokens are known here once the usage service has put them in this process's table and
--- marked it (`@counts:PID`, this worker's pid): a new process (a reload, a restart) answers at once,
--- while its tables come from the old process, the other gateway and the usage service, in no set
--- order. Until the mark, a request that would be counted is asked to come back in a second (503,
--- Retry-After: 1) rather than counted from zero; a process that gets no mark within
--- SYNC_GIVE_UP_S (no usage service) counts from here. Asked until it answers 1, which it says in
--- proc.counts_known for the gateway's rules to read first. A fetch, not an action that waits: a Lua
--- action that yields beside the filter below broke the filter now and then in HAProxy 2.6
--- ("attempt to index a thread value").
-local SYNC_GIVE_UP_S = 10
-local started = nil -- the first request's time (at load time, HAProxy's clock is not running yet)
-local mark = nil
-local synced = false
+-- A request that fits beside what was spent but not beside what its subject's requests hold waits a
+-- moment before it is refused for now: what an answer held is given back a few ms after it ends, as
+-- the usage service counts it, and a client that sends its next request the moment an answer ends
+-- would be refused only for that (HAProxy's rules cannot wait). What is held is read again from
+-- the budget's tracked counters (the argument: 0 the key's, sc0; 1 a front end's whole, sc1)
+-- every SETTLE_STEP_MS for up to SETTLE_MS, with what was spent; the budget's used, held and left
+-- set to what was read last
+local SETTLE_MS, SETTLE_STEP_MS = 200, 10
+local WRAP = 1 << 32
 
-core.register_fetches("counts_known", function(txn)
-  if synced then
-    return 1
+-- each budget's variables, by its tracked counter
+local BUDGETS = {
+  [0] = {limit = "txn.tok_limit", used = "txn.tok_used", held = "txn.tok_held", left = "txn.tok_left",
+         day_key = "txn.day_key"},
+  [1] = {limit = "txn.all_tok_limit", used = "txn.all_tok_used", held = "txn.all_tok_held", left = "txn.all_tok_left",
+         day_key = "txn.all_day_key"},
+}
+
+core.register_action("settling", {"http-req"}, function(txn, sc)
+  local counter = tonumber(sc)
+  local budget = BUDGETS[counter]
+  local day_key = txn:get_var(budget.day_key)
+  local limit = tonumber(txn:get_var(budget.limit)) or 0
+  local held, used, waited = 0, 0, 0
+  while true do
+    -- what was given back first, then what was held (one read in one but not the other counts as
+    -- held), then what was spent: the usage service tells an answer's tokens before it gives back
+    -- what the request held, so an answer read as given back is read as spent
+    local back = (tonumber(txn.f:sc_get_gpc(2, counter)) or 0) + (tonumber(txn.f:sc_get_gpc(0, counter)) or 0)
+    held = ((tonumber(txn.f:sc_get_gpc(1, counter)) or 0) - back) % WRAP
+    local entry = core.backends.tokens_day.stktable:lookup(day_key)
+    used = entry and tonumber(entry.gpc0) or 0
+    if used + held <= limit or waited >= SETTLE_MS then
+      break
+    end
+    core.msleep(SETTLE_STEP_MS)
+    waited = waited + SETTLE_STEP_MS
   end
-  mark = mark or ("@counts:" .. tostring(core.get_info().Pid))
-  started = started or core.now().sec
-  if core.backends.tokens_day.stktable:lookup(mark) then
-    synced = true
-  elseif core.now().sec - started >= SYNC_GIVE_UP_S then
-    core.Warning("dgemma usage: the usage service did not mark the day's tokens within " .. SYNC_GIVE_UP_S ..
-                 " s: counting from here")
-    synced = true
-  end
-  if synced then
-    -- every thread of this process reads it before calling here (gateway.cfg.j2): one call into Lua
-    -- a request fewer from now on (this process's variables start empty: a new process asks again)
-    txn:set_var("proc.counts_known", true)
-  end
-  return synced and 1 or 0
-end)
+  txn:set_var(budget.used, used)
+  txn:set_var(budget.held, held)
+  txn:set_var(budget.left, limit - used - held)
+end, 1)
 
 local function last_number(text, names)
   local found = nil
@@ -726,20 +511,17 @@ function Usage:http_payload(txn, http_msg)
   return 0
 end
 
--- charged when the answer's analysis ends (whole, cut off, or its client gone), and its reservation
--- given back in the same step: until then the reservation (at least what the answer spends, its prompt
--- aside) stands for it, so a next request never finds it uncounted. One callback a channel fewer than
--- charging at http_end too: each call into Lua costs a gateway under load
+-- A stream that says nothing of what it cost is charged the most it could have spent: what it
+-- reserved, and its request's body in bytes for its prompt. A Responses stream cut before its last
+-- event (response.completed, the only one that vLLM gives its usage: cutting a stream short is no
+-- way around a budget, for the prompt either), and an external API's stream whose client asked no
+-- usage (it streams usage only to a request that asks: and it costs money). Set as the answer's
+-- analysis ends (whole, cut off, or its client gone), for its record
 function Usage:charge(txn)
   if self.charged then
     return
   end
   self.charged = true
-  -- a stream that says nothing of what it cost is charged the most it could have spent: what it
-  -- reserved, and its request's body in bytes for its prompt. A Responses stream cut before its last
-  -- event (response.completed, the only one that vLLM gives its usage: cutting a stream short is no
-  -- way around a budget, for the prompt either), and an external API's stream whose client asked no
-  -- usage (it streams usage only to a request that asks: and it costs money)
   if txn:get_var("txn.completion_tokens") == nil and
      (self.responses or (self.stream and txn:get_var("txn.pool") == "upstream")) then
     local held = tonumber(txn:get_var("txn.tok_reserved"))
@@ -751,19 +533,6 @@ function Usage:charge(txn)
       if txn:get_var("txn.prompt_tokens") == nil then
         txn:set_var("txn.prompt_tokens", tonumber(txn:get_var("txn.tok_body")) or 0)
       end
-    end
-  end
-  give_back(txn)
-  local tokens = (tonumber(txn:get_var("txn.prompt_tokens")) or 0) +
-                 (tonumber(txn:get_var("txn.completion_tokens")) or 0)
-  if tokens > 0 then
-    local day = txn:get_var("txn.day")
-    local day_key, whole_key = txn:get_var("txn.day_key"), txn:get_var("txn.all_day_key")
-    if day_key then
-      charge(txn, day_key, day, tokens)
-    end
-    if whole_key then
-      charge(txn, whole_key, day, tokens)
     end
   end
 end

@@ -4,7 +4,7 @@
 unix datagram socket); it writes the record to the journal, counts usage per day, key (or a
 front end's user) and model family in /var/lib/dgemma/usage/DAY.json, adds each answer's tokens
 to the gateways' shared table `tokens_day` (one counting place, whose counts it keeps through
-a restart), puts the day's counts back there when HAProxy has lost them (a restart), and shows
+a restart) and then gives back what its request held in the gateway's `tokens_held`, puts the day's counts back there when HAProxy has lost them (a restart), and shows
 its counts to Prometheus on loopback (/metrics, which the gateway's /metrics/usage passes on).
 Several reader processes share the records' socket (one Python thread reads about 20,000 records a
 second); this one takes their batches, writes their lines and holds the counts.
@@ -44,6 +44,7 @@ MARK = "@counts:"
 ALL_USERS = "*"  # KEY/*: a front end's count over all its users (gateway.cfg.j2 reads it under that name)
 RECORD_LINE = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps(separators=) makes one a call
 READERS = 4  # reader processes, when the unit names no number (--readers)
+HELD, HELD_COUNTERS = "tokens_held", 3  # subject:day -> given back (this service's), reserved, refused
 TOKENS, MINUTES = "tokens_day", "requests_minute"  # HAProxy's tables: subject:day, subject:minute  # the gateway's own answers to a key's limits
 
 
@@ -105,7 +106,23 @@ def record_of(line: str) -> dict | None:
             "ttft_ms": number_of(raw.get("ttft_ms", "")),
             "ms": number_of(raw.get("ms", "")), "path": text_of(raw, "path"), "diffusion": diffusion,
             # the place the request took in its minute's count (requests a minute), and that minute
-            "rpm_n": number_of(raw.get("rpm_n", "")), "minute": number_of(raw.get("minute", ""))}
+            "rpm_n": number_of(raw.get("rpm_n", "")), "minute": number_of(raw.get("minute", "")),
+            "settle": settle_of(raw, subject, key, user)}
+
+
+def settle_of(raw: dict, subject: str, key: str, user: str) -> tuple | None:
+    """What a request that was let through held in its worker's table tokens_held, to give back as
+    its answer is counted: (the worker's pid, ((entry, tokens), ...)); None when it held nothing."""
+    pid, day = number_of(raw.get("pid", "")), number_of(raw.get("day", ""))
+    if not pid or day is None or not subject:
+        return None
+    held = []
+    holding, whole = number_of(raw.get("holding", "")), number_of(raw.get("all_holding", ""))
+    if holding and holding > 0:
+        held.append((f"{subject}:{day}", holding))
+    if whole and whole > 0 and user:
+        held.append((f"{key}/{ALL_USERS}:{day}", whole))
+    return (pid, tuple(held)) if held else None
 
 
 def family_of(record: dict) -> str:
@@ -155,9 +172,10 @@ class Tally:
     subject's place in its minute; the records refused. Small whatever the records' number, so that
     a reader hands over a batch of thousands as a few entries."""
 
-    __slots__ = ("usage", "tokens", "minutes", "refused", "read")
+    __slots__ = ("usage", "tokens", "minutes", "refused", "read", "held")
 
     def __init__(self):
+        self.held: dict[tuple[int, str], int] = {}  # (worker pid, tokens_held's entry) -> tokens to give back
         self.usage: dict[tuple[str, str, str], list[int]] = {}
         self.tokens: dict[tuple[str, str], int] = {}
         self.minutes: dict[str, int] = {}
@@ -168,6 +186,11 @@ class Tally:
         subject = record["subject"]
         if not subject:
             return
+        settle = record.get("settle")
+        if settle:
+            pid, held = settle
+            for entry, tokens in held:
+                self.held[(pid, entry)] = self.held.get((pid, entry), 0) + tokens
         if record["rpm_n"] and record["minute"]:
             key = f"{subject}:{record['minute']}"
             if record["rpm_n"] > self.minutes.get(key, 0):
@@ -205,6 +228,7 @@ class Usage:
         self.days: dict[str, dict] = {}
         self.dirty: set[str] = set()
         self.pending: dict[tuple[str, str], int] = {}  # (day, subject) -> tokens charged since the table was told
+        self.held: dict[tuple[int, str], int] = {}  # (worker pid, tokens_held's entry) -> to give back once told
         self.minutes: dict[str, int] = {}  # subject:minute -> requests counted in it (a worker's table, again)
         self.lock = threading.Lock()
         # records HAProxy could not deliver (its DroppedLogs: a full socket queue drops a datagram, and
@@ -252,9 +276,11 @@ class Usage:
                 for charged in (subject, f"{key}/{ALL_USERS}") if user else (subject,):
                     spent[charged] = spent.get(charged, 0) + tokens
                     self.pending[(day, charged)] = self.pending.get((day, charged), 0) + tokens
+            for at, tokens in tally.held.items():
+                self.held[at] = self.held.get(at, 0) + tokens
             self.refused += tally.refused
             self.read += tally.read
-        if tally.tokens:
+        if tally.tokens or tally.held:
             self.charged.set()
 
     def note_lost(self, pid: int, dropped: int):
@@ -267,7 +293,25 @@ class Usage:
 
     def has_pending(self) -> bool:
         with self.lock:
-            return bool(self.pending)
+            return bool(self.pending or self.held)
+
+    def take_held(self, pid: int) -> dict[str, int]:
+        """What the requests of worker ``pid`` held and its answers' records have come for (entry ->
+        tokens), to give back once their tokens are in the table: taken before the tokens, so that
+        each one's tokens are told first. Those of another worker are dropped: its table went with it."""
+        with self.lock:
+            held, self.held = self.held, {}
+        out: dict[str, int] = {}
+        for (worker, entry), tokens in held.items():
+            if worker == pid:
+                out[entry] = out.get(entry, 0) + tokens
+        return out
+
+    def put_back_held(self, pid: int, held: dict[str, int]):
+        """What could not be given back (the runtime API did not answer): tried again next time."""
+        with self.lock:
+            for entry, tokens in held.items():
+                self.held[(pid, entry)] = self.held.get((pid, entry), 0) + tokens
 
     def charged_counts(self) -> list[tuple[str, int]]:
         """(the table's key, count) of each subject charged since the table was last told: the
@@ -428,13 +472,40 @@ class RuntimeApi:
                 chunks.append(chunk)
         return b"".join(chunks).decode(errors="replace")
 
-    def set_counts(self, table: str, counts: list[tuple[str, int]]):
-        for i in range(0, len(counts), 50):
-            # HAProxy's counters are 32 bits: a count past them is held at the top, never wrapped to little
-            answer = self._ask([f"set table {table} key {key} data.gpc0 {min(int(n), COUNTER_MAX)}"
-                                for key, n in counts[i:i + 50]])
+    def set_counts(self, table: str, counts: list[tuple[str, int]], then: list[str] = ()):
+        # HAProxy's counters are 32 bits: a count past them is held at the top, never wrapped to little
+        commands = [f"set table {table} key {key} data.gpc0 {min(int(n), COUNTER_MAX)}" for key, n in counts]
+        commands += then
+        for i in range(0, len(commands), 50):
+            answer = self._ask(commands[i:i + 50])
             if answer.strip():
                 raise OSError(answer.strip()[:200])
+
+    def entries(self, table: str, keys: list[str]) -> dict[str, list[int]]:
+        """Each key's counter array (gpc(N) as `show table` writes it: gpc0=.. gpc1=..); a key the
+        table does not hold is left out."""
+        out = {}
+        for i in range(0, len(keys), 50):
+            for line in self._ask([f"show table {table} key {key}" for key in keys[i:i + 50]]).splitlines():
+                fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+                if "key" in fields:
+                    out[fields["key"]] = [int(fields[f"gpc{k}"]) for k in range(HELD_COUNTERS) if f"gpc{k}" in fields]
+        return out
+
+    def give_back(self, held: dict[str, int]) -> list[str]:
+        """The commands that give back what requests held in tokens_held (entry -> tokens): its gpc(0),
+        which this service alone writes, goes up by what they held, never past what the entry holds
+        now (a reservation made before a restart is not there to give back)."""
+        commands = []
+        for key, counters in self.entries(HELD, sorted(held)).items():
+            if len(counters) < HELD_COUNTERS:
+                continue
+            given, reserved, refused = counters[:HELD_COUNTERS]
+            holding = (reserved - refused - given) % (COUNTER_MAX + 1)
+            back = min(held[key], holding)
+            if back:
+                commands.append(f"set table {HELD} key {key} data.gpc {(given + back) % (COUNTER_MAX + 1)}")
+        return commands
 
     def worker(self) -> tuple[int, int]:
         """The pid of the HAProxy worker that answers the runtime API (a new one after a reload), and
@@ -592,11 +663,14 @@ def receive(sock: socket.socket, deliver, senders: Senders | None = None, batch:
         # HAProxy's access-log part (client, timers, flags, request line): the journal's only copy (the
         # gateway's front end logs nowhere else: gateway.cfg.j2 says why)
         access = line[:line.find(RECORD)]
+        settle = record.pop("settle")  # for the count alone: the journal's record says what was used
         if record["subject"] or record["path"].startswith("/v1/"):
             record["time"], record["access"] = time_of(record["t"]), access
             lines.append(RECORD_LINE.encode(record) + "\n")
         else:  # no key's and no API's (a health check, a scrape): its access line alone
             lines.append(RECORD_LINE.encode({"time": time_of(record["t"]), "access": access}) + "\n")
+        if settle:
+            record["settle"] = settle
         tally.add(record)
 
 
@@ -695,16 +769,24 @@ def keep_table(usage: Usage, api: RuntimeApi, interval: float, merge_every: floa
                 (pid, dropped), last_look = api.worker(), now
                 usage.note_lost(pid, dropped)
             fresh = pid != marked
-            if fresh or now - last_merge >= merge_every:
-                api.set_counts(MINUTES, usage.minutes_to_put(api.counts(MINUTES), reseed=fresh))
-                api.set_counts(TOKENS, usage.reconcile(api.counts(TOKENS), reseed=fresh))
-                if fresh:
-                    api.mark(pid)
-                    marked = pid
-                last_merge = now
-                usage.save()
-            elif usage.has_pending():
-                api.set_counts(TOKENS, usage.charged_counts())
+            # what the answers' requests held, given back in the same batch as their tokens are told,
+            # after them: an answer is never counted neither spent nor held
+            held = usage.take_held(pid)
+            try:
+                back = api.give_back(held) if held else []
+                if fresh or now - last_merge >= merge_every:
+                    api.set_counts(MINUTES, usage.minutes_to_put(api.counts(MINUTES), reseed=fresh))
+                    api.set_counts(TOKENS, usage.reconcile(api.counts(TOKENS), reseed=fresh), then=back)
+                    if fresh:
+                        api.mark(pid)
+                        marked = pid
+                    last_merge = now
+                    usage.save()
+                elif usage.has_pending() or back:
+                    api.set_counts(TOKENS, usage.charged_counts(), then=back)
+            except OSError:
+                usage.put_back_held(pid, held)
+                raise
             if failing:
                 log("usage: HAProxy's runtime API answers again")
             failing = False

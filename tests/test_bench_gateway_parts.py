@@ -49,3 +49,9 @@ def test_a_part_the_configuration_no_longer_has_is_named(rendered):
     with pytest.raises(SystemExit, match="retry-on"):
         parts.variants(config.replace("retry-on conn-failure empty-response 503", "retry-on all-retryable-errors"),
                        rendered[0] / "sink.sock")
+
+
+def test_the_bench_runs_the_usage_service_the_gateway_role_installs():
+    from serving import accounting
+    assert loopback.USAGE_SERVICE.is_file(), loopback.USAGE_SERVICE
+    assert loopback.USAGE_SERVICE.parent == accounting.FILES, "the bench's usage service is the one the role installs"

@@ -50,7 +50,7 @@ MODEL = "diffusiongemma"
 PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443,
          # the same gateway with each key's limits and its accounting (serving/accounting: Lua, peers, usage service)
          "limits": 18444, "limits-peers": 18445, "limits-usage": 18446, "limits-stats": 18447}
-USAGE_SERVICE = ROOT / "roles" / "gateway" / "files" / "usage_service.py"
+USAGE_SERVICE = ROOT / "serving" / "accounting" / "files" / "usage_service.py"
 # the bench key's limits: every one checked on every request, none reached
 BENCH_LIMITS = {"requests_per_minute": 100_000_000, "requests_at_once": 100_000, "tokens_per_day": 4_000_000_000}
 NO_COST = "haproxy"

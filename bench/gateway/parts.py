@@ -70,9 +70,13 @@ FILTER, READER = r"^\s*filter lua\.usage", r"^\s*http-request lua\.asks "
 # what a request may spend read natively instead of by usage.lua's reader (which reads it as vLLM
 # does: HAProxy's json_query takes the first of a repeated key, and sees neither n nor prompts)
 NATIVE_READER = "    http-request set-var(txn.tok_need) req.body,json_query('$.max_tokens') if key_ok generates"
+RECORD = r"^\s*log unix@"
+BIG_BUFFERS = "tune.bufsize 131072"
+RETRIES = "retry-on conn-failure empty-response 503"
 
 
 def _native_reader(config: str) -> str:
+    """``config`` with its one call to usage.lua's reader replaced by NATIVE_READER."""
     lines = config.splitlines()
     at = [i for i, line in enumerate(lines) if re.search(READER, line)]
     if len(at) != 1:
@@ -80,9 +84,6 @@ def _native_reader(config: str) -> str:
                          f"the role renders it otherwise now; update the variants")
     lines[at[0]] = NATIVE_READER
     return "\n".join(lines) + "\n"
-RECORD = r"^\s*log unix@"
-BIG_BUFFERS = "tune.bufsize 131072"
-RETRIES = "retry-on conn-failure empty-response 503"
 
 
 def variants(config: str, sink: Path) -> dict[str, tuple[str, str]]:

@@ -4,8 +4,8 @@
 unix datagram socket); it writes the record to the journal, counts usage per day, key (or a
 front end's user) and model family in /var/lib/dgemma/usage/DAY.json, adds each answer's tokens
 to the gateways' shared table `tokens_day` (one counting place, whose counts it keeps through
-a restart) and then gives back what its request held in the gateway's `tokens_held`, puts the day's counts back there when HAProxy has lost them (a restart), and shows
-its counts to Prometheus on loopback (/metrics, which the gateway's /metrics/usage passes on).
+a restart) and then gives back what its request held in the gateway's `tokens_held`, puts the
+day's counts back there when HAProxy has lost them (a restart), and shows its counts to Prometheus on loopback (/metrics, which the gateway's /metrics/usage passes on).
 Several reader processes share the records' socket (one Python thread reads about 20,000 records a
 second); this one takes their batches, writes their lines and holds the counts.
 
@@ -486,10 +486,10 @@ class RuntimeApi:
         table does not hold is left out."""
         out = {}
         for i in range(0, len(keys), 50):
-            for line in self._ask([f"show table {table} key {key}" for key in keys[i:i + 50]]).splitlines():
-                fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-                if "key" in fields:
-                    out[fields["key"]] = [int(fields[f"gpc{k}"]) for k in range(HELD_COUNTERS) if f"gpc{k}" in fields]
+            for fields in table_rows(self._ask([f"show table {table} key {key}" for key in keys[i:i + 50]])):
+                counters = sorted((int(name[3:]), int(value)) for name, value in fields.items()
+                                  if name[:3] == "gpc" and name[3:].isdigit())
+                out[fields["key"]] = [value for _, value in counters]
         return out
 
     def give_back(self, held: dict[str, int]) -> list[str]:
@@ -523,11 +523,18 @@ class RuntimeApi:
 
     def counts(self, table: str) -> dict[str, int]:
         out = {}
-        for line in self._ask([f"show table {table}"]).splitlines():
-            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-            if "key" in fields and "gpc0" in fields and not fields["key"].startswith("@"):
+        for fields in table_rows(self._ask([f"show table {table}"])):
+            if "gpc0" in fields and not fields["key"].startswith("@"):
                 out[fields["key"]] = int(fields["gpc0"])
         return out
+
+
+def table_rows(text: str):
+    """The entries `show table` writes, each as its fields (key=K gpc0=N ...): its other lines left out."""
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if "key" in fields:
+            yield fields
 
 
 def read_limits(path: str) -> dict[str, tuple[int, int]]:

@@ -24,8 +24,7 @@ def inventory_check(c, inventory=None, set=None):
         raise Exit("inventory check failed: files this machine must hold for a deploy:\n  " + "\n  ".join(missing),
                    code=2)
     hosts = play.inventory.host_names
-    roles = host_roles({h: play.hostvars(h) for h in hosts},
-                       {h: [g.name for g in play.inventory.groups.values() if h in g.hosts] for h in hosts})
+    roles = host_roles({h: play.hostvars(h) for h in hosts})
     refused = [f"{_origin(play, r.host, r.problem)}{r.host}: {r.problem}" for r in roles if r.problem]
     if refused:
         raise Exit("inventory check failed:\n  " + "\n  ".join(refused), code=2)
@@ -34,8 +33,6 @@ def inventory_check(c, inventory=None, set=None):
     width = max((len(h) for h in hosts), default=0)
     for r in roles:
         print(f"  {r.host:<{width}}  {'; '.join(r.roles) or 'nothing'}")
-        for warning in r.warnings:
-            print(f"  {'':<{width}}  warning: {warning}")
 
 
 def _origin(play, host: str, problem: str) -> str:

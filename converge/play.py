@@ -54,9 +54,12 @@ class Play:
             raise InventoryError(problems)
 
     def hostvars(self, name: str) -> dict:
-        """The host's variables, with Ansible's ``group_names`` (its groups but ``all``)."""
+        """The host's variables, with Ansible's ``group_names`` (its groups but ``all``) and
+        ``direct_group_names``: the groups that list the host itself, not through a child group
+        (a group's meaning may depend on whether it names the host or only contains it)."""
         host = self.inventory.host(name, self.defaults, self.overrides)
-        return {**host.vars, "group_names": [g for g in host.groups if g != "all"]}
+        direct = [g.name for g in self.inventory.groups.values() if name in g.hosts and g.name != "all"]
+        return {**host.vars, "group_names": [g for g in host.groups if g != "all"], "direct_group_names": direct}
 
     def ssh_settings(self, name: str) -> SSHSettings:
         """How to reach a host (raises ConvergeError for a setting that cannot be used)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from credentials import directory
 from credentials.ca import ca_paths
+from serving.fleet import api_port, frontdoor_port
 
 from converge.errors import StepFailed
 from converge.secrets import read_optional_secret as read_secret
@@ -13,19 +14,20 @@ HIDDEN = "********"
 YOUR_KEY = "<a key from: invoke keys.add NAME>"
 
 
-def _url(name: str, v: dict, shared: str | None = None) -> str:
+def _url(name: str, v: dict, shared: str | None = None, gateway: bool = False) -> str:
     # the certificate names the inventory name and the address: the address works without DNS.
-    # ``shared``: the gateways' one address, which their certificates name too
+    # ``shared``: the gateways' one address, which their certificates name too; ``gateway``: the
+    # host's gateway (at api_port; its front door moves aside on a gateway that serves too)
     host = v.get("api_host", "0.0.0.0")
     address = shared or (v.get("ansible_host", name) if host in ("0.0.0.0", "::") else host)
     address = f"[{address}]" if ":" in address else address
-    return f"https://{address}:{v.get('api_port', 8000)}/v1"
+    return f"https://{address}:{api_port(v) if gateway else frontdoor_port(v)}/v1"
 
 
 def endpoints(hostvars: dict[str, dict], gateway: dict[str, dict] | None = None) -> dict:
     """``{"gateway": URL or None, "ca_file": PATH, "hosts": [{"host", "url"}]}``: no secret in it."""
     any_vars = next(iter(hostvars.values()), None) or next(iter((gateway or {}).values()), {})
-    gateway_url = next((_url(n, v, v.get("gateway_address")) for n, v in (gateway or {}).items()), None)
+    gateway_url = next((_url(n, v, v.get("gateway_address"), gateway=True) for n, v in (gateway or {}).items()), None)
     return {"gateway": gateway_url, "ca_file": str(ca_paths(directory(any_vars))[0]),
             "hosts": [{"host": name, "url": _url(name, v)} for name, v in hostvars.items()
                       if v.get("state", "started") == "started"],

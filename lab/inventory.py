@@ -49,25 +49,65 @@ def host_vars(host: config.LabHost) -> dict:
     return out
 
 
+# The small lab (`inventory-small`, beside the built-in one): the same machines, the serving hosts
+# alone, two of them gateways too and one of those the monitoring host, as a lab with no machine
+# to spare runs. h100-01 stays out: it is behind the bastion, on a network the office hosts
+# cannot reach, so no gateway there could send it requests (as in the seeds' lab). Its gateways
+# hold an address and a VRRP id of their own, so that both inventories' gateways can run at once.
+SMALL_GATEWAYS = ("rtx01", "hgx01")
+SMALL_MONITORING = ("hgx01",)
+SMALL_LEFT_OUT = ("h100-01",)
+SMALL_GATEWAY_ADDRESS = f"{config.SUBNET}.201"
+SMALL_VRRP_ID = 52
+
+
 def directory():
     return config.STATE / "inventory"
 
 
+def small_directory():
+    return config.STATE / "inventory-small"
+
+
+def _group_of(host: config.LabHost) -> str:
+    return ("gateway" if host.gateway else "monitoring" if host.monitoring
+            else GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale")
+
+
 def write(hosts: list[config.LabHost]) -> str:
-    inv = directory()
+    """The built-in inventory, and the small one beside it (`write_small`)."""
+    children: dict = {}
+    for host in hosts:
+        if host.bastion:
+            continue  # the way in, not a place to deploy to
+        children.setdefault(_group_of(host), {"hosts": {}})["hosts"][host.name] = host_vars(host)
+    path = _write(directory(), children, GROUP_VARS)
+    write_small(hosts)
+    return path
+
+
+def write_small(hosts: list[config.LabHost]) -> str:
+    """The small lab's inventory: rtx01 in `rtx` and `gateway`, hgx01 in `hgx`, `gateway` and
+    `monitoring`, spark01 in `spark` (a host serves and gateways by being in both groups)."""
+    serving = [h for h in hosts if h.has_gpu and not h.name.startswith("node") and h.name not in SMALL_LEFT_OUT]
+    children: dict = {}
+    for host in serving:
+        children.setdefault(_group_of(host), {"hosts": {}})["hosts"][host.name] = host_vars(host)
+    names = {h.name for h in serving}
+    children["gateway"] = {"hosts": {name: None for name in SMALL_GATEWAYS if name in names}}
+    children["monitoring"] = {"hosts": {name: None for name in SMALL_MONITORING if name in names}}
+    group_vars = {**GROUP_VARS, "gateway": {"gateway_address": SMALL_GATEWAY_ADDRESS, "gateway_vrrp_id": SMALL_VRRP_ID},
+                  "monitoring": {}}
+    return _write(small_directory(), children, group_vars)
+
+
+def _write(inv, children: dict, group_vars: dict) -> str:
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
     key_file = config.API_KEY_FILE
     key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not key_file.exists():
         key_file.write_text(secrets.token_urlsafe(24) + "\n")
         os.chmod(key_file, 0o600)
-    children: dict = {}
-    for host in hosts:
-        if host.bastion:
-            continue  # the way in, not a place to deploy to
-        group = ("gateway" if host.gateway else "monitoring" if host.monitoring
-                 else GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale")
-        children.setdefault(group, {"hosts": {}})["hosts"][host.name] = host_vars(host)
     data = {"all": {"vars": {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(config.STATE / "ssh" / "id_ed25519"),
@@ -87,7 +127,7 @@ def write(hosts: list[config.LabHost]) -> str:
     header = "# Written by `invoke lab.up`: the lab's hosts. Regenerated on every lab.up.\n"
     (inv / "hosts.yml").write_text(header + yaml.safe_dump(data, sort_keys=False))
     for group in children:
-        (inv / "group_vars" / f"{group}.yml").write_text(header + yaml.safe_dump(GROUP_VARS[group], sort_keys=False))
+        (inv / "group_vars" / f"{group}.yml").write_text(header + yaml.safe_dump(group_vars[group], sort_keys=False))
     for stale in (inv / "group_vars").glob("*.yml"):
         if stale.stem not in children:
             stale.unlink()

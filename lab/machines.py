@@ -111,10 +111,13 @@ def _kill_orphans(host: config.LabHost):
 
 def crash(host: config.LabHost):
     """The power goes: nspawn and every process of the host killed at once (SIGKILL),
-    no shutdown. `lab.up` boots it again (its disk as the crash left it)."""
+    no shutdown, and its links dark (network.power_lost). `lab.up` boots it again (its disk
+    as the crash left it)."""
+    from . import network
     pid = running_pid(host)
     if pid:
         os.killpg(pid, signal.SIGKILL)
+    network.power_lost(host)
     _kill_orphans(host)
 
 

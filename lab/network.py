@@ -100,6 +100,24 @@ def ensure_host(host: config.LabHost):
         sh.run(*ns, "route", "add", "default", "via", via)
 
 
+def power_lost(host: config.LabHost):
+    """What a host's power cut does to its network, beside its processes: its links go dark, and
+    what its software had added to them (an address keepalived held) is gone, as it is from a
+    real machine that boots again. The namespace outlives the processes here: left alone, it
+    would still answer ARP for such an address and refuse connections to it. `ensure_host`
+    (lab.up) lights the links again."""
+    ns = ("ip", "-n", host.netns)
+    for number, network in enumerate(host.networks):
+        if sh.ok("ip", "link", "show", host.veth_on(network)):
+            sh.run("ip", "link", "set", host.veth_on(network), "down")
+        inside, own = f"host{number}", host.address_on(network)
+        for line in sh.run(*ns, "-4", "-o", "addr", "show", "dev", inside, check=False).stdout.splitlines():
+            fields = line.split()
+            added = fields[fields.index("inet") + 1] if "inet" in fields else ""
+            if added and not added.startswith(f"{own}/"):
+                sh.run(*ns, "addr", "del", added, "dev", inside, check=False)
+
+
 def forget_neighbour(address: str):
     """A new link has a new MAC address: this machine (and the NAT router, for the private
     network) forget the one they knew at ``address``. Called where a host's link is made, the

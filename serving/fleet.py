@@ -2,7 +2,11 @@
 doors), which are gateways and which watch the others (the group `monitoring`:
 Prometheus and Alertmanager). Offered to every host of a run as
 ``ctx.services["fleet"]``, from the whole inventory (a gateway lists every serving
-host, whichever hosts the run touches)."""
+host, whichever hosts the run touches).
+
+A host of the group `gateway` or `monitoring` serves too when another group lists it
+itself (rtx01 in `rtx` and in `gateway`): its front door then moves aside for the
+gateway (`frontdoor_port`), which takes the address clients use (`api_port`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,6 +15,9 @@ from converge.runner import RunService
 
 GATEWAY_GROUP = "gateway"
 MONITORING_GROUP = "monitoring"
+# groups that say what a host does besides serving, and those that say nothing of it
+ROLE_GROUPS = (GATEWAY_GROUP, MONITORING_GROUP)
+NEUTRAL_GROUPS = {"all", "ungrouped", *ROLE_GROUPS}
 MODEL_VARIABLES = ("models", "gpus", "model", "quantization", "served_model_name", "model_fallback")
 
 
@@ -50,18 +57,31 @@ def shared_address(hostvars: dict) -> str | None:
     return hostvars.get("gateway_address") if is_gateway(hostvars) else None
 
 
+def api_port(hostvars: dict) -> int:
+    """Where clients reach the host: its gateway's port on a gateway, else its front door's."""
+    return int(hostvars.get("api_port", 8000))
+
+
+def frontdoor_port(hostvars: dict) -> int:
+    """The front door's port: ``frontdoor_port`` when set; else ``api_port``, or the port after
+    it on a host that is a gateway too (the gateway holds ``api_port`` there)."""
+    if hostvars.get("frontdoor_port"):
+        return int(hostvars["frontdoor_port"])
+    return api_port(hostvars) + (1 if is_gateway(hostvars) else 0)
+
+
 def fleet_of(hostvars_by_name: dict[str, dict]) -> Fleet:
     serving, gateways, monitors = [], [], []
     for name, v in hostvars_by_name.items():
-        door = FrontDoor(name, v.get("ansible_host", name), int(v.get("api_port", 8000)),
-                         v.get("tls_ca_file") or "" if v.get("tls_cert_file") else "",
-                         {k: v[k] for k in MODEL_VARIABLES if k in v})
+        address = v.get("ansible_host", name)
+        ca_file = v.get("tls_ca_file") or "" if v.get("tls_cert_file") else ""
+        models = {k: v[k] for k in MODEL_VARIABLES if k in v}
         if is_monitoring(v):
-            monitors.append(door)
+            monitors.append(FrontDoor(name, address, api_port(v), ca_file, models))
         if is_gateway(v):
-            gateways.append(door)
-        elif is_serving(v):
-            serving.append(door)
+            gateways.append(FrontDoor(name, address, api_port(v), ca_file, models))
+        if is_serving(v):
+            serving.append(FrontDoor(name, address, frontdoor_port(v), ca_file, models))
     return Fleet(tuple(serving), tuple(gateways), tuple(monitors))
 
 
@@ -78,9 +98,21 @@ class FleetService(RunService):
         return None
 
 
+def serving_groups(hostvars: dict) -> list[str]:
+    """The groups that list the host itself and say nothing of a gateway or monitoring
+    (``direct_group_names``, converge/play.py; ``group_names`` where a caller gives no other)."""
+    direct = hostvars.get("direct_group_names")
+    listed = direct if direct is not None else hostvars.get("group_names") or ()
+    return [g for g in listed if g not in NEUTRAL_GROUPS]
+
+
 def is_serving(hostvars: dict) -> bool:
-    """Every host but the gateways and the monitoring hosts serves the model."""
-    return not is_gateway(hostvars) and not is_monitoring(hostvars)
+    """A host serves the model unless it is a gateway or a monitoring host that no other group
+    lists itself: rtx01 in `rtx` and `gateway` serves and is a gateway; gateway01 in `gateway`
+    alone (or through a parent group of `gateway`) serves nothing."""
+    if not is_gateway(hostvars) and not is_monitoring(hostvars):
+        return True
+    return bool(serving_groups(hostvars))
 
 
 def is_exporting(hostvars: dict) -> bool:

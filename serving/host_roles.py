@@ -7,10 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .declared import Refused, declared
-from .fleet import GATEWAY_GROUP, MONITORING_GROUP, is_gateway, is_monitoring, is_serving
+from .fleet import frontdoor_port, is_gateway, is_monitoring, is_serving
 
-# groups that say nothing of what a host is for
-_NEUTRAL_GROUPS = {"all", "ungrouped", GATEWAY_GROUP, MONITORING_GROUP}
 _ORDINALS = ("first", "second", "third")
 
 
@@ -18,7 +16,6 @@ _ORDINALS = ("first", "second", "third")
 class HostRoles:
     host: str
     roles: tuple[str, ...]  # what it does, each a phrase
-    warnings: tuple[str, ...] = ()  # what its inventory says that a deploy will not do
     problem: str | None = None  # what stops a deploy of it
 
 
@@ -49,28 +46,22 @@ def _gateway(host: str, hostvars: dict, gateways: list[str]) -> str:
     return f"gateway, {turn} in line for {shared} (after {', '.join(gateways[:position])})"
 
 
-def host_roles(hostvars_by_name: dict[str, dict], direct_groups: dict[str, list[str]]) -> list[HostRoles]:
-    """Each host's roles, in inventory order. ``direct_groups``: the groups that list each host
-    itself (not through a child group): a gateway or monitoring host listed in another group too
-    was likely meant to serve, and does not."""
+def host_roles(hostvars_by_name: dict[str, dict]) -> list[HostRoles]:
+    """Each host's roles, in inventory order. A gateway that serves too says where its front door
+    moved (the gateway holds ``api_port`` there)."""
     gateways = [name for name, v in hostvars_by_name.items() if is_gateway(v)]
     out = []
     for name, v in hostvars_by_name.items():
-        roles, warnings, problem = [], [], None
+        roles, problem = [], None
         if is_serving(v):
             try:
-                roles.append(_serves(v))
+                roles.append(_serves(v) + (f" (its front door on port {frontdoor_port(v)})"
+                                           if is_gateway(v) else ""))
             except Refused as exc:
                 problem = str(exc)
         if is_gateway(v):
             roles.append(_gateway(name, v, gateways))
         if is_monitoring(v):
             roles.append("monitoring (Prometheus, Alertmanager)")
-        other = [g for g in direct_groups.get(name, ()) if g not in _NEUTRAL_GROUPS]
-        if other and not is_serving(v):
-            special = " and ".join(g for g in (GATEWAY_GROUP, MONITORING_GROUP) if g in v.get("group_names", ()))
-            warnings.append(f"serves no model although the group{'s' if len(other) > 1 else ''} "
-                            f"{', '.join(other)} list{'' if len(other) > 1 else 's'} it: a host of the group "
-                            f"{special} runs no replica; take it out of {special} for it to serve")
-        out.append(HostRoles(name, tuple(roles), tuple(warnings), problem))
+        out.append(HostRoles(name, tuple(roles), problem))
     return out

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 
+from serving.fleet import api_port, frontdoor_port
+
 SD_PATH = "/metrics/sd"
 HAPROXY_PATH = "/metrics/haproxy"
 NODE_PATH = "/metrics/node"
@@ -43,24 +45,28 @@ def replica_path(index: int) -> str:
     return f"{REPLICA_PREFIX}{int(index)}"
 
 
-def address(name: str, v: dict) -> str:
-    """Where the monitoring hosts reach this host's front door (or gateway): its
-    ansible_host (which its certificate names; else its inventory name) and api_port."""
-    host, port = str(v.get("ansible_host") or name), int(v.get("api_port", 8000))
+def address(name: str, v: dict, gateway: bool = False) -> str:
+    """Where the monitoring hosts reach this host's front door (or its gateway): its
+    ansible_host (which its certificate names; else its inventory name) and the port."""
+    host = str(v.get("ansible_host") or name)
+    port = api_port(v) if gateway else frontdoor_port(v)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def host_targets(name: str, v: dict, served: list, *, gateway: bool = False, dcgm: bool = False) -> list[dict]:
-    """The host's target groups. ``served``: what each replica runs (serving.replicas.Served:
-    its index, family, checkpoint and GPUs); a gateway has none. ``dcgm``: the host runs
-    NVIDIA's DCGM exporter."""
-    where = [address(name, v)]
+def host_targets(name: str, v: dict, served: list, *, gateway: bool = False, dcgm: bool = False,
+                 node: bool = True) -> list[dict]:
+    """The host's target groups, through its front door (or its gateway). ``served``: what each
+    replica runs (serving.replicas.Served: its index, family, checkpoint and GPUs); a gateway has
+    none. ``dcgm``: the host runs NVIDIA's DCGM exporter. ``node``: its node exporter is scraped
+    here (not on a gateway that serves too: its front door has it, and a second scrape would
+    write the same series twice)."""
+    where = [address(name, v, gateway)]
 
     def group(job, path, **labels):
         return {"targets": where, "labels": {"job": job, "__metrics_path__": path, "host": name,
                                              "instance": labels.pop("instance", name), **labels}}
 
-    out = [group(GATEWAY_JOB if gateway else FRONTDOOR_JOB, HAPROXY_PATH), group(NODE_JOB, NODE_PATH)]
+    out = [group(GATEWAY_JOB if gateway else FRONTDOOR_JOB, HAPROXY_PATH)] + ([group(NODE_JOB, NODE_PATH)] if node else [])
     if dcgm:
         out.append(group(GPU_JOB, GPU_PATH))
     if gateway:

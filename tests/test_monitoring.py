@@ -58,7 +58,8 @@ def test_a_threshold_from_the_inventory_changes_its_rule_and_keeps_the_others(tm
 def test_the_prometheus_configuration_loads_and_scrapes_every_host_through_its_front_door(tmp_path):
     fleet = fleet_of(HOSTS)
     remote = [{"url": "https://mimir.example.com/api/v1/push", "bearer_token": f"{tmp_path}/secrets/remote-write-0"}]
-    text = prometheus.render("monitor01", {"prometheus_port": 9090}, fleet, remote, files=str(tmp_path))
+    text = prometheus.render("monitor01", {"prometheus_port": 9090, **HOSTS["monitor01"]}, fleet, remote,
+                             files=str(tmp_path))
     (tmp_path / "prometheus.yml").write_text(text)
     for name in ("monitoring.key", "ca.crt", "secrets/remote-write-0", prometheus.TARGETS_FILE):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +92,29 @@ def test_the_prometheus_configuration_loads_and_scrapes_every_host_through_its_f
     assert all(t.startswith("127.0.0.1:") for g in local for t in g["targets"])
     assert config["remote_write"] == [{"url": "https://mimir.example.com/api/v1/push", "authorization": {
         "type": "Bearer", "credentials_file": f"{tmp_path}/secrets/remote-write-0"}}]
+
+
+def test_a_host_that_serves_and_gateways_and_monitors_is_scraped_once_per_source():
+    """hgx01 listed in hgx, gateway and monitoring: its front door (moved to 8001) has its node
+    exporter and replicas, its gateway (8000) its HAProxy and usage, and Prometheus there does not
+    scrape its node exporter a second time on loopback."""
+    hosts = {"rtx01": {"ansible_host": "10.213.0.12", "group_names": ["rtx"], "direct_group_names": ["rtx"]},
+             "hgx01": {"ansible_host": "10.213.0.109", "group_names": ["gateway", "hgx", "monitoring"],
+                       "direct_group_names": ["hgx", "gateway", "monitoring"]}}
+    fleet = fleet_of(hosts)
+    seen = {(g["labels"]["host"], g["labels"]["job"], g["labels"]["__metrics_path__"]): g["targets"]
+            for g in json.loads(prometheus.render_targets(fleet))}
+    assert seen == {("rtx01", "frontdoor", "/metrics/haproxy"): ["10.213.0.12:8000"],
+                    ("rtx01", "node", "/metrics/node"): ["10.213.0.12:8000"],
+                    ("hgx01", "frontdoor", "/metrics/haproxy"): ["10.213.0.109:8001"],
+                    ("hgx01", "node", "/metrics/node"): ["10.213.0.109:8001"],
+                    ("hgx01", "gateway", "/metrics/haproxy"): ["10.213.0.109:8000"],
+                    ("hgx01", "usage", "/metrics/usage"): ["10.213.0.109:8000"]}
+    config = yaml.safe_load(prometheus.render("hgx01", hosts["hgx01"], fleet, []))
+    jobs = {c["job_name"]: c for c in config["scrape_configs"]}
+    assert [sd["url"] for sd in jobs["fleet-replicas"]["http_sd_configs"]] == \
+        ["https://10.213.0.12:8000/metrics/sd", "https://10.213.0.109:8001/metrics/sd"]
+    assert {g["labels"]["job"] for g in jobs["monitoring"]["static_configs"]} == {"prometheus", "alertmanager"}
 
 
 def test_alertmanager_takes_each_kind_of_receiver_with_its_secret_in_a_file(tmp_path):

@@ -20,7 +20,7 @@ from credentials.ca import ca_pem, peer_certificate, peer_certificate_due
 from credentials.keys import KeyStore, service_key
 
 from serving import scrape_targets
-from serving.fleet import is_gateway
+from serving.fleet import is_gateway, is_serving
 from serving.handoffs import GATEWAY_GENERATION
 from serving.haproxy import steps as proxy, tls
 from serving.haproxy.config import Server
@@ -89,7 +89,8 @@ def wanted(ctx, upstream_map: str, accepted: dict[str, str], maps: tuple) -> pro
     return proxy.wanted(ctx, GATEWAY, servers(fleet), accepted, BACKEND, own_cas,
                         pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")),
                         secret_files=upstream_map + "".join(f.content for f in maps),
-                        targets=scrape_targets.render(scrape_targets.host_targets(ctx.name, ctx.vars, [], gateway=True)),
+                        targets=scrape_targets.render(scrape_targets.host_targets(
+                            ctx.name, ctx.vars, [], gateway=True, node=not is_serving(ctx.vars))),
                         accounting=accounting.accounting(ctx.name, ctx.vars,
                                                          {door.host: door.address for door in fleet.gateways}))
 
@@ -127,9 +128,17 @@ def upstream_keys_file(ctx, content: str) -> File:
 
 def plan(ctx):
     fleet = ctx.services.get("fleet")
+    if (ctx.facts.get("os") or {}).get("ID") == "nixos":
+        # the service role's module declares the front door alone, and keepalived comes from apt or dnf
+        yield Check("gateway host", ok=False,
+                    message="a NixOS gateway is not supported: its container and keepalived would have to be "
+                            "declared in the host's configuration; choose a host of another OS for the group "
+                            "`gateway` (it may serve as well)")
+        return
     if fleet is None or not fleet.serving:
         yield Check("serving hosts", ok=False, message="the inventory has no serving host for the gateway to "
-                                                       "front: add hosts outside the group `gateway`")
+                                                       "front: add hosts outside the group `gateway`, or list a "
+                                                       "gateway in a group of serving hosts too")
         return
     yield from tls.made_step(ctx, (tls.GATEWAY_KEY, tls.MONITORING_KEY),
                              also=[f"{ctx.name}'s peer certificate"]

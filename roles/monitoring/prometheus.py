@@ -13,6 +13,7 @@ import json
 import yaml
 
 from serving import scrape_targets
+from serving.fleet import is_exporting
 
 CONTAINER_DIR = "/etc/prometheus"  # where the official image reads its configuration
 KEY_FILE = "monitoring.key"
@@ -24,15 +25,19 @@ SD_REFRESH = "30s"
 
 def front_doors(fleet) -> list[tuple[str, dict, bool]]:
     """(host, its address as the inventory gives it, is it a gateway) for every host scraped
-    through its front door."""
+    through its front door, and for every gateway (a host that serves and is a gateway: twice,
+    each at its own port)."""
     return ([(d.host, {"ansible_host": d.address, "api_port": d.port}, False) for d in fleet.serving]
             + [(d.host, {"ansible_host": d.address, "api_port": d.port}, True) for d in fleet.gateways])
 
 
 def static_targets(fleet) -> list[dict]:
-    """Each host's HAProxy and node exporter (file_sd), from the inventory."""
+    """Each host's HAProxy and node exporter (file_sd), from the inventory; a gateway that serves
+    too has its node exporter scraped once, through its front door."""
+    serving = {d.host for d in fleet.serving}
     return [g for host, v, gateway in front_doors(fleet)
-            for g in scrape_targets.host_targets(host, v, [], gateway=gateway)]
+            for g in scrape_targets.host_targets(host, v, [], gateway=gateway,
+                                                 node=not (gateway and host in serving))]
 
 
 def render_targets(fleet) -> str:
@@ -60,7 +65,8 @@ def render(host: str, v: dict, fleet, remote_write_files: list[dict], files: str
               "labels": {"job": "prometheus", "host": host, "instance": host}},
              {"targets": [f"127.0.0.1:{int(v.get('alertmanager_port', 9093))}"],
               "labels": {"job": "alertmanager", "host": host, "instance": host}}]
-    if v.get("node_exporter_managed", True):
+    # a monitoring host that serves or is a gateway has its node exporter scraped through its front door
+    if v.get("node_exporter_managed", True) and not is_exporting(v):
         local.append({"targets": [f"127.0.0.1:{int(v.get('node_exporter_port', scrape_targets.NODE_EXPORTER_PORT))}"],
                       "labels": {"job": scrape_targets.NODE_JOB, "host": host, "instance": host}})
     config = {

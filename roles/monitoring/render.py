@@ -13,7 +13,7 @@ from credentials import directory
 from credentials.ca import ca_paths
 
 from serving import scrape_targets
-from serving.fleet import is_exporting, is_gateway
+from serving.fleet import is_exporting, is_gateway, is_serving
 from serving.haproxy import tls
 from serving.handoffs import CHOICE
 from serving.replicas import Served
@@ -26,14 +26,16 @@ TARGET_DIR = "/etc/prometheus/dgemma"
 
 def _summary(ctx) -> dict:
     v = ctx.vars
-    if is_gateway(v):
-        return {"scrape_targets": scrape_targets.host_targets(ctx.name, v, [], gateway=True)}
+    gateway = scrape_targets.host_targets(ctx.name, v, [], gateway=True, node=not is_serving(v)) \
+        if is_gateway(v) else []
+    if not is_serving(v):
+        return {"scrape_targets": gateway}
     choice = ctx.results.get(CHOICE)
     if choice is None:
         return {}  # the preflight choice failed: the report says why
     served = [Served.of(v, placed) for placed in choice.replicas]
     dcgm = scrape_targets.uses_dcgm(v, ctx.facts.get("dcgm") if ctx.facts else None)
-    return {"scrape_targets": scrape_targets.host_targets(ctx.name, v, served, dcgm=dcgm)}
+    return {"scrape_targets": scrape_targets.host_targets(ctx.name, v, served, dcgm=dcgm) + gateway}
 
 
 RENDER_ROLE = Role("render prometheus", lambda v: {"dcgm": Dcgm()}, lambda ctx: iter(()), summary=_summary,

@@ -26,7 +26,7 @@ from credentials.keys import service_key
 
 from serving import container_unit
 from serving.container_unit import Container
-from serving.fleet import Fleet, is_monitoring
+from serving.fleet import Fleet, is_monitoring, is_serving
 from serving.haproxy import tls
 from serving.handoffs import MONITORING
 from serving.catalog import monitoring_image
@@ -69,9 +69,17 @@ def prometheus_container(v: dict) -> Container:
               f"--storage.tsdb.retention.time={v.get('prometheus_retention_time', '15d')}",
               f"--storage.tsdb.retention.size={v.get('prometheus_retention_size', '10GB')}",
               f"--web.listen-address=127.0.0.1:{port}"),
-        options=("--network=host", "--user", f"{CONTAINER_UID}:{CONTAINER_UID}"),
+        options=("--network=host", "--user", f"{CONTAINER_UID}:{CONTAINER_UID}", *memory_bound(v)),
         volumes=(f"{PROMETHEUS_DIR}:{prometheus.CONTAINER_DIR}:ro", f"{PROMETHEUS_DATA}:/prometheus"),
         reload_signal="SIGHUP", **reloaded_ready(port, "prometheus"), stop_seconds=30)
+
+
+def memory_bound(v: dict) -> tuple:
+    """On a monitoring host that also serves, Prometheus keeps its heap near
+    ``prometheus_memory_mib`` (Go's GOMEMLIMIT: it collects harder as it nears it), whatever the
+    runtime's cgroup setup, so that vLLM keeps the rest of the host; its disk is bounded by
+    ``prometheus_retention_size`` everywhere."""
+    return ("-e", f"GOMEMLIMIT={int(v.get('prometheus_memory_mib', 2048))}MiB") if is_serving(v) else ()
 
 
 def alertmanager_container(v: dict) -> Container:

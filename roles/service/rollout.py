@@ -38,6 +38,7 @@ from pathlib import Path
 from converge.changes import WRITE_FILE, Command, File, Produced, Throttle
 from converge.errors import StepFailed
 
+from serving.fleet import frontdoor_port
 from serving.handoffs import UNITS, gated
 from serving.haproxy.admin import ADMIN_LIBRARY, FRONTDOOR_CA, admin_parameters
 from serving.host_programs import RESULT_LIBRARY, Program, ProgramResultError, Protocol
@@ -111,7 +112,7 @@ class Roll:
     action: str
     replicas: tuple  # serving.replicas.Replica, with its GPUs
     env_path: str
-    api_port: int
+    api_port: int  # the front door's (serving/fleet.py: frontdoor_port)
     frontdoor_address: str
     drain_timeout: int
     ready_timeout: int
@@ -213,7 +214,7 @@ def plan_roll(ctx, action: str, replicas: list[Replica], **change) -> Roll:
     count = len(planned) or len(installed(v, ctx.facts.get(UNITS_FACT)))
     return Roll(host=ctx.name, runtime=v.get("container_runtime", "podman"), action=action, replicas=targets,
                 env_path=env_path(v),
-                api_port=int(v.get("api_port", 8000)), frontdoor_address=connect_address(v),
+                api_port=frontdoor_port(v), frontdoor_address=connect_address(v),
                 drain_timeout=int(v.get("drain_timeout", 120)), ready_timeout=int(v.get("ready_timeout", 600)),
                 alone=count <= len(replicas) and not fronted_by_gateway(ctx), gateway_wait=fronted_by_gateway(ctx),
                 started=v.get("state", "started") == "started",

@@ -12,7 +12,7 @@ from serving import scrape_targets
 from serving.catalog import DEFAULT_FAMILY
 from serving.declared import served_name
 
-from .instance import CONTAINER_DIR, FRONTDOOR, STATE_FILE, Proxy, admin_socket, runtime_socket, templates
+from .instance import CONTAINER_DIR, FRONTDOOR, STATE_FILE, Proxy, admin_socket, runtime_socket, set_apart, templates
 from .pools import UPSTREAM_KEYS, Pool, model_names, models_list
 
 # vLLM's routes a user needs (OpenAI's API); every other route vLLM registers stays on loopback
@@ -35,10 +35,10 @@ class ScrapedReplica:
     path: str
 
 
-def bind_address(v: dict) -> str:
+def bind_address(v: dict, proxy: Proxy = FRONTDOOR) -> str:
     host = v.get("api_host", "0.0.0.0")
     host = "" if host in ("0.0.0.0",) else f"[{host}]" if ":" in host else host
-    return f"{host}:{v.get('api_port', 8000)}"
+    return f"{host}:{proxy.port(v)}"
 
 
 def render_config(host: str, v: dict, servers: list[Server], generation: str, *, proxy: Proxy = FRONTDOOR,
@@ -60,7 +60,7 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
     metrics_paths = [st.SD_PATH, st.HAPROXY_PATH, st.NODE_PATH] + ([st.GPU_PATH] if dcgm else []) + \
         [r.path for r in replicas] + ([accounting.path] if accounting else [])
     return templates().get_template(proxy.template).render(
-        host=host, kind=proxy.kind, role=proxy.role, bind=bind_address(v), dir=files, socket=socket,
+        host=host, kind=proxy.kind, role=proxy.role, bind=bind_address(v, proxy), dir=files, socket=socket,
         state_file=str(Path(socket).parent / STATE_FILE), admin_http=admin or admin_socket(proxy), allowed=ALLOWED,
         servers=servers, pools=pools, models_json=models_list(pools), aliases=[p.names[0] for p in pools],
         request_timeout=int(v.get("request_timeout_sec", 600)), metrics_port=proxy.metrics_port,
@@ -68,7 +68,7 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
         metrics_paths=metrics_paths, metrics_replicas=replicas, dcgm=dcgm, sd_path=st.SD_PATH,
         haproxy_path=st.HAPROXY_PATH, node_path=st.NODE_PATH, gpu_path=st.GPU_PATH,
         node_port=st.NODE_EXPORTER_PORT, gpu_port=st.DCGM_EXPORTER_PORT, accounting=accounting,
-        diffusion=diffusion or {})
+        diffusion=diffusion or {}, threads=set_apart(v, proxy).get("threads"))
 
 
 def render_keys(hashes: dict[str, str]) -> str:

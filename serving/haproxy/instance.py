@@ -8,6 +8,7 @@ from pathlib import Path
 import jinja2
 
 from serving.container_unit import RUNTIME_PATHS, command_line, log_options
+from serving.fleet import api_port, frontdoor_port, is_serving
 from serving.templates import environment
 
 HERE = Path(__file__).parent
@@ -30,6 +31,11 @@ class Proxy:
 
     def name(self, v: dict) -> str:
         return v.get(self.name_var, self.default_name)
+
+    def port(self, v: dict) -> int:
+        """Where it listens: the gateway at ``api_port``; the front door there too, unless its
+        host is a gateway as well (serving/fleet.py: frontdoor_port)."""
+        return frontdoor_port(v) if self.role == "frontdoor" else api_port(v)
 
     def unit_name(self, v: dict) -> str:
         return f"{v.get('container_runtime', 'podman')}-{self.name(v)}.service"
@@ -86,14 +92,25 @@ def templates() -> jinja2.Environment:
     return environment((HERE / "templates", ACCOUNTING_TEMPLATES))
 
 
+def set_apart(v: dict, proxy: Proxy) -> dict:
+    """What a gateway on a host that serves too may take of it (``threads``, ``memory_mib``),
+    so that vLLM keeps the rest: HAProxy's own bounds (nbthread, -m), which hold under any
+    runtime and cgroup setup. Empty for a front door and a gateway that serves nothing."""
+    if proxy is not GATEWAY or not is_serving(v):
+        return {}
+    return {"threads": int(v.get("gateway_threads", 2)), "memory_mib": int(v.get("gateway_memory_mib", 1024))}
+
+
 def container(v: dict, proxy: Proxy = FRONTDOOR) -> dict:
     """The proxy's container, whatever declares it (our unit, or a NixOS module)."""
+    bounds = set_apart(v, proxy)
+    memory = ["-m", str(bounds["memory_mib"])] if bounds else []
     return {"name": proxy.name(v), "image": image_ref(v),
             # the master reads the 0600 files as root; its workers drop to the haproxy user.
             # The upstream key by name only: its value comes from the unit's EnvironmentFile
             "options": ["--network=host", "--user", "root", "-e", proxy.upstream_key],
             "volumes": [f"{proxy.dir}:{CONTAINER_DIR}:ro", f"{proxy.socket_dir}:{proxy.socket_dir}"],
-            "cmd": ["haproxy", "-f", f"{CONTAINER_DIR}/haproxy.cfg"]}
+            "cmd": ["haproxy", *memory, "-f", f"{CONTAINER_DIR}/haproxy.cfg"]}
 
 
 def run_command(v: dict, proxy: Proxy = FRONTDOOR) -> list[str]:

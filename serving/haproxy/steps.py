@@ -44,9 +44,9 @@ class Wanted:
 GENERATION_HEADER = "X-Frontdoor-Generation"
 
 
-def local_url(v: dict, path: str = "/health") -> str:
+def local_url(v: dict, proxy: Proxy, path: str = "/health") -> str:
     """The instance as the host itself reaches it."""
-    return f"https://{connect_address(v)}:{int(v.get('api_port', 8000))}{path}"
+    return f"https://{connect_address(v)}:{proxy.port(v)}{path}"
 
 
 # the files a keys run rewrites (`reload_steps`), by their facts' suffixes
@@ -64,7 +64,7 @@ def keys_facts(v: dict, proxy: Proxy, prefix: str) -> dict:
 
 def facts(v: dict, proxy: Proxy, prefix: str) -> dict:
     return {**keys_facts(v, proxy, prefix),
-            f"{prefix}_served": HttpHeader(local_url(v), GENERATION_HEADER),
+            f"{prefix}_served": HttpHeader(local_url(v, proxy), GENERATION_HEADER),
             f"{prefix}_tls": FileState(f"{proxy.dir}/tls.pem", secret=True),
             f"{prefix}_ca": FileState(f"{proxy.dir}/ca.crt"),
             f"{prefix}_unit_file": FileState(proxy.unit_path(v)),
@@ -118,7 +118,7 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, f
     each time, and one that comes during a reload merges into it), and a reload keeps the
     connections in flight where a restart would cut them."""
     v = ctx.vars
-    port = int(v.get("api_port", 8000))
+    port = proxy.port(v)
     return ANSWERING_PROGRAM.script(
         {**systemd_parameters(proxy.unit_name(v), action, daemon_reload=action in ("start", "restart"),
                               enable=enable),
@@ -235,7 +235,7 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
                             f"{unit} answers as its files say ({want.generation})"),
                   timeout=timeout + 30,
                   interpret=_interpret(proxy, unit, timeout,
-                                       f"{unit} answers https on port {v.get('api_port', 8000)} ({why})"))
+                                       f"{unit} answers https on port {proxy.port(v)} ({why})"))
 
 
 def reload_steps(ctx, proxy: Proxy, prefix: str, want: Wanted, extra_files: tuple = ()):
@@ -267,5 +267,5 @@ def summary(ctx, proxy: Proxy, key: str, generation: Output) -> dict:
     v = ctx.vars
     if ctx.results.get(generation) is None:
         return {}
-    return {key: {"unit": proxy.unit_name(v), "port": v.get("api_port", 8000), "dir": proxy.dir,
+    return {key: {"unit": proxy.unit_name(v), "port": proxy.port(v), "dir": proxy.dir,
                   "connect": connect_address(v), "generation": ctx.results[generation]}}

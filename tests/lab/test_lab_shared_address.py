@@ -74,15 +74,16 @@ class Clients:
     client retries by default; and new requests, one every half second each on its own
     connection (``probes``): when they are answered again, and by whom, after a fault."""
 
-    def __init__(self, clients=4, timeout=10):
-        self.clients, self.timeout = clients, timeout
+    def __init__(self, clients=4, timeout=10, address=SHARED, key=None):
+        """``address``: where they send (the built-in lab's shared address); ``key``: theirs (the lab's)."""
+        self.clients, self.timeout, self.address, self.key = clients, timeout, address, key
         self.stop, self.lock = threading.Event(), threading.Lock()
         self.requests = []  # (started, ended, final result, answered by, [(start, end, error) of failed attempts])
         self.probes = []  # (started, ended, result, answered by)
 
     def _attempt(self, key):
         status, body, headers = front_door("gateway01", "/v1/chat/completions", key, CHAT, timeout=self.timeout,
-                                           address=SHARED)
+                                           address=self.address)
         return (status if status == 200 else f"{status} {body[:160]!r}"), headers.get("X-Dgemma-Gateway")
 
     def _one(self, key):
@@ -99,7 +100,7 @@ class Clients:
                 time.sleep(delay)
 
     def _client(self):
-        key = api_key()
+        key = self.key or api_key()
         while not self.stop.is_set():
             outcome = self._one(key)
             with self.lock:
@@ -115,7 +116,7 @@ class Clients:
             self.probes.append((started, time.monotonic(), result, by))
 
     def _prober(self):
-        key = api_key()
+        key = self.key or api_key()
         while not self.stop.wait(0.5):
             threading.Thread(target=self._probe, args=(key,), daemon=True).start()
 

@@ -1,0 +1,242 @@
+"""The small lab (`inventory-small`, lab/inventory.py): the same machines with no gateway or
+monitoring host of their own. rtx01 serves and is the first gateway, hgx01 serves, is the
+second gateway and runs Prometheus; spark01 serves. Deployed over the built-in lab's hosts:
+`inventory.check` names each host's roles, a deploy converges and a second changes nothing,
+verify is green, every serving host answers through the shared address (the gateways' own
+front doors among them); a key at 30 requests a minute gets exactly 30 of 80 sent at once, and
+`invoke usage` agrees; a roll of rtx01's replica while rtx01 holds the address fails no request;
+rtx01's power cut while it holds the address: hgx01 answers within 5 s, and a key's minute
+counted on rtx01 goes on on hgx01. The built-in lab is put back at the end."""
+import collections
+import json
+import secrets
+import time
+
+import pytest
+
+from lab import config, inventory as lab_inventory, machines, sh
+from roles.shared_address.keepalived import holds, parse_addresses
+from tests import reliability
+from tests.lab.conftest import deploy_json, front_door, invoke, ssh
+from tests.lab.test_lab_limits import at_once, clear_of_the_minute_turn
+from tests.lab.test_lab_shared_address import Clients
+
+SMALL = lab_inventory.small_directory()
+SHARED = lab_inventory.SMALL_GATEWAY_ADDRESS
+GATEWAYS = lab_inventory.SMALL_GATEWAYS  # rtx01 first: it holds the address by priority
+SERVING = ("spark01", "rtx01", "hgx01")
+CHAT = {"model": "diffusiongemma", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+# what the small lab puts on rtx01 and hgx01 beside their serving units, taken off again at the end
+ADDED_UNITS = ("podman-dgemma-gateway.service", "dgemma-usage.service", "keepalived.service",
+               "podman-dgemma-prometheus.service", "podman-dgemma-alertmanager.service")
+
+
+def small(*args, **kwargs):
+    return invoke(*args, inventory=SMALL, **kwargs)
+
+
+def holders() -> list[str]:
+    return [g for g in GATEWAYS if machines.running_pid(config.host(g)) and holds(SHARED, parse_addresses(
+        sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout))]
+
+
+def wait_holder(expected=None, limit=30) -> str:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        held = holders()
+        if len(held) == 1 and expected in (None, held[0]):
+            return held[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no single holder of {SHARED} ({expected or 'any'}) after {limit} s: {holders()}")
+
+
+def post(key, timeout=30):
+    status, body, headers = front_door("rtx01", "/v1/chat/completions", key, CHAT, timeout=timeout, address=SHARED)
+    return status, body, {k.lower(): v for k, v in headers.items()}
+
+
+def put_back():
+    """The built-in lab's rtx01 and hgx01: what the small lab added is stopped and removed (a host
+    taken out of the groups `gateway` and `monitoring` keeps what they installed: the toolkit does
+    not remove it), then both deployed with the built-in inventory (their front doors back at 8000)."""
+    units = " ".join(ADDED_UNITS)
+    for host in GATEWAYS:
+        if not machines.running_pid(config.host(host)):
+            invoke("lab.up", check=True)
+        ssh(host, f"systemctl disable --now {units} 2>/dev/null; "
+                  f"for u in {units}; do rm -f /etc/systemd/system/$u; done; "
+                  "rm -rf /etc/dgemma/gateway /etc/dgemma/gateway.env /etc/keepalived/keepalived.conf "
+                  "/etc/keepalived/dgemma-gateway-answers /etc/dgemma/prometheus /etc/dgemma/alertmanager; "
+                  "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+    proc, _ = deploy_json("--hosts", ",".join(GATEWAYS))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def small_lab(lab):
+    lab_inventory.write_small(config.hosts(0))  # as lab.up writes it
+    try:
+        first, data = deploy_json(inventory=SMALL)
+        assert first.returncode == 0, first.stdout[-4000:]
+        yield data
+    finally:
+        put_back()
+
+
+@pytest.fixture
+def key():
+    """A fresh key with 30 requests a minute, added and revoked through the small lab's gateways."""
+    name = f"small-{secrets.token_hex(3)}"
+    proc = small("keys.add", name, "--requests-per-minute", "30")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    yield name, proc.stdout.strip().splitlines()[-1]
+    small("keys.revoke", name, check=True)
+
+
+def answered_by(records) -> collections.Counter:
+    return collections.Counter(r["host"] for r in records if r.get("status") == 200)
+
+
+def usage_requests(name) -> int:
+    proc = small("usage", "--key", name, "--json", "-")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return sum(r["requests"] - r["refused"] - r["errors"] for r in json.loads(proc.stdout)["usage"] if r["key"] == name)
+
+
+def test_the_small_lab_shows_its_roles_converges_twice_and_every_host_serves(small_lab):
+    proc = small("inventory.check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split(None, 1) for line in proc.stdout.splitlines()[1:]]
+    assert dict(lines) == {
+        "spark01": "serves diffusiongemma",
+        "rtx01": f"serves diffusiongemma (its front door on port 8001); gateway, first to hold {SHARED}",
+        "hgx01": f"serves diffusiongemma on 2 GPUs, gemma4 on the GPUs left (its front door on port 8001); gateway, "
+                 f"second in line for {SHARED} (after rtx01); monitoring (Prometheus, Alertmanager)"}, proc.stdout
+    again, data = deploy_json(inventory=SMALL)
+    assert again.returncode == 0, again.stdout[-3000:]
+    changed = [(h, t["task"]) for h, d in data["hosts"].items() for t in d["tasks"] if t["status"] == "changed"]
+    assert not changed, changed
+    verify = small("verify")
+    assert verify.returncode == 0 and ", 0 failed" in verify.stdout, verify.stdout[-4000:]
+    assert wait_holder("rtx01") == "rtx01"
+    # the gateway and the front door side by side: each on its port, HAProxy's threads and memory bounded
+    listening = ssh("rtx01", "ss -ltnp | grep -E ':800[01] '; ps -eo args | grep '[h]aproxy -m'").stdout
+    assert ":8000 " in listening and ":8001 " in listening and "haproxy -m 1024 " in listening, listening
+    assert "nbthread 2" in ssh("rtx01", "cat /etc/dgemma/gateway/haproxy.cfg").stdout
+    assert "GOMEMLIMIT=2048MiB" in ssh("hgx01", "cat /etc/systemd/system/podman-dgemma-prometheus.service").stdout
+    lab_key = config.API_KEY_FILE.read_text().strip()
+    since = time.time()
+    statuses = [post(lab_key)[0] for _ in range(45)]
+    assert statuses == [200] * 45, statuses
+    records = []
+    for _ in range(20):
+        proc = small("logs", "--requests", "--json", "-")
+        records = [r for r in json.loads(proc.stdout)["records"] if r["t"] >= since and r["key"] == "api_key_file"]
+        if len(records) >= 45:
+            break
+        time.sleep(1)
+    by_host = answered_by(records)
+    assert set(by_host) == set(SERVING), by_host  # the gateways' own front doors too
+    # Prometheus on hgx01 scrapes each source once: both HAProxies of a gateway, one node exporter
+    up = json.loads(ssh("hgx01", "curl -sS -G --data-urlencode 'query=count by (host, job) (up)' "
+                                 "http://127.0.0.1:9090/api/v1/query").stdout)["data"]["result"]
+    jobs = {(r["metric"]["host"], r["metric"]["job"]): int(r["value"][1]) for r in up}
+    assert jobs.get(("rtx01", "gateway")) == 1 and jobs.get(("rtx01", "frontdoor")) == 1, jobs
+    assert jobs.get(("rtx01", "node")) == 1 and jobs.get(("hgx01", "node")) == 1, jobs
+    print(f"small lab: 3 serving hosts, 2 of them gateways, one the monitoring host; a second deploy changed "
+          f"nothing; verify green; 45 requests through {SHARED}: {dict(by_host)}")
+
+
+def test_a_key_at_30_a_minute_gets_exactly_30_of_80_at_once(small_lab, key):
+    name, secret = key
+    clear_of_the_minute_turn(20)
+    answers = at_once(80, lambda i: post(secret, timeout=60))
+    statuses = collections.Counter(a[0] for a in answers)
+    assert statuses == {200: 30, 429: 50}, statuses
+    assert all(a[1] and b"rate_limit_exceeded" in a[1] for a in answers if a[0] == 429)
+    counted = 0
+    for _ in range(20):  # the records reach the usage service a moment after the answers
+        counted = usage_requests(name)
+        if counted >= 30:
+            break
+        time.sleep(1)
+    assert counted == 30, counted
+    print(f"80 at once to {SHARED}, 30 a minute: 30 answered, 50 refused (429); invoke usage: {counted}")
+
+
+def test_a_roll_of_the_address_holders_replica_fails_no_request(small_lab):
+    assert wait_holder("rtx01") == "rtx01"
+    pid = ssh("rtx01", "systemctl show -p MainPID --value podman-vllm-diffusiongemma.service").stdout.strip()
+    lab_key = config.API_KEY_FILE.read_text().strip()
+    started = time.monotonic()
+    with Clients(address=SHARED, key=lab_key) as load:
+        proc = small("restart", "--hosts", "rtx01")
+        held = holders()
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert ssh("rtx01", "systemctl show -p MainPID --value podman-vllm-diffusiongemma.service").stdout.strip() != pid
+    assert held == ["rtx01"], held
+    assert len(load.requests) > 20 and not load.failed, (len(load.requests), load.failed[:5])
+    saw = (f"invoke restart of rtx01's one replica while rtx01 holds {SHARED} and is its gateway: "
+           f"{len(load.requests)} requests from 4 clients, 0 failed; the address stayed on rtx01")
+    print(saw)
+    reliability.record("small-lab-roll-holder", "rollout", "the shared address holder's own replica rolled",
+                       "invoke restart --hosts rtx01 on the small lab (rtx01 serves and holds the gateways' "
+                       "address), 4 clients through the address", took, saw, "0 failed requests", True,
+                       failed_requests=0, requests=len(load.requests))
+
+
+def test_the_address_holders_power_cut_moves_it_within_5_s_and_the_limits_count_on(small_lab, key):
+    """4 clients (the lab's key, no limits) and a key at 30 a minute: 15 of its requests answered
+    by rtx01 before the power goes, 65 more at once once hgx01 holds the address: exactly 15 of
+    those answered, as the peers had handed hgx01 rtx01's count."""
+    assert wait_holder("rtx01") == "rtx01"
+    name, limited = key
+    lab_key = config.API_KEY_FILE.read_text().strip()
+    clear_of_the_minute_turn(40)
+    before = at_once(15, lambda i: post(limited, timeout=30))
+    assert [a[0] for a in before] == [200] * 15 and {a[2]["x-dgemma-gateway"] for a in before} == {"rtx01"}
+    try:
+        with Clients(address=SHARED, key=lab_key) as load:
+            time.sleep(2)
+            cut = time.monotonic()
+            machines.crash(config.host("rtx01"))  # the power goes: every process at once, its link dark
+            moved = None
+            while time.monotonic() - cut < 20:
+                if holders() == ["hgx01"]:
+                    moved = time.monotonic() - cut
+                    break
+                time.sleep(0.1)
+            time.sleep(5)
+            after = at_once(65, lambda i: post(limited, timeout=30))
+            time.sleep(3)
+        answered = load.first_answer_by("hgx01", cut)
+        statuses = collections.Counter(a[0] for a in after)
+        assert moved is not None and moved < 5, (moved, holders())
+        assert answered is not None and answered < 5, answered
+        assert statuses == {200: 15, 429: 50}, statuses
+        assert {a[2]["x-dgemma-gateway"] for a in after} == {"hgx01"}
+        assert not load.failed, load.failed[:5]
+        invoke("lab.up", check=True)  # rtx01 boots again; its gateway's records are in its journal
+        machines.wait_ssh(config.host("rtx01"))
+        assert wait_holder() == "hgx01"  # rtx01 is back as a backup: the address does not move again
+        counted = 0
+        for _ in range(20):
+            counted = usage_requests(name)
+            if counted >= 30:
+                break
+            time.sleep(1)
+        assert counted == 30, counted
+        saw = (f"rtx01 (serving, the gateway holding {SHARED}) lost its power under 4 clients: the address on hgx01 "
+               f"in {moved:.1f} s, a new request answered by hgx01 {answered:.1f} s after the cut; "
+               f"{len(load.requests)} requests, 0 failed after the client's retries; a key at 30 a minute, 15 "
+               f"answered by rtx01 before: 15 of 65 more answered by hgx01; invoke usage counts its 30")
+        print(saw)
+        reliability.record("small-lab-holder-power-cut", "fault", "the gateway holding the address, a serving host "
+                           "too, loses its power", f"rtx01's processes killed at once and its link dark on the "
+                           f"small lab, 4 clients through {SHARED}", moved, saw,
+                           "hgx01 holds the address; the key's minute counted on", True,
+                           failed_requests=0, requests=len(load.requests))
+    finally:
+        if not machines.running_pid(config.host("rtx01")):
+            invoke("lab.up", check=True)

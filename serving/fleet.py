@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from converge.runner import RunService
 
+# the unit that holds a gateway's share of the shared address (roles/shared_address; a gateway's
+# restart hands the address on by stopping it: serving/haproxy/files/handoff.sh)
+SHARED_ADDRESS_UNIT = "keepalived.service"
 GATEWAY_GROUP = "gateway"
 MONITORING_GROUP = "monitoring"
 # groups that say what a host does besides serving, and those that say nothing of it

@@ -213,6 +213,7 @@ ANSWERS = [
     (0, [_answered("ready", 1)]),
     (0, ["@reload-signalled-again old", _answered("ready", 4)]),
     (0, ["@reload-signalled-again old", "@reload-did-not-take old", _answered("ready", 11)]),
+    (0, ["@handed-off 10.0.0.200", _answered("ready", 2)]),
     (3, ["  | [ALERT] bad config", _answered("failed", 2, "failed", "")]),
     (4, [_answered("timeout", 60, "active", "old", "new")]),
 ]

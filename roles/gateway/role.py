@@ -20,7 +20,7 @@ from credentials.ca import ca_pem, peer_certificate, peer_certificate_due
 from credentials.keys import KeyStore, service_key
 
 from serving import scrape_targets
-from serving.fleet import is_gateway, is_serving
+from serving.fleet import SHARED_ADDRESS_UNIT, is_gateway, is_serving, shared_address
 from serving.handoffs import GATEWAY_GENERATION
 from serving.haproxy import steps as proxy, tls
 from serving.haproxy.config import Server
@@ -163,8 +163,10 @@ def plan(ctx):
     yield env
     # the usage service first: HAProxy sends it each request's record from its start
     yield from usage_steps.service_steps(ctx)
+    shared = shared_address(ctx.vars)
     yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed(),
-                           extra_files=(upstream_keys_file(ctx, upstream_map), *maps))
+                           extra_files=(upstream_keys_file(ctx, upstream_map), *maps),
+                           handoff=proxy.Handoff(shared, GATEWAY.port(ctx.vars), SHARED_ADDRESS_UNIT) if shared else None)
 
 
 def fallback_problems(fleet, policy: dict) -> list[str]:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from converge.changes import Check, Command, Decision, File, Output
+from converge.changes import Check, Command, Decision, File, Output, Throttle
 from converge.errors import StepFailed
 from converge.facts.containers import Images
 from converge.facts.host import FileState, HttpHeader, OsRelease, UnitState
@@ -93,6 +93,7 @@ def wanted(ctx, proxy: Proxy, servers: list[Server], accepted: dict[str, str], b
 
 
 ANSWERING = Protocol("an HAProxy instance answering", markers={
+    "handed-off": "GOT: the gateway's shared address is held and answered by another gateway: this one restarts",
     "reload-signalled-again": "GOT: the reload had not taken after AGAIN_S s: signalled once more",
     "reload-did-not-take": "GOT: the reload had not taken after GRACE_S s: restarted instead"},
     result={"state": "ready, failed (its unit; its last log lines before) or timeout", "seconds": "since the action",
@@ -101,13 +102,31 @@ ANSWERING = Protocol("an HAProxy instance answering", markers={
     exits={"failed": 3, "timeout": 4})
 FILES = Path(__file__).parent / "files"
 KEEP_STATES = FILES / "keep_states.sh"
-ANSWERING_PROGRAM = Program((RESULT_LIBRARY, KEEP_STATES, FILES / "states.sh", SYSTEMD_FILE, FILES / "answering.sh"),
-                            ANSWERING)
+ANSWERING_PROGRAM = Program((RESULT_LIBRARY, KEEP_STATES, FILES / "states.sh", FILES / "handoff.sh", SYSTEMD_FILE,
+                             FILES / "answering.sh"), ANSWERING)
+# a restart of the gateways, one at a time across a run: each hands the shared address to another first
+GATEWAY_RESTARTS = Throttle("gateway restart", 1)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """Where a gateway's restart hands the shared address first (files/handoff.sh)."""
+    address: str  # the shared address
+    port: int  # the gateway's port there
+    keepalived: str  # the unit that holds it
+
+    def parameters(self, ca_file: str) -> dict:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return {"SHARED_ADDRESS": self.address, "SHARED_URL": f"https://{host}:{self.port}/health",
+                "KEEPALIVED": self.keepalived, "CA_FILE": ca_file}
+
+
+NO_HANDOFF = {"SHARED_ADDRESS": "", "SHARED_URL": "", "KEEPALIVED": ""}
 
 
 def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, fallback: bool = False,
                 kept: tuple = (), enable: bool = True, grace: int = 10, again: int = 3,
-                state_file: str | None = None) -> str:
+                state_file: str | None = None, handoff: Handoff | None = None) -> str:
     """Start, restart or reload (``action``) the instance, then wait until https /health on this
     host answers with ``generation`` (files/answering.sh). A reload keeps the states of the servers
     ``kept`` (`kept_servers`). ``fallback``: a reload that has not taken after ``grace`` seconds
@@ -126,7 +145,8 @@ def wait_script(ctx, proxy: Proxy, action: str, generation: str, timeout: int, f
          "KEPT_SERVERS": "\n".join(kept), "URL": f"https://{ctx.name}:{port}/health",
          "RESOLVE": f"{ctx.name}:{port}:{connect_address(v)}", "CA_FILE": f"{proxy.dir}/ca.crt",
          "GENERATION": generation, "TIMEOUT_S": int(timeout), "FALLBACK": int(fallback),
-         "GRACE_S": int(grace), "AGAIN_S": int(again), "CONFIG": f"{proxy.dir}/haproxy.cfg"})
+         "GRACE_S": int(grace), "AGAIN_S": int(again), "CONFIG": f"{proxy.dir}/haproxy.cfg",
+         **(handoff.parameters(f"{proxy.dir}/ca.crt") if handoff else NO_HANDOFF)})
 
 
 def kept_servers(config: str) -> list[str]:
@@ -157,6 +177,9 @@ def _interpret(proxy: Proxy, unit: str, timeout: int, done: str):
                         f"read other files than those written), so it was restarted")
             if ANSWERING.first(out, "reload-signalled-again") is not None:
                 return f"{done}{took}; HAProxy acted on the second reload signal, not the first"
+            handed = ANSWERING.rest(out, "handed-off")
+            if handed is not None:
+                return f"{done}{took}; {handed} handed to another gateway first (this one is a backup now)"
             return done + took
         why = (f"its unit is {said['unit_state']} after {said['seconds']} s" if said["state"] == "failed" else
                f"after {said['seconds']} s {said['unit_state']}, it answered as {said['answered']} "
@@ -183,9 +206,10 @@ def file_steps(ctx, proxy: Proxy, prefix: str, want: Wanted) -> list[File]:
 
 
 def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_changed: bool = False,
-          extra_files: tuple = ()):
+          extra_files: tuple = (), handoff: Handoff | None = None):
     """Everything the instance needs, in order; ``env_changed``: its environment file changed in this run;
-    ``extra_files``: other files it reads at start and reload (a change is a reload)."""
+    ``extra_files``: other files it reads at start and reload (a change is a reload); ``handoff``: a
+    gateway's shared address, handed to another gateway before a restart (one gateway of the run at a time)."""
     v = ctx.vars
     nixos = (ctx.facts.get("os") or {}).get("ID") == "nixos"
     # for the node exporter's textfiles (roles/exporters): when they expire
@@ -229,8 +253,8 @@ def steps(ctx, proxy: Proxy, prefix: str, want: Wanted, env_file: str, env_chang
     yield Command(f"{proxy.kind} answering",
                   script=wait_script(ctx, proxy, action or "none", want.generation, timeout, fallback=fallback,
                                      kept=tuple(kept_servers(want.config)) if action == "reload" else (),
-                                     enable=not nixos),
-                  when=bool(action),
+                                     enable=not nixos, handoff=handoff),
+                  when=bool(action), throttle=GATEWAY_RESTARTS if handoff and action == "restart" else None,
                   describe=(f"systemctl {action} {unit}; wait for https /health ({why})" if action else
                             f"{unit} answers as its files say ({want.generation})"),
                   timeout=timeout + 30,

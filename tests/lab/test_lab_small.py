@@ -4,7 +4,8 @@ second gateway and runs Prometheus; spark01 serves. Deployed over the built-in l
 `inventory.check` names each host's roles, a deploy converges and a second changes nothing,
 verify is green, every serving host answers through the shared address (the gateways' own
 front doors among them); a key at 30 requests a minute gets exactly 30 of 80 sent at once, and
-`invoke usage` agrees; a roll of rtx01's replica while rtx01 holds the address fails no request;
+`invoke usage` agrees; a roll of rtx01's replica while rtx01 holds the address fails no request,
+nor does a restart of both gateways' HAProxy (the holder hands the address on first);
 rtx01's power cut while it holds the address: hgx01 answers within 5 s, and a key's minute
 counted on rtx01 goes on on hgx01. The built-in lab is put back at the end."""
 import collections
@@ -19,7 +20,7 @@ from roles.shared_address.keepalived import holds, parse_addresses
 from tests import reliability
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 from tests.lab.test_lab_limits import at_once, clear_of_the_minute_turn
-from tests.lab.test_lab_shared_address import Clients
+from tests.lab.test_lab_shared_address import Clients, describe
 
 SMALL = lab_inventory.small_directory()
 SHARED = lab_inventory.SMALL_GATEWAY_ADDRESS
@@ -184,6 +185,38 @@ def test_a_roll_of_the_address_holders_replica_fails_no_request(small_lab):
                        "invoke restart --hosts rtx01 on the small lab (rtx01 serves and holds the gateways' "
                        "address), 4 clients through the address", took, saw, "0 failed requests", True,
                        failed_requests=0, requests=len(load.requests))
+
+
+def test_a_restart_of_both_gateways_hands_the_address_on_and_fails_no_request(small_lab, tmp_path):
+    """A setting that restarts HAProxy on each gateway (its memory bound is on its command line):
+    one gateway at a time, the holder handing the address to the other first."""
+    assert wait_holder("rtx01") == "rtx01"
+    lab_key = config.API_KEY_FILE.read_text().strip()
+    started = time.monotonic()
+    with Clients(address=SHARED, key=lab_key) as load:
+        proc, data = deploy_json("--hosts", ",".join(GATEWAYS), "--set", "gateway_memory_mib=900", inventory=SMALL)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    restarts = {h: t for h, d in data["hosts"].items() for t in d["tasks"] if t["task"] == "gateway answering"}
+    assert all(t["status"] == "changed" for t in restarts.values()) and len(restarts) == 2, restarts
+    assert "handed to another gateway first" in restarts["rtx01"]["message"], restarts
+    for host in GATEWAYS:
+        assert "haproxy -m 900 " in ssh(host, "ps -eo args | grep '[h]aproxy -m'").stdout
+    assert not load.failed, (len(load.requests), load.failed[:5])
+    # in flight at the handoff: the client's next packets reach the new holder, which knows nothing
+    # of the connection (a reset, or no answer until the read timeout), and the client retries
+    retried = [r for r in load.requests if r[4]]
+    saw = (f"deploy --set gateway_memory_mib=900 to the small lab's two gateways under 4 clients: each restarted, "
+           f"rtx01 handing {SHARED} to hgx01 first; {len(load.requests)} requests, 0 failed, {len(retried)} "
+           f"answered on the client's retry (in flight as the address moved: {describe(retried)})")
+    print(saw)
+    reliability.record("small-lab-gateway-restart", "rollout", "a restart of the gateways that serve, under load",
+                       f"a setting on the gateways' command line changed on rtx01 and hgx01 (the holder of {SHARED})",
+                       took, saw, "0 failed requests; the address handed on before the holder's restart", True,
+                       failed_requests=0, requests=len(load.requests))
+    if wait_holder() == "hgx01":  # rtx01 holds it again for the test below: hgx01 hands it back
+        ssh("hgx01", "systemctl restart keepalived")
+        wait_holder("rtx01")
 
 
 def test_the_address_holders_power_cut_moves_it_within_5_s_and_the_limits_count_on(small_lab, key):

@@ -16,6 +16,8 @@ from converge.runner import RunService
 # the unit that holds a gateway's share of the shared address (roles/shared_address; a gateway's
 # restart hands the address on by stopping it: serving/haproxy/files/handoff.sh)
 SHARED_ADDRESS_UNIT = "keepalived.service"
+SHARED_ADDRESS_CONF = "/etc/keepalived/keepalived.conf"  # where Debian's and Fedora's keepalived.service read it
+SHARED_ADDRESS_CHECK = "/etc/keepalived/dgemma-gateway-answers"
 GATEWAY_GROUP = "gateway"
 MONITORING_GROUP = "monitoring"
 # groups that say what a host does besides serving, and those that say nothing of it

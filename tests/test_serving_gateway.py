@@ -76,3 +76,39 @@ def test_endpoints_name_a_serving_gateways_front_door_and_its_gateway_each_at_it
     doc = endpoints({"rtx01": rtx01}, {"rtx01": rtx01})
     assert doc["gateway"] == "https://10.0.0.200:8000/v1"
     assert doc["hosts"] == [{"host": "rtx01", "url": "https://10.0.0.2:8001/v1"}]
+
+
+def test_a_host_out_of_the_group_gateway_has_its_gateway_removed_before_its_front_door_moves_back(tmp_path):
+    import subprocess
+    from converge.changes import HostContext
+    from serving import gateway_leftovers
+    left = {"gateway_left": {"LoadState": "loaded", "ActiveState": "active"}}
+    assert gateway_leftovers.facts(hostvars("rtx", "gateway")) == {}  # a gateway keeps its own
+    assert set(gateway_leftovers.facts(hostvars("rtx"))) == {"gateway_left"}
+    assert list(gateway_leftovers.removal(HostContext("rtx01", hostvars("rtx"), {}))) == []
+    assert list(gateway_leftovers.removal(HostContext(
+        "rtx01", hostvars("rtx"), {"gateway_left": {"LoadState": "not-found"}}))) == []
+    assert list(gateway_leftovers.removal(HostContext("rtx01", hostvars("rtx", "gateway"), left))) == []
+    step, = gateway_leftovers.removal(HostContext("rtx01", hostvars("rtx"), left))
+    assert step.name == "gateway removed" and "port 8000" in step.describe
+    assert "FOLDERS='/etc/dgemma/gateway\n/run/dgemma-gateway'" in step.script
+    # run on a host's files: ours goes, a keepalived configuration of someone else's stays
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/systemctl.log\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    for theirs in (False, True):
+        root = tmp_path / ("theirs" if theirs else "ours")
+        conf = root / "keepalived.conf"
+        root.mkdir()
+        conf.write_text("vrrp_instance other {}\n" if theirs else "# Managed by dgemma-fleet (roles/shared_address)\n")
+        text = step.script.replace(gateway_leftovers.SHARED_ADDRESS_CONF, str(conf)).replace(
+            gateway_leftovers.SHARED_ADDRESS_CHECK, str(root / "check"))
+        for path in ("/etc/", "/run/", "/usr/local/lib/"):
+            text = text.replace(path, f"{root}{path}")
+        proc = subprocess.run(["dash", "-c", text], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True,
+                              text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert conf.exists() is theirs
+    calls = (tmp_path / "systemctl.log").read_text().splitlines()
+    assert calls.count("disable --now keepalived.service") == 1 and calls.count("daemon-reload") == 2, calls

@@ -24,7 +24,8 @@ from serving.fleet import SHARED_ADDRESS_UNIT, is_gateway, is_serving, shared_ad
 from serving.handoffs import GATEWAY_GENERATION
 from serving.haproxy import steps as proxy, tls
 from serving.haproxy.config import Server
-from serving.haproxy.instance import CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S
+from serving.haproxy.instance import (CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S,
+                                     GATEWAY_ENV_FILE)
 from serving.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
                                  render_upstream_keys, serving)
 
@@ -33,7 +34,7 @@ from serving import key_limits as limits
 
 from . import usage_steps
 
-ENV_FILE = "/etc/dgemma/gateway.env"
+ENV_FILE = GATEWAY_ENV_FILE
 # checks every second, a server out after two failures; connects give up after a second
 BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
 

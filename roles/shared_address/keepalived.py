@@ -9,12 +9,12 @@ from pathlib import Path
 
 import jinja2
 
-from serving.fleet import SHARED_ADDRESS_UNIT
+from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_UNIT
 from serving.templates import environment
 
 HERE = Path(__file__).parent
-CONF = "/etc/keepalived/keepalived.conf"  # where Debian's and Fedora's keepalived.service read it
-CHECK = "/etc/keepalived/dgemma-gateway-answers"
+CONF = SHARED_ADDRESS_CONF
+CHECK = SHARED_ADDRESS_CHECK
 UNIT = SHARED_ADDRESS_UNIT
 MANAGED = "# Managed by dgemma-fleet (roles/shared_address)"
 INSTANCE = "dgemma_gateway"

@@ -48,6 +48,8 @@ FRONTDOOR = Proxy("front door", "frontdoor_name", "dgemma-frontdoor", "/etc/dgem
                   "/run/dgemma-frontdoor", "VLLM_API_KEY", 8404, "frontdoor.cfg.j2", "frontdoor")
 GATEWAY = Proxy("gateway", "gateway_name", "dgemma-gateway", "/etc/dgemma/gateway", "/run/dgemma-gateway",
                 "GATEWAY_KEY", 8405, "gateway.cfg.j2", "gateway")
+# the gateway's environment file: the key it reaches the front doors with (0600)
+GATEWAY_ENV_FILE = "/etc/dgemma/gateway.env"
 # how often the gateway checks each front door for each pool, and how long one check may take
 GATEWAY_CHECK_INTERVAL_S = 1
 GATEWAY_CHECK_TIMEOUT_S = 2

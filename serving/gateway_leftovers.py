@@ -1,0 +1,53 @@
+"""What a serving host keeps of the gateway it ran once it is no longer in the group `gateway`:
+its HAProxy would hold ``api_port``, where the host's front door goes back, and its folder and
+environment file hold the gateway's key and the upstreams' keys, which the host no longer needs.
+The front door's role removes them, before it moves (roles/frontdoor): the gateway's unit, its
+usage service, their files, and the host's share of the shared address (keepalived stopped and
+disabled, our configuration removed; a keepalived configuration that is not ours is left alone).
+The usage service's counts (its state folder) and the journal's records stay."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from converge.changes import Command
+from converge.facts.host import UnitState
+
+from serving import accounting
+from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_UNIT, api_port, is_gateway
+from serving.haproxy.instance import GATEWAY, GATEWAY_ENV_FILE
+from serving.host_programs import Program
+
+FACT = "gateway_left"
+PROGRAM = Program((Path(__file__).parent / "files" / "gateway_removed.sh",))
+# the first line of the configuration the shared_address role writes (roles/shared_address/keepalived.py)
+OURS = "Managed by dgemma-fleet"
+
+
+def facts(v: dict) -> dict:
+    """On a host outside the group `gateway`: whether a gateway's unit is still there."""
+    return {} if is_gateway(v) else {FACT: UnitState(GATEWAY.unit_name(v))}
+
+
+def script(v: dict) -> str:
+    """files/gateway_removed.sh with this host's units and files."""
+    return PROGRAM.script({
+        "UNITS": "\n".join((GATEWAY.unit_name(v), accounting.UNIT)),
+        "FILES": "\n".join((GATEWAY.unit_path(v), accounting.UNIT_PATH, GATEWAY_ENV_FILE, accounting.PROGRAM)),
+        "FOLDERS": "\n".join((GATEWAY.dir, GATEWAY.socket_dir)),
+        "SHARED_UNIT": SHARED_ADDRESS_UNIT, "SHARED_CONF": SHARED_ADDRESS_CONF, "SHARED_CHECK": SHARED_ADDRESS_CHECK,
+        "OURS": OURS})
+
+
+def removal(ctx):
+    """The gateway left on a host that is no longer in the group `gateway`, removed; nothing when
+    there is none."""
+    state = (ctx.facts.get(FACT) or {}) if not is_gateway(ctx.vars) else {}
+    if state.get("LoadState") != "loaded":  # its unit file is gone, or never was
+        return
+    unit = GATEWAY.unit_name(ctx.vars)
+    yield Command("gateway removed", script=script(ctx.vars),
+                  describe=f"{ctx.name} is no longer in the group `gateway`: stop and remove {unit}, "
+                           f"{accounting.UNIT}, the gateway's files and keys, and its share of the shared address "
+                           f"(its HAProxy holds port {api_port(ctx.vars)}, where the front door goes back)",
+                  interpret=lambda result: f"{unit} and {accounting.UNIT} stopped and removed, with the gateway's "
+                                           f"files and keys, and {SHARED_ADDRESS_UNIT} stopped")

@@ -24,20 +24,22 @@ def api_key():
     return config.API_KEY_FILE.read_text().strip()
 
 
-def holders() -> list[str]:
+def holders(gateways=GATEWAYS, shared=SHARED) -> list[str]:
     """The gateways holding the address now, read in their network namespaces."""
-    return [g for g in GATEWAYS
-            if holds(SHARED, parse_addresses(sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout))]
+    return [g for g in gateways
+            if holds(shared, parse_addresses(sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout))]
 
 
-def wait_holder(limit=30) -> str:
+def wait_holder(limit=30, expected=None, gateways=GATEWAYS, shared=SHARED) -> str:
+    """The one gateway holding the address (``expected``, when given), once there is one."""
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        held = holders()
-        if len(held) == 1:
+        held = holders(gateways, shared)
+        if len(held) == 1 and expected in (None, held[0]):
             return held[0]
         time.sleep(0.2)
-    raise AssertionError(f"no single holder of {SHARED} after {limit} s: {holders()}")
+    raise AssertionError(f"no single holder of {shared} ({expected or 'any'}) after {limit} s: "
+                         f"{holders(gateways, shared)}")
 
 
 def wait_answering(gateway, limit=60):

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from lab import config, inventory as lab_inventory, machines, sh
-from roles.shared_address.keepalived import holds, parse_addresses
+from lab import config, inventory as lab_inventory, machines
 from tests import reliability
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
+from tests.lab import test_lab_shared_address as shared_address
 from tests.lab.test_lab_limits import at_once, clear_of_the_minute_turn
 from tests.lab.test_lab_shared_address import Clients, describe
 
@@ -36,18 +36,11 @@ def small(*args, **kwargs):
 
 
 def holders() -> list[str]:
-    return [g for g in GATEWAYS if machines.running_pid(config.host(g)) and holds(SHARED, parse_addresses(
-        sh.run("ip", "-n", config.host(g).netns, "-o", "-4", "addr", "show").stdout))]
+    return shared_address.holders(GATEWAYS, SHARED)
 
 
 def wait_holder(expected=None, limit=30) -> str:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        held = holders()
-        if len(held) == 1 and expected in (None, held[0]):
-            return held[0]
-        time.sleep(0.2)
-    raise AssertionError(f"no single holder of {SHARED} ({expected or 'any'}) after {limit} s: {holders()}")
+    return shared_address.wait_holder(limit, expected, GATEWAYS, SHARED)
 
 
 def post(key, timeout=30):

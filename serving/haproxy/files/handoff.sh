@@ -11,15 +11,14 @@
 # KEEPALIVED (its unit), CA_FILE.
 handed_off=0
 take_part_again() { if [ "$handed_off" = 1 ]; then systemctl start "$KEEPALIVED"; fi; }
-if [ "$ACTION" = restart ] && [ -n "$SHARED_ADDRESS" ] && systemctl is-active -q "$KEEPALIVED" \
-   && ip -o addr show | grep -q "inet6\{0,1\} $SHARED_ADDRESS/"; then
+held_here() { ip -o addr show | grep -qF " $SHARED_ADDRESS/"; }
+if [ "$ACTION" = restart ] && [ -n "$SHARED_ADDRESS" ] && systemctl is-active -q "$KEEPALIVED" && held_here; then
   handed_off=1
   trap take_part_again EXIT
   systemctl stop "$KEEPALIVED"
   tries=0
   while [ "$tries" -lt 33 ]; do
-    if ! ip -o addr show | grep -q "inet6\{0,1\} $SHARED_ADDRESS/" \
-       && curl -sS -o /dev/null --max-time 1 --cacert "$CA_FILE" "$SHARED_URL" 2>/dev/null; then
+    if ! held_here && curl -sS -o /dev/null --max-time 1 --cacert "$CA_FILE" "$SHARED_URL" 2>/dev/null; then
       echo "@handed-off $SHARED_ADDRESS"
       break
     fi

@@ -141,9 +141,33 @@ def load(monitored):
     return Load()
 
 
-def served_so_far() -> float:
-    """Every generation the fleet's replicas finished, as Prometheus last scraped them."""
-    return sum(float(r["value"][1]) for r in prometheus("sum(vllm:request_success_total)"))
+def served_so_far() -> dict:
+    """Every generation each replica finished, as Prometheus last scraped it."""
+    return {(r["metric"]["host"], r["metric"]["replica"]): float(r["value"][1])
+            for r in prometheus("sum by (host, replica) (vllm:request_success_total)")}
+
+
+def scraped_since(moment: float, limit: float = 4 * INTERVAL_S):
+    """Wait until Prometheus has scraped every target once since ``moment`` (this machine's
+    clock, which the lab's hosts share): a count read then includes all that happened before
+    it, a replica restarted just before (a deploy that rolled it) with its new counter too."""
+    deadline = time.monotonic() + limit
+    while True:
+        late = sorted((t["labels"].get("job"), t["labels"].get("host"), t["labels"].get("replica"), t["lastScrape"])
+                      for t in targets() if _epoch(t["lastScrape"]) <= moment)
+        if not late:
+            return
+        assert time.monotonic() < deadline, f"not scraped in {limit} s since {moment:.1f}: {late}"
+        time.sleep(1)
+
+
+def _epoch(rfc3339: str) -> float:
+    """Prometheus's lastScrape (RFC 3339, nanoseconds, its host's zone) as seconds since the epoch."""
+    from datetime import datetime
+    whole, _, rest = rfc3339.partition(".")
+    fraction = "".join(ch for ch in rest if ch.isdigit())
+    zone = rest[len(fraction):] if rest else whole[19:]
+    return datetime.fromisoformat(whole[:19] + zone.replace("Z", "+00:00")).timestamp() + float(f"0.{fraction or 0}")
 
 
 SCRAPED = INTERVAL_S + 1  # seconds: every target scraped once more
@@ -165,6 +189,7 @@ def test_prometheus_counts_what_the_clients_sent_and_top_shows_every_replica_mov
                    env=env, check=True)
     screens = []
     try:
+        scraped_since(time.time())
         before = served_so_far()
         with load:
             began = time.monotonic()
@@ -173,12 +198,13 @@ def test_prometheus_counts_what_the_clients_sent_and_top_shows_every_replica_mov
                 screens.append(tmux("capture-pane", "-p", "-t", "top").stdout)
             snapshot = invoke("top", "--json", "-", "--source", "prometheus", check=True)
             took = time.monotonic() - began
-        time.sleep(SCRAPED)
+        scraped_since(time.time())
         after = served_so_far()
     finally:
         tmux("kill-server", check=False)
-    clients, counted = load.answered(), after - before
-    assert clients > 50 and abs(counted - clients) <= 0.1 * clients, (counted, clients)
+    clients, counted = load.answered(), sum(after.values()) - sum(before.values())
+    each = {f"{h}/{r}": (before.get((h, r)), after[(h, r)]) for h, r in sorted(after)}
+    assert clients > 50 and abs(counted - clients) <= 0.1 * clients, (counted, clients, each)
     assert abs(counted / took - clients / took) <= 0.1 * clients / took
     for screen in screens:
         assert all(len(line) <= 80 for line in screen.splitlines()), screen

@@ -18,7 +18,8 @@ from serving.haproxy.instance import GATEWAY, GATEWAY_ENV_FILE
 from serving.host_programs import Program
 
 FACT = "gateway_left"
-PROGRAM = Program((Path(__file__).parent / "files" / "gateway_removed.sh",))
+# what a role left behind, removed (serving/monitoring_leftovers.py too)
+PROGRAM = Program((Path(__file__).parent / "files" / "leftovers_removed.sh",))
 # the first line of the configuration the shared_address role writes (roles/shared_address/keepalived.py)
 OURS = "Managed by dgemma-fleet"
 
@@ -29,7 +30,7 @@ def facts(v: dict) -> dict:
 
 
 def script(v: dict) -> str:
-    """files/gateway_removed.sh with this host's units and files."""
+    """files/leftovers_removed.sh with this host's units and files."""
     return PROGRAM.script({
         "UNITS": "\n".join((GATEWAY.unit_name(v), accounting.UNIT)),
         "FILES": "\n".join((GATEWAY.unit_path(v), accounting.UNIT_PATH, GATEWAY_ENV_FILE, accounting.PROGRAM)),

@@ -67,7 +67,7 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
             "day2-journal": logs.JOURNAL_PROGRAM, "day2-usage-days": usage.USAGE_DAYS_PROGRAM,
             "day2-records": usage.RECORDS_PROGRAM, "day2-prune-facts": prune.FACTS_PROGRAM,
             "day2-prune": prune.REMOVE_PROGRAM, "start-record-release": RECORD_PROGRAM,
-            "gateway-removed": gateway_leftovers.PROGRAM}
+            "leftovers-removed": gateway_leftovers.PROGRAM}
 
 
 def test_every_host_program_file_belongs_to_a_program():
@@ -94,7 +94,7 @@ def test_the_program_passes_shellcheck_as_dash(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(set(PROGRAMS) - {"collector", "hostlock", "systemd", "folders",
                                                           "keepalived-install", "day2-usage-days", "day2-records",
                                                           "write-file", "relay-ping", "gather", "check-shell",
-                                                          "gateway-removed"}
+                                                          "leftovers-removed"}
                                              - {n for n in PROGRAMS if n.startswith("facts-")}))
 def test_what_a_program_prints_is_what_its_protocol_declares(name):
     program = PROGRAMS[name]

@@ -112,3 +112,45 @@ def test_a_host_out_of_the_group_gateway_has_its_gateway_removed_before_its_fron
         assert conf.exists() is theirs
     calls = (tmp_path / "systemctl.log").read_text().splitlines()
     assert calls.count("disable --now keepalived.service") == 1 and calls.count("daemon-reload") == 2, calls
+
+
+def test_a_serving_host_out_of_the_group_monitoring_has_prometheus_removed_and_its_samples_kept(tmp_path):
+    import subprocess
+    from converge.changes import HostContext
+    from serving import monitoring_leftovers
+    left = {"prometheus_left": {"LoadState": "loaded", "ActiveState": "active"},
+            "alertmanager_left": {"LoadState": "loaded", "ActiveState": "active"}}
+    assert monitoring_leftovers.facts(hostvars("hgx", "monitoring")) == {}  # the monitoring host keeps its own
+    assert set(monitoring_leftovers.facts(hostvars("hgx"))) == {"prometheus_left", "alertmanager_left"}
+    assert list(monitoring_leftovers.removal(HostContext("hgx01", hostvars("hgx"), {}))) == []
+    gone = {fact: {"LoadState": "not-found"} for fact in left}
+    assert list(monitoring_leftovers.removal(HostContext("hgx01", hostvars("hgx"), gone))) == []
+    assert list(monitoring_leftovers.removal(HostContext("hgx01", hostvars("hgx", "monitoring"), left))) == []
+    # Alertmanager alone left (a removal cut short after Prometheus's unit went): removed too
+    step, = monitoring_leftovers.removal(HostContext("hgx01", hostvars("hgx"), {**gone, "alertmanager_left": {
+        "LoadState": "loaded"}}))
+    step, = monitoring_leftovers.removal(HostContext("hgx01", hostvars("hgx", container_runtime="docker"), left))
+    assert step.name == "monitoring removed" and "docker-dgemma-prometheus.service" in step.describe
+    # run on a host's files: the units and the configuration (the monitoring key) go, the samples stay
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/systemctl.log\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    root = tmp_path / "host"
+    for path in ("etc/dgemma/prometheus/monitoring.key", "etc/dgemma/alertmanager/alertmanager.yml",
+                 "etc/systemd/system/docker-dgemma-prometheus.service", "var/lib/dgemma/prometheus/wal/0",
+                 "var/lib/dgemma/alertmanager/silences", "etc/dgemma/frontdoor/haproxy.cfg"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("x\n")
+    text = step.script
+    for path in ("/etc/", "/var/lib/"):
+        text = text.replace(path, f"{root}{path}")
+    proc = subprocess.run(["dash", "-c", text], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    kept = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert kept == ["etc/dgemma/frontdoor/haproxy.cfg", "var/lib/dgemma/alertmanager/silences",
+                    "var/lib/dgemma/prometheus/wal/0"], kept
+    calls = (tmp_path / "systemctl.log").read_text().splitlines()
+    assert calls == ["disable --now docker-dgemma-prometheus.service", "disable --now docker-dgemma-alertmanager.service",
+                     "daemon-reload"], calls

@@ -13,7 +13,7 @@ from converge.facts.nvidia import Dcgm
 from credentials import CredentialError, directory
 from credentials.keys import KeyStore
 
-from serving import catalog, gateway_leftovers, key_limits as limits, scrape_targets
+from serving import catalog, gateway_leftovers, key_limits as limits, monitoring_leftovers, scrape_targets
 from serving.declared import DEFAULT_FAMILY, is_diffusion, served_name
 from serving.fleet import is_serving
 from serving.handoffs import FRONTDOOR_GENERATION, UNITS
@@ -40,8 +40,8 @@ def facts(v):
             "frontdoor_flags": ServerStates(ADMIN_SOCKET, backend=ROLLING_BACKEND),
             # NVIDIA's DCGM exporter is scraped where the host engine runs (roles/exporters)
             "dcgm": Dcgm(),
-            # a gateway it ran before it left the group `gateway`
-            **gateway_leftovers.facts(v)}
+            # a gateway, or a Prometheus, it ran before it left the group `gateway` or `monitoring`
+            **gateway_leftovers.facts(v), **monitoring_leftovers.facts(v)}
 
 
 def keys_facts(v):
@@ -137,6 +137,7 @@ def plan(ctx):
     yield back_in_service(ctx)
     # before the front door moves back to api_port, which a gateway left behind holds
     yield from gateway_leftovers.removal(ctx)
+    yield from monitoring_leftovers.removal(ctx)
     yield from proxy.steps(ctx, FRONTDOOR, "frontdoor", want, env_path(v), env_changed)
 
 

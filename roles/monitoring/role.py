@@ -30,15 +30,12 @@ from serving.fleet import Fleet, is_monitoring, is_serving
 from serving.haproxy import tls
 from serving.handoffs import MONITORING
 from serving.catalog import monitoring_image
-from serving.serving_host import STATE_DIR
+from serving.monitoring_paths import (ALERTMANAGER, ALERTMANAGER_DATA, ALERTMANAGER_DIR, PROMETHEUS, PROMETHEUS_DATA,
+                                      PROMETHEUS_DIR)
 from serving.systemd import folders_script
 
 from . import alertmanager, prometheus, rules
 
-PROMETHEUS_DIR = "/etc/dgemma/prometheus"  # mounted read-only as /etc/prometheus
-ALERTMANAGER_DIR = "/etc/dgemma/alertmanager"  # mounted read-only as /etc/alertmanager
-PROMETHEUS_DATA = f"{STATE_DIR}/prometheus"
-ALERTMANAGER_DATA = f"{STATE_DIR}/alertmanager"
 CONTAINER_UID = 65534  # the official images run as nobody
 
 
@@ -64,7 +61,7 @@ def reloaded_ready(port: int, program: str) -> dict:
 def prometheus_container(v: dict) -> Container:
     port = int(v.get("prometheus_port", 9090))
     return Container(
-        "dgemma-prometheus", "Prometheus for the DiffusionGemma fleet", monitoring_image(v, "prometheus"),
+        PROMETHEUS, "Prometheus for the DiffusionGemma fleet", monitoring_image(v, "prometheus"),
         args=(f"--config.file={prometheus.CONTAINER_DIR}/prometheus.yml", "--storage.tsdb.path=/prometheus",
               f"--storage.tsdb.retention.time={v.get('prometheus_retention_time', '15d')}",
               f"--storage.tsdb.retention.size={v.get('prometheus_retention_size', '10GB')}",
@@ -85,7 +82,7 @@ def memory_bound(v: dict) -> tuple:
 def alertmanager_container(v: dict) -> Container:
     port = int(v.get("alertmanager_port", 9093))
     return Container(
-        "dgemma-alertmanager", "Alertmanager for the DiffusionGemma fleet", monitoring_image(v, "alertmanager"),
+        ALERTMANAGER, "Alertmanager for the DiffusionGemma fleet", monitoring_image(v, "alertmanager"),
         # no cluster: its gossip would listen on every address (one Alertmanager per monitoring host)
         args=(f"--config.file={alertmanager.CONTAINER_DIR}/alertmanager.yml", "--storage.path=/alertmanager",
               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="),

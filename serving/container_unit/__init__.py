@@ -64,11 +64,13 @@ class Container:
     stop_seconds: int = 10
 
 
-def unit_name(v: dict, container: Container) -> str:
-    return f"{v.get('container_runtime', 'podman')}-{container.name}.service"
+def unit_name(v: dict, container: Container | str) -> str:
+    """The unit of a container (or of a container's name) under the host's runtime."""
+    name = container if isinstance(container, str) else container.name
+    return f"{v.get('container_runtime', 'podman')}-{name}.service"
 
 
-def unit_path(v: dict, container: Container) -> str:
+def unit_path(v: dict, container: Container | str) -> str:
     return f"/etc/systemd/system/{unit_name(v, container)}"
 
 

@@ -1,13 +1,14 @@
 """The small lab (`inventory-small`, lab/inventory.py): the same machines with no gateway or
 monitoring host of their own. rtx01 serves and is the first gateway, hgx01 serves, is the
-second gateway and runs Prometheus; spark01 serves. Deployed over the built-in lab's hosts:
-`inventory.check` names each host's roles, a deploy converges and a second changes nothing,
+second gateway and runs Prometheus; spark01 serves. Deployed onto those three hosts new (nothing
+of ours on them): `inventory.check` names each host's roles, a deploy converges and a second changes nothing,
 verify is green, every serving host answers through the shared address (the gateways' own
 front doors among them); a key at 30 requests a minute gets exactly 30 of 80 sent at once, and
 `invoke usage` agrees; a roll of rtx01's replica while rtx01 holds the address fails no request,
 nor does a restart of both gateways' HAProxy (the holder hands the address on first);
 rtx01's power cut while it holds the address: hgx01 answers within 5 s, and a key's minute
-counted on rtx01 goes on on hgx01. The built-in lab is put back at the end."""
+counted on rtx01 goes on on hgx01. The built-in lab is put back at the end: its deploy removes
+the gateways and the monitoring the small lab left on rtx01 and hgx01."""
 import collections
 import json
 import secrets
@@ -19,6 +20,7 @@ from lab import config, inventory as lab_inventory, machines
 from tests import reliability
 from tests.lab.conftest import deploy_json, front_door, invoke, ssh
 from tests.lab import test_lab_shared_address as shared_address
+from tests.lab.test_lab_first_deploy import OURS
 from tests.lab.test_lab_limits import at_once, clear_of_the_minute_turn
 from tests.lab.test_lab_shared_address import Clients, describe
 
@@ -27,7 +29,7 @@ SHARED = lab_inventory.SMALL_GATEWAY_ADDRESS
 GATEWAYS = lab_inventory.SMALL_GATEWAYS  # rtx01 first: it holds the address by priority
 SERVING = ("spark01", "rtx01", "hgx01")
 CHAT = {"model": "diffusiongemma", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-# what the small lab's monitoring puts on hgx01, taken off again at the end
+# what the small lab's monitoring puts on hgx01, removed by the built-in lab's deploy at the end
 MONITORING_UNITS = ("podman-dgemma-prometheus.service", "podman-dgemma-alertmanager.service")
 
 
@@ -49,33 +51,43 @@ def post(key, timeout=30):
 
 
 def put_back():
-    """The built-in lab's rtx01 and hgx01, deployed with the built-in inventory: out of the group
-    `gateway`, each has its gateway removed by the deploy before its front door goes back to 8000.
-    The monitoring hgx01 ran is stopped and removed here (the toolkit leaves a host that left the
-    group `monitoring` as it was: Prometheus there holds no port of the fleet's)."""
+    """The built-in lab deployed again: rtx01 and hgx01, out of the group `gateway`, each has its
+    gateway removed before its front door goes back to 8000, and hgx01, out of the group
+    `monitoring`, its Prometheus and Alertmanager (their samples kept)."""
     for host in GATEWAYS:
         if not machines.running_pid(config.host(host)):
             invoke("lab.up", check=True)
-    units = " ".join(MONITORING_UNITS)
-    ssh("hgx01", f"systemctl disable --now {units} 2>/dev/null; for u in {units}; do rm -f /etc/systemd/system/$u; "
-                 "done; rm -rf /etc/dgemma/prometheus /etc/dgemma/alertmanager; systemctl daemon-reload; "
-                 "systemctl reset-failed", timeout=120)
-    proc, data = deploy_json("--hosts", ",".join(GATEWAYS))
+    proc, data = deploy_json()  # every host: spark01 came new to the small lab, the built-in one's gateways reload
     assert proc.returncode == 0, proc.stdout[-3000:]
-    removed = {h: t["status"] for h, d in data["hosts"].items() for t in d["tasks"] if t["task"] == "gateway removed"}
-    assert removed == {"rtx01": "changed", "hgx01": "changed"}, removed
+    removed = {(h, t["task"]): t["status"] for h, d in data["hosts"].items() for t in d["tasks"]
+               if t["task"] in ("gateway removed", "monitoring removed")}
+    assert removed == {("rtx01", "gateway removed"): "changed", ("hgx01", "gateway removed"): "changed",
+                       ("hgx01", "monitoring removed"): "changed"}, removed
     for host in GATEWAYS:
         left = ssh(host, "systemctl is-active podman-dgemma-gateway dgemma-usage keepalived; ss -ltn | grep -c ':8001 '; "
                          "ls /etc/dgemma/gateway /etc/dgemma/gateway.env 2>&1 | grep -c 'No such'", check=False).stdout
         assert left.split() == ["inactive", "inactive", "inactive", "0", "2"], (host, left)
+    units = " ".join(MONITORING_UNITS)
+    left = ssh("hgx01", f"systemctl is-active {units}; ls /etc/systemd/system/{{{','.join(MONITORING_UNITS)}}} "
+                        "/etc/dgemma/prometheus /etc/dgemma/alertmanager 2>&1 | grep -c 'No such'; "
+                        "test -d /var/lib/dgemma/prometheus/wal && echo kept", check=False).stdout
+    assert left.split() == ["inactive", "inactive", "4", "kept"], left
 
 
 @pytest.fixture(scope="module")
 def small_lab(lab):
+    """The small lab's three hosts new (disks from the base: nothing of ours on them), then
+    deployed with the small inventory."""
     lab_inventory.write_small(config.hosts(0))  # as lab.up writes it
     try:
+        invoke("lab.up", "--fresh-hosts", ",".join(SERVING), timeout=1800, check=True)
+        for name in SERVING:
+            assert ssh(name, OURS).stdout.split() == [], f"{name} is not new"
         first, data = deploy_json(inventory=SMALL)
         assert first.returncode == 0, first.stdout[-4000:]
+        recaps = {host: run["recap"] for host, run in data["hosts"].items()}
+        assert sorted(recaps) == sorted(SERVING), recaps
+        assert all(r["failed"] == 0 and r["changed"] > 0 for r in recaps.values()), recaps
         yield data
     finally:
         put_back()

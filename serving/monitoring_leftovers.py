@@ -1,0 +1,52 @@
+"""What a serving host keeps of the monitoring it ran once it is no longer in the group
+`monitoring`: Prometheus and Alertmanager, still scraping and alerting beside the fleet's new
+monitoring host (each alert sent twice), and their configuration folders, which hold the
+monitoring key and the alert receivers' secrets the host no longer needs. The front door's role
+removes them (roles/frontdoor): both units, their files and the configuration folders. Their
+samples and silences (the data folders) stay, for the user to copy or delete."""
+from __future__ import annotations
+
+from converge.changes import Command
+from converge.facts.host import UnitState
+
+from serving import container_unit
+from serving.fleet import is_monitoring
+from serving.gateway_leftovers import PROGRAM
+from serving.monitoring_paths import (ALERTMANAGER, ALERTMANAGER_DATA, ALERTMANAGER_DIR, PROMETHEUS, PROMETHEUS_DATA,
+                                      PROMETHEUS_DIR)
+
+# the facts: each unit, whether it is still there
+FACTS = {"prometheus_left": PROMETHEUS, "alertmanager_left": ALERTMANAGER}
+
+
+def facts(v: dict) -> dict:
+    """On a host outside the group `monitoring`: whether Prometheus's and Alertmanager's units are there."""
+    return {} if is_monitoring(v) else {fact: UnitState(container_unit.unit_name(v, name))
+                                        for fact, name in FACTS.items()}
+
+
+def script(v: dict) -> str:
+    """files/leftovers_removed.sh with this host's units and folders (no shared address to give up)."""
+    units = [container_unit.unit_name(v, name) for name in FACTS.values()]
+    return PROGRAM.script({
+        "UNITS": "\n".join(units), "FILES": "\n".join(container_unit.unit_path(v, u) for u in FACTS.values()),
+        "FOLDERS": "\n".join((PROMETHEUS_DIR, ALERTMANAGER_DIR)),
+        "SHARED_UNIT": "", "SHARED_CONF": "", "SHARED_CHECK": "", "OURS": ""})
+
+
+def removal(ctx):
+    """Prometheus and Alertmanager left on a host that is no longer in the group `monitoring`,
+    removed; nothing when there are none."""
+    if is_monitoring(ctx.vars):
+        return
+    left = [fact for fact in FACTS if ((ctx.facts or {}).get(fact) or {}).get("LoadState") == "loaded"]
+    if not left:
+        return
+    units = " and ".join(container_unit.unit_name(ctx.vars, name) for name in FACTS.values())
+    yield Command("monitoring removed", script=script(ctx.vars),
+                  describe=f"{ctx.name} is no longer in the group `monitoring`: stop and remove {units}, and "
+                           f"{PROMETHEUS_DIR} and {ALERTMANAGER_DIR} (the monitoring key); keep their samples "
+                           f"and silences ({PROMETHEUS_DATA}, {ALERTMANAGER_DATA})",
+                  interpret=lambda result: f"{units} stopped and removed, with their configuration and the "
+                                           f"monitoring key; their samples and silences kept in {PROMETHEUS_DATA} "
+                                           f"and {ALERTMANAGER_DATA} (rm -rf them once copied or not needed)")

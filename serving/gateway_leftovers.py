@@ -7,19 +7,14 @@ disabled, our configuration removed; a keepalived configuration that is not ours
 The usage service's counts (its state folder) and the journal's records stay."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from converge.changes import Command
 from converge.facts.host import UnitState
 
-from serving import accounting
+from serving import accounting, leftovers
 from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_UNIT, api_port, is_gateway
 from serving.haproxy.instance import GATEWAY, GATEWAY_ENV_FILE
-from serving.host_programs import Program
 
 FACT = "gateway_left"
-# what a role left behind, removed (serving/monitoring_leftovers.py too)
-PROGRAM = Program((Path(__file__).parent / "files" / "leftovers_removed.sh",))
 # the first line of the configuration the shared_address role writes (roles/shared_address/keepalived.py)
 OURS = "Managed by dgemma-fleet"
 
@@ -31,12 +26,11 @@ def facts(v: dict) -> dict:
 
 def script(v: dict) -> str:
     """files/leftovers_removed.sh with this host's units and files."""
-    return PROGRAM.script({
-        "UNITS": "\n".join((GATEWAY.unit_name(v), accounting.UNIT)),
-        "FILES": "\n".join((GATEWAY.unit_path(v), accounting.UNIT_PATH, GATEWAY_ENV_FILE, accounting.PROGRAM)),
-        "FOLDERS": "\n".join((GATEWAY.dir, GATEWAY.socket_dir)),
-        "SHARED_UNIT": SHARED_ADDRESS_UNIT, "SHARED_CONF": SHARED_ADDRESS_CONF, "SHARED_CHECK": SHARED_ADDRESS_CHECK,
-        "OURS": OURS})
+    return leftovers.script(
+        units=(GATEWAY.unit_name(v), accounting.UNIT),
+        files=(GATEWAY.unit_path(v), accounting.UNIT_PATH, GATEWAY_ENV_FILE, accounting.PROGRAM),
+        folders=(GATEWAY.dir, GATEWAY.socket_dir),
+        shared_unit=SHARED_ADDRESS_UNIT, shared_conf=SHARED_ADDRESS_CONF, shared_check=SHARED_ADDRESS_CHECK, ours=OURS)
 
 
 def removal(ctx):
@@ -50,5 +44,6 @@ def removal(ctx):
                   describe=f"{ctx.name} is no longer in the group `gateway`: stop and remove {unit}, "
                            f"{accounting.UNIT}, the gateway's files and keys, and its share of the shared address "
                            f"(its HAProxy holds port {api_port(ctx.vars)}, where the front door goes back)",
-                  interpret=lambda result: f"{unit} and {accounting.UNIT} stopped and removed, with the gateway's "
-                                           f"files and keys, and {SHARED_ADDRESS_UNIT} stopped")
+                  interpret=lambda result: leftovers.removed(
+                      result, f"{unit} and {accounting.UNIT} stopped and removed, with the gateway's files and keys, "
+                              f"and {SHARED_ADDRESS_UNIT} stopped"))

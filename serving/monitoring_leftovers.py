@@ -9,9 +9,8 @@ from __future__ import annotations
 from converge.changes import Command
 from converge.facts.host import UnitState
 
-from serving import container_unit
+from serving import container_unit, leftovers
 from serving.fleet import is_monitoring
-from serving.gateway_leftovers import PROGRAM
 from serving.monitoring_paths import (ALERTMANAGER, ALERTMANAGER_DATA, ALERTMANAGER_DIR, PROMETHEUS, PROMETHEUS_DATA,
                                       PROMETHEUS_DIR)
 
@@ -27,11 +26,9 @@ def facts(v: dict) -> dict:
 
 def script(v: dict) -> str:
     """files/leftovers_removed.sh with this host's units and folders (no shared address to give up)."""
-    units = [container_unit.unit_name(v, name) for name in FACTS.values()]
-    return PROGRAM.script({
-        "UNITS": "\n".join(units), "FILES": "\n".join(container_unit.unit_path(v, u) for u in FACTS.values()),
-        "FOLDERS": "\n".join((PROMETHEUS_DIR, ALERTMANAGER_DIR)),
-        "SHARED_UNIT": "", "SHARED_CONF": "", "SHARED_CHECK": "", "OURS": ""})
+    return leftovers.script(units=[container_unit.unit_name(v, name) for name in FACTS.values()],
+                            files=[container_unit.unit_path(v, name) for name in FACTS.values()],
+                            folders=(PROMETHEUS_DIR, ALERTMANAGER_DIR))
 
 
 def removal(ctx):
@@ -47,6 +44,7 @@ def removal(ctx):
                   describe=f"{ctx.name} is no longer in the group `monitoring`: stop and remove {units}, and "
                            f"{PROMETHEUS_DIR} and {ALERTMANAGER_DIR} (the monitoring key); keep their samples "
                            f"and silences ({PROMETHEUS_DATA}, {ALERTMANAGER_DATA})",
-                  interpret=lambda result: f"{units} stopped and removed, with their configuration and the "
-                                           f"monitoring key; their samples and silences kept in {PROMETHEUS_DATA} "
-                                           f"and {ALERTMANAGER_DATA} (rm -rf them once copied or not needed)")
+                  interpret=lambda result: leftovers.removed(
+                      result, f"{units} stopped and removed, with their configuration and the monitoring key; their "
+                              f"samples and silences kept in {PROMETHEUS_DATA} and {ALERTMANAGER_DATA} (rm -rf them "
+                              f"once copied or not needed)"))

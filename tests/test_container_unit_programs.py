@@ -103,3 +103,21 @@ def test_an_image_through_the_relay_or_from_the_registry_when_it_fails(tmp_path)
     alone = host(tmp_path / "a")
     assert run(pull_script("podman", ref, None), alone["env"]).returncode == 0
     assert calls(alone) == [f"podman pull -q {ref}"]
+
+
+def test_a_pull_that_fails_fails_its_step_with_the_runtimes_words_and_what_to_do():
+    import pytest
+    from serving.container_unit import pulled
+    from serving.leftovers import removed
+    ref = "10.213.0.1:5000/prom/alertmanager:v0.25.0"
+    assert pulled(Result(0, "", ""), "docker", ref, "") == f"{ref} pulled"
+    with pytest.raises(StepFailed) as arch:
+        pulled(Result(1, "", "no matching manifest for linux/arm64 in the manifest list entries\n"), "docker", ref, "")
+    assert "exit 1" in str(arch.value) and "linux/arm64" in str(arch.value) and "architecture" in str(arch.value)
+    with pytest.raises(StepFailed) as other:
+        pulled(Result(125, "", "Error: initializing source: connection refused\n"), "podman", ref, "")
+    assert "connection refused" in str(other.value) and "reaches the registry" in str(other.value)
+    # the removal of what a role left: the same for its program's end
+    assert removed(Result(0, "", ""), "gone") == "gone"
+    with pytest.raises(StepFailed, match=r"exit 1\): rm: cannot remove"):
+        removed(Result(1, "", "rm: cannot remove '/etc/dgemma/gateway': Device or resource busy\n"), "gone")

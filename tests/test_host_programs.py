@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving import gateway_leftovers
+from serving import leftovers
 
 from converge import hostlock
 from converge.changes import WRITE_FILE
@@ -67,7 +67,7 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
             "day2-journal": logs.JOURNAL_PROGRAM, "day2-usage-days": usage.USAGE_DAYS_PROGRAM,
             "day2-records": usage.RECORDS_PROGRAM, "day2-prune-facts": prune.FACTS_PROGRAM,
             "day2-prune": prune.REMOVE_PROGRAM, "start-record-release": RECORD_PROGRAM,
-            "leftovers-removed": gateway_leftovers.PROGRAM}
+            "leftovers-removed": leftovers.PROGRAM}
 
 
 def test_every_host_program_file_belongs_to_a_program():

@@ -129,8 +129,20 @@ def pull_steps(ctx, ref: str, images_fact: str = "images", timeout: float | None
     via = ", through the run's relay" if relayed else ""
     yield Command(f"pull {ref}", script=pull_script(runtime, ref, relayed), when=missing,
                   describe=f"{runtime} pull {ref} (not present{via})",
-                  interpret=lambda result: f"{ref} pulled{via}{fallback_note(result.stdout)}",
+                  interpret=lambda result: pulled(result, runtime, ref, via),
                   timeout=timeout or v.get("image_pull_timeout", 3600))
+
+
+def pulled(result, runtime: str, ref: str, via: str) -> str:
+    """What the pull did; the step fails, with the runtime's words, when it did not pull."""
+    if not result.ok:
+        said = (result.stdout + result.stderr).strip()
+        remedy = ("the registry has no build of it for this host's architecture: push one (a multi-arch image) or "
+                  "name another image" if "no matching manifest" in said or "no image found in manifest list" in said
+                  else "check that the host reaches the registry and that the image is there")
+        raise StepFailed(f"{runtime} pull {ref} failed (exit {result.rc}): {said[-400:] or 'it printed nothing'}; "
+                         f"{remedy}")
+    return f"{ref} pulled{via}{fallback_note(result.stdout)}"
 
 
 def steps(ctx, container: Container, role: str, *, unit_fact: str, unit_file_fact: str, files_changed: bool,

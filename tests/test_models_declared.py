@@ -17,7 +17,8 @@ from credentials.keys import digest
 from serving.haproxy.pools import gateway_pools, pools_in_config, render_upstream_keys
 from serving.haproxy.instance import GATEWAY, container
 from serving.haproxy.config import render_config, render_keys
-from roles.gateway.role import BACKEND, fallback_problems, servers
+from roles.gateway.role import BACKEND, servers
+from serving.gateway_checks import fallback_problems
 from roles.preflight.placement import place_declared
 from roles.preflight.select import Refused, choose, image_channel
 from serving.vllm_serve import serve_args

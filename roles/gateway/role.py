@@ -26,10 +26,10 @@ from serving.haproxy import steps as proxy, tls
 from serving.haproxy.config import Server
 from serving.haproxy.instance import (CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S,
                                      GATEWAY_ENV_FILE)
-from serving.haproxy.pools import (UPSTREAM_KEYS, aliases, answers, fleet_families, gateway_pools,
-                                 render_upstream_keys, serving)
+from serving.haproxy.pools import UPSTREAM_KEYS, fleet_families, gateway_pools, render_upstream_keys, serving
 
 from serving import accounting
+from serving.gateway_checks import refusals
 from serving import key_limits as limits
 
 from . import usage_steps
@@ -129,17 +129,9 @@ def upstream_keys_file(ctx, content: str) -> File:
 
 def plan(ctx):
     fleet = ctx.services.get("fleet")
-    if (ctx.facts.get("os") or {}).get("ID") == "nixos":
-        # the service role's module declares the front door alone, and keepalived comes from apt or dnf
-        yield Check("gateway host", ok=False,
-                    message="a NixOS gateway is not supported: its container and keepalived would have to be "
-                            "declared in the host's configuration; choose a host of another OS for the group "
-                            "`gateway` (it may serve as well)")
-        return
-    if fleet is None or not fleet.serving:
-        yield Check("serving hosts", ok=False, message="the inventory has no serving host for the gateway to "
-                                                       "front: add hosts outside the group `gateway`, or list a "
-                                                       "gateway in a group of serving hosts too")
+    refused = refusals(ctx.vars, ctx.facts, fleet)
+    if refused:
+        yield from refused
         return
     yield from tls.made_step(ctx, (tls.GATEWAY_KEY, tls.MONITORING_KEY),
                              also=[f"{ctx.name}'s peer certificate"]
@@ -148,10 +140,6 @@ def plan(ctx):
         key = service_key(directory(ctx.vars), tls.GATEWAY_KEY, make=not ctx.check)
     except CredentialError as exc:
         yield Check("gateway key", ok=False, message=str(exc))
-        return
-    problems = fallback_problems(fleet, ctx.vars.get("model_fallback") or {})
-    if problems:
-        yield Check("model_fallback", ok=False, message="; ".join(problems))
         return
     read = yield from generation_inputs(ctx)
     if read is None:
@@ -168,30 +156,6 @@ def plan(ctx):
     yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed(),
                            extra_files=(upstream_keys_file(ctx, upstream_map), *maps),
                            handoff=proxy.Handoff(shared, GATEWAY.port(ctx.vars), SHARED_ADDRESS_UNIT) if shared else None)
-
-
-def fallback_problems(fleet, policy: dict) -> list[str]:
-    """What keeps ``model_fallback`` from working with this fleet, each naming the key."""
-    out = []
-    families = fleet_families(fleet)
-    for family, rule in policy.items():
-        where = f"model_fallback.{family}"
-        if family not in families:
-            out.append(f"{where}: no host of the fleet serves {family} (it serves {', '.join(families)})")
-            continue
-        target = rule.get("to")
-        if target is None:
-            continue
-        if target == family or target not in families:
-            out.append(f"{where}.to: {target} is {'the family itself' if target == family else 'served by no host'}; "
-                       f"name another family of the fleet ({', '.join(f for f in families if f != family)}) or a url")
-            continue
-        alias = aliases(fleet, family)[0]
-        deaf = [door.host for door in serving(fleet, target) if alias not in answers(door, target)]
-        if deaf:
-            out.append(f"{where}: the {target} replicas of {', '.join(deaf)} do not answer to {alias!r} (vLLM would "
-                       f"refuse its requests): set model_fallback where those hosts read it too (group_vars/all)")
-    return out
 
 
 def generation_inputs(ctx):

@@ -8,7 +8,8 @@ from converge.facts.containers import Runtimes
 from converge.facts.host import Arch, Commands, DiskFree, FileState, MemInfo, OsRelease, Systemd
 from converge.facts.nvidia import NvidiaSmi
 
-from serving.fleet import is_serving
+from serving.fleet import is_gateway, is_serving
+from serving.gateway_checks import refusals
 from serving.handoffs import CHOICE
 from serving.hf_cache import status as weights_complete
 from serving.nixos_module import module_path
@@ -117,6 +118,12 @@ def _declared(ctx, units: list) -> dict[int, str]:
 
 def plan(ctx):
     v, f = ctx.vars, ctx.facts
+    if is_gateway(v):
+        # a gateway refused is refused before its front door moves aside from api_port (serving.gateway_checks)
+        refused = refusals(v, f, ctx.services.get("fleet"))
+        if refused:
+            yield from refused
+            return
     ok = True
     for step in plan_choice(ctx):
         ok = ok and (not isinstance(step, Check) or step.ok)

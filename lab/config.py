@@ -77,10 +77,11 @@ FRONTDOOR_TAG = "3.0"
 MONITORING_IMAGES = {
     "node_exporter": ("prom/node-exporter", "v1.5.0", "prometheus-node-exporter", "/usr/bin/prometheus-node-exporter",
                       "/bin/node_exporter", ("x86_64", "aarch64")),
+    # both arches, as the official images: a DGX Spark may be the monitoring host (the two-machine lab)
     "prometheus": ("prom/prometheus", "v2.42.0", "prometheus", "/usr/bin/prometheus", "/bin/prometheus",
-                   ("x86_64",)),
+                   ("x86_64", "aarch64")),
     "alertmanager": ("prom/alertmanager", "v0.25.0", "prometheus-alertmanager", "/usr/bin/prometheus-alertmanager",
-                     "/bin/alertmanager", ("x86_64",)),
+                     "/bin/alertmanager", ("x86_64", "aarch64")),
 }
 
 

@@ -1,9 +1,11 @@
 """Debian packages for the lab's images, unpacked rather than installed: downloaded with
 ``apt-get download`` (with what they depend on, less what the base rootfs has) and
 ``dpkg-deb -x`` into a folder, cached. Nothing is installed on this machine, and no
-service of theirs starts here."""
+service of theirs starts here. Another arch's packages (arm64 on this amd64 machine) come
+through package lists of their own in the lab's cache, never this machine's apt setup."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,16 +24,17 @@ def installed_in(root: Path) -> set[str]:
     return names
 
 
-def dependencies(packages: list[str], have: set[str]) -> list[str]:
+def dependencies(packages: list[str], have: set[str], apt: list[str] = ()) -> list[str]:
     """The packages and, recursively, what they need that ``have`` lacks: of alternatives
-    (``a | b``), none when one is had, else the first; no recommends, no virtual packages."""
+    (``a | b``), none when one is had, else the first; no recommends, no virtual packages.
+    ``apt``: apt's options (another arch's lists)."""
     wanted, queue = [], list(packages)
     while queue:
         package = queue.pop(0)
         if package in wanted or package in have:
             continue
         wanted.append(package)
-        out = sh.run("apt-cache", "depends", "--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks",
+        out = sh.run("apt-cache", *apt, "depends", "--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks",
                      "--no-replaces", "--no-enhances", package).stdout
         group: list[str] = []
         for line in out.splitlines():
@@ -70,24 +73,55 @@ def download_unpacked(names: list[str], target: Path, downloads: Path, refresh, 
     shutil.rmtree(downloads)
 
 
-def unpacked(packages: list[str], base: Path, name: str, log=print) -> Path:
+def foreign_apt(arch: str) -> list[str]:
+    """apt's options for the lab's suite in ``arch`` (a Debian arch name), its lists in a folder
+    of the lab's cache (signatures checked against this machine's keyring)."""
+    apt = config.CACHE / f"apt-{config.SUITE}-{arch}"
+    return ["-o", f"Dir::Etc::SourceList={apt / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+            "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
+            "-o", "Dir::State::status=/dev/null", "-o", f"APT::Architecture={arch}",
+            "-o", f"APT::Architectures::={arch}", "-o", "Debug::NoLocking=1"]
+
+
+def foreign_lists(arch: str, log=print):
+    """The lab's suite's package lists for ``arch``, read into the lab's cache."""
+    apt = config.CACHE / f"apt-{config.SUITE}-{arch}"
+    for folder in ("lists/partial", "cache/archives/partial"):
+        (apt / folder).mkdir(parents=True, exist_ok=True)
+    (apt / "sources.list").write_text(f"deb [arch={arch}] {config.MIRROR} {config.SUITE} main\n")
+    log(f"reading Debian's {arch} package lists ({config.MIRROR} {config.SUITE}) for the lab's images")
+    proc = subprocess.run(["apt-get", *foreign_apt(arch), "update", "-q"], capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0 or "W: GPG error" in proc.stderr or "NO_PUBKEY" in proc.stderr:
+        raise sh.LabError(f"apt-get update of Debian's {arch} lists ({config.MIRROR} {config.SUITE}) failed: "
+                          f"{(proc.stdout + proc.stderr)[-1500:]}\nIs the mirror reachable?")
+
+
+def unpacked(packages: list[str], base: Path, name: str, log=print, arch: str | None = None) -> Path:
     """A folder holding ``packages`` and their dependencies (but those ``base`` has) unpacked,
-    as an image's extras; cached under the lab's cache by ``name``."""
+    as an image's extras, for ``arch`` (a machine name, x86_64 or aarch64; this machine's when
+    None); cached under the lab's cache by ``name``."""
     target = config.CACHE / f"debs-{name}"
     done = config.CACHE / f"debs-{name}.done"
     if done.exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
     done.unlink(missing_ok=True)
-    wanted = dependencies(packages, installed_in(base))
+    if arch is None or arch == os.uname().machine:
+        apt, refresh = [], lambda: sh.run("apt-get", "update", "-q", timeout=900)
+    else:
+        deb_arch = config.DEB_ARCH[arch]
+        apt, refresh = foreign_apt(deb_arch), lambda: foreign_lists(deb_arch, log)
+        if not (config.CACHE / f"apt-{config.SUITE}-{deb_arch}" / "lists").is_dir():
+            refresh()
+    wanted = dependencies(packages, installed_in(base), apt)
     if not wanted:  # the base has them all
         target.mkdir(parents=True)
         done.touch()
         return target
     log(f"downloading Debian's {', '.join(packages)} for the lab's images ({len(wanted)} packages, unpacked, "
         f"not installed)")
-    download_unpacked(wanted, target, config.CACHE / f"debs-{name}.download",
-                      lambda: sh.run("apt-get", "update", "-q", timeout=900))
+    download_unpacked(wanted, target, config.CACHE / f"debs-{name}.download", refresh, apt)
     # the base has merged /usr (/bin is a link to usr/bin): what a package puts in /bin goes there
     for top in ("bin", "sbin", "lib", "lib64"):
         if (target / top).is_dir() and not (target / top).is_symlink():

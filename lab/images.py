@@ -185,13 +185,13 @@ MONITORING_SETTINGS = {
 
 
 def ensure_monitoring_images(log=print):
-    """prom/node-exporter (both arches, one tag), prom/prometheus and prom/alertmanager (x86_64)
-    in the lab registry: Debian's packages, run as the official images run them, and as small:
+    """prom/node-exporter, prom/prometheus and prom/alertmanager (both arches, one tag each) in
+    the lab registry: Debian's packages, run as the official images run them, and as small:
     the program, the libraries it links, what its package ships in /usr/share (Prometheus's
     web UI), CA certificates and a passwd with nobody; no shell, no base system."""
     for name, (repository, tag, package, program, official, arches) in config.MONITORING_IMAGES.items():
-        digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {name} {tag} {MONITORING_SETTINGS[name]}"
-                                .encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{IMAGE_VERSION} {rootfs.BASE_VERSION} {name} {tag} {MONITORING_SETTINGS[name]} "
+                                f"{arches}".encode()).hexdigest()[:16]
         stamp = config.CACHE / f"image-{name}.pushed"
         target = f"{config.REGISTRY_LOCAL}/{repository}:{tag}"
         if _pushed(stamp, digest, target):
@@ -204,7 +204,7 @@ def ensure_monitoring_images(log=print):
                 base = rootfs.ensure_base(arch, log)
                 # the package and what it needs that the base lacks (the node exporter's: nothing, the
                 # base carries it, config.PACKAGES)
-                unpacked = debs.unpacked([package], base, f"{name}-{arch}", log)
+                unpacked = debs.unpacked([package], base, f"{name}-{arch}", log, arch)
                 root = config.CACHE / f"{name}-image-{arch}"
                 shutil.rmtree(root, ignore_errors=True)
                 _small_root(root, base, unpacked, program, official)

@@ -61,6 +61,14 @@ SMALL_GATEWAY_ADDRESS = f"{config.SUBNET}.201"
 SMALL_VRRP_ID = 52
 
 
+# The two-machine lab (`inventory-two`): the mission's `invoke deploy --hosts spark01,rtx01` with
+# everything on. spark01 serves, is the one gateway (no shared address: clients use its own) and
+# the monitoring host, as a DGX Spark beside a desktop would be (rtx01 is NixOS in the seeds, which
+# can be neither); rtx01 serves. No model_fallback: Gemma 4 is not served there.
+TWO_HOSTS = ("spark01", "rtx01")
+TWO_GATEWAY = "spark01"
+
+
 def directory():
     return config.STATE / "inventory"
 
@@ -69,13 +77,17 @@ def small_directory():
     return config.STATE / "inventory-small"
 
 
+def two_directory():
+    return config.STATE / "inventory-two"
+
+
 def _group_of(host: config.LabHost) -> str:
     return ("gateway" if host.gateway else "monitoring" if host.monitoring
             else GROUP_OF.get(host.profile, "h100") if not host.name.startswith("node") else "scale")
 
 
 def write(hosts: list[config.LabHost]) -> str:
-    """The built-in inventory, and the small one beside it (`write_small`)."""
+    """The built-in inventory, and the small and two-machine ones beside it (`write_small`, `write_two`)."""
     children: dict = {}
     for host in hosts:
         if host.bastion:
@@ -83,6 +95,7 @@ def write(hosts: list[config.LabHost]) -> str:
         children.setdefault(_group_of(host), {"hosts": {}})["hosts"][host.name] = host_vars(host)
     path = _write(directory(), children, GROUP_VARS)
     write_small(hosts)
+    write_two(hosts)
     return path
 
 
@@ -101,7 +114,20 @@ def write_small(hosts: list[config.LabHost]) -> str:
     return _write(small_directory(), children, group_vars)
 
 
-def _write(inv, children: dict, group_vars: dict) -> str:
+def write_two(hosts: list[config.LabHost]) -> str:
+    """The two-machine lab's inventory: spark01 in `spark`, `gateway` and `monitoring`, rtx01 in
+    `rtx`."""
+    children: dict = {}
+    for host in (h for h in hosts if h.name in TWO_HOSTS):
+        children.setdefault(_group_of(host), {"hosts": {}})["hosts"][host.name] = host_vars(host)
+    children["gateway"] = {"hosts": {TWO_GATEWAY: None}}
+    children["monitoring"] = {"hosts": {TWO_GATEWAY: None}}
+    # each host's own runtime (spark01's docker): the groups' runtimes are the dedicated hosts'
+    group_vars = {**GROUP_VARS, "gateway": {}, "monitoring": {}}
+    return _write(two_directory(), children, group_vars, fallback=False)
+
+
+def _write(inv, children: dict, group_vars: dict, fallback: bool = True) -> str:
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
     key_file = config.API_KEY_FILE
     key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -122,7 +148,7 @@ def _write(inv, children: dict, group_vars: dict) -> str:
         "image_pull": "always",
         "model_cache": "/srv/models/hf-cache",
         # DiffusionGemma's requests go to Gemma 4 while no DiffusionGemma replica can take them
-        "model_fallback": {"diffusiongemma": {"to": "gemma4"}},
+        **({"model_fallback": {"diffusiongemma": {"to": "gemma4"}}} if fallback else {}),
     }, "children": children}}
     header = "# Written by `invoke lab.up`: the lab's hosts. Regenerated on every lab.up.\n"
     (inv / "hosts.yml").write_text(header + yaml.safe_dump(data, sort_keys=False))

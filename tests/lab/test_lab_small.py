@@ -7,8 +7,9 @@ front doors among them); a key at 30 requests a minute gets exactly 30 of 80 sen
 `invoke usage` agrees; a roll of rtx01's replica while rtx01 holds the address fails no request,
 nor does a restart of both gateways' HAProxy (the holder hands the address on first);
 rtx01's power cut while it holds the address: hgx01 answers within 5 s, and a key's minute
-counted on rtx01 goes on on hgx01. The built-in lab is put back at the end: its deploy removes
-the gateways and the monitoring the small lab left on rtx01 and hgx01."""
+counted on rtx01 goes on on hgx01. Then the two-machine lab (`inventory-two`) over it: spark01
+serves, is the one gateway and the monitoring host, rtx01 serves. The built-in lab is put back
+at the end: its deploy removes the gateways and the monitoring the small labs left."""
 import collections
 import json
 import secrets
@@ -50,6 +51,10 @@ def post(key, timeout=30):
     return status, body, {k.lower(): v for k, v in headers.items()}
 
 
+# whether the two-machine lab was deployed last (its gateway and monitoring on spark01)
+LEFT = {"two machines": False}
+
+
 def put_back():
     """The built-in lab deployed again: rtx01 and hgx01, out of the group `gateway`, each has its
     gateway removed before its front door goes back to 8000, and hgx01, out of the group
@@ -61,9 +66,13 @@ def put_back():
     assert proc.returncode == 0, proc.stdout[-3000:]
     removed = {(h, t["task"]): t["status"] for h, d in data["hosts"].items() for t in d["tasks"]
                if t["task"] in ("gateway removed", "monitoring removed")}
-    assert removed == {("rtx01", "gateway removed"): "changed", ("hgx01", "gateway removed"): "changed",
-                       ("hgx01", "monitoring removed"): "changed"}, removed
-    for host in GATEWAYS:
+    expected = {("hgx01", "gateway removed"): "changed", ("hgx01", "monitoring removed"): "changed"}
+    if LEFT["two machines"]:  # rtx01's gateway went with the two-machine deploy; spark01 had both then
+        expected.update({("spark01", "gateway removed"): "changed", ("spark01", "monitoring removed"): "changed"})
+    else:
+        expected[("rtx01", "gateway removed")] = "changed"
+    assert removed == expected, removed
+    for host in (*GATEWAYS, *(["spark01"] if LEFT["two machines"] else [])):
         left = ssh(host, "systemctl is-active podman-dgemma-gateway dgemma-usage keepalived; ss -ltn | grep -c ':8001 '; "
                          "ls /etc/dgemma/gateway /etc/dgemma/gateway.env 2>&1 | grep -c 'No such'", check=False).stdout
         assert left.split() == ["inactive", "inactive", "inactive", "0", "2"], (host, left)
@@ -107,8 +116,8 @@ def answered_by(records) -> collections.Counter:
     return collections.Counter(r["host"] for r in records if r.get("status") == 200)
 
 
-def usage_requests(name) -> int:
-    proc = small("usage", "--key", name, "--json", "-")
+def usage_requests(name, inventory=SMALL) -> int:
+    proc = invoke("usage", "--key", name, "--json", "-", inventory=inventory)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return sum(r["requests"] - r["refused"] - r["errors"] for r in json.loads(proc.stdout)["usage"] if r["key"] == name)
 
@@ -282,3 +291,77 @@ def test_the_address_holders_power_cut_moves_it_within_5_s_and_the_limits_count_
     finally:
         if not machines.running_pid(config.host("rtx01")):
             invoke("lab.up", check=True)
+
+
+TWO = lab_inventory.two_directory()
+
+
+def test_two_machines_spark01_serves_and_is_the_gateway_and_the_monitoring_host(small_lab):
+    """The mission's `invoke deploy --hosts spark01,rtx01` with everything on (`inventory-two`):
+    spark01 (a DGX Spark: Docker, reached as its user with sudo's password, aarch64) serves, is the
+    one gateway (no shared address: clients use its own) and the monitoring host; rtx01 serves.
+    Deployed over the small lab, rtx01's gateway is removed; a second deploy changes nothing,
+    verify is green, requests to spark01 are answered by both hosts, a key at 30 a minute gets 30
+    of 80 and `invoke usage` agrees, and Prometheus on spark01 has every target up."""
+    lab_inventory.write_two(config.hosts(0))  # as lab.up writes it
+    LEFT["two machines"] = True
+    proc = invoke("inventory.check", inventory=TWO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = dict(line.split(None, 1) for line in proc.stdout.splitlines()[1:])
+    assert lines == {"spark01": "serves diffusiongemma (its front door on port 8001); gateway (no shared address: "
+                                "clients use its own); monitoring (Prometheus, Alertmanager)",
+                     "rtx01": "serves diffusiongemma"}, proc.stdout
+    first, data = deploy_json(inventory=TWO)
+    assert first.returncode == 0, first.stdout[-4000:]
+    removed = [(h, t["task"], t["status"]) for h, d in data["hosts"].items() for t in d["tasks"]
+               if t["task"].endswith(" removed")]
+    assert removed == [("rtx01", "gateway removed", "changed")], removed
+    again, data = deploy_json(inventory=TWO)
+    assert again.returncode == 0, again.stdout[-3000:]
+    changed = [(h, t["task"]) for h, d in data["hosts"].items() for t in d["tasks"] if t["status"] == "changed"]
+    assert not changed, changed
+    verify = invoke("verify", inventory=TWO)
+    assert verify.returncode == 0 and ", 0 failed" in verify.stdout, verify.stdout[-4000:]
+    spark = config.host("spark01").address
+    lab_key = config.API_KEY_FILE.read_text().strip()
+    since = time.time()
+    statuses = [front_door("spark01", "/v1/chat/completions", lab_key, CHAT, address=spark)[0] for _ in range(20)]
+    assert statuses == [200] * 20, statuses
+    by_host = collections.Counter()
+    for _ in range(20):
+        records = json.loads(invoke("logs", "--requests", "--json", "-", inventory=TWO).stdout)["records"]
+        by_host = answered_by(r for r in records if r["t"] >= since and r["key"] == "api_key_file")
+        if sum(by_host.values()) >= 20:
+            break
+        time.sleep(1)
+    assert set(by_host) == set(lab_inventory.TWO_HOSTS), by_host
+    name = f"two-{secrets.token_hex(3)}"
+    added = invoke("keys.add", name, "--requests-per-minute", "30", inventory=TWO)
+    assert added.returncode == 0, added.stdout[-2000:] + added.stderr[-2000:]
+    secret = added.stdout.strip().splitlines()[-1]
+    try:
+        clear_of_the_minute_turn(20)
+        answers = at_once(80, lambda i: front_door("spark01", "/v1/chat/completions", secret, CHAT, timeout=60,
+                                                   address=spark))
+        assert collections.Counter(a[0] for a in answers) == {200: 30, 429: 50}
+        counted = 0
+        for _ in range(20):
+            counted = usage_requests(name, TWO)
+            if counted >= 30:
+                break
+            time.sleep(1)
+        assert counted == 30, counted
+    finally:
+        invoke("keys.revoke", name, inventory=TWO, check=True)
+    deadline = time.monotonic() + 90
+    while True:
+        seen = json.loads(ssh("spark01", "curl -sS --max-time 10 'http://127.0.0.1:9090/api/v1/targets?state=active'")
+                          .stdout)["data"]["activeTargets"]
+        jobs = sorted((t["labels"]["host"], t["labels"]["job"]) for t in seen)
+        down = [(t["labels"]["host"], t["labels"]["job"]) for t in seen if t["health"] != "up"]
+        if not down and ("rtx01", "vllm") in jobs and ("spark01", "gateway") in jobs:
+            break
+        assert time.monotonic() < deadline, (down, jobs)
+        time.sleep(3)
+    print(f"two machines: spark01 serves, gateways and monitors; 20 requests to spark01:8000 answered by "
+          f"{dict(by_host)}; a key at 30 a minute: 30 of 80; Prometheus on spark01: {len(seen)} targets up")

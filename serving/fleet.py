@@ -18,6 +18,9 @@ from converge.runner import RunService
 SHARED_ADDRESS_UNIT = "keepalived.service"
 SHARED_ADDRESS_CONF = "/etc/keepalived/keepalived.conf"  # where Debian's and Fedora's keepalived.service read it
 SHARED_ADDRESS_CHECK = "/etc/keepalived/dgemma-gateway-answers"
+# the first line of the configuration and the check script the shared_address role writes: a
+# keepalived configuration without it is someone else's, left alone
+SHARED_ADDRESS_MANAGED = "# Managed by dgemma-fleet (roles/shared_address)"
 GATEWAY_GROUP = "gateway"
 MONITORING_GROUP = "monitoring"
 # groups that say what a host does besides serving, and those that say nothing of it

@@ -7,16 +7,14 @@ disabled, our configuration removed; a keepalived configuration that is not ours
 The usage service's counts (its state folder) and the journal's records stay."""
 from __future__ import annotations
 
-from converge.changes import Command
 from converge.facts.host import UnitState
 
 from serving import accounting, leftovers
-from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_UNIT, api_port, is_gateway
+from serving.fleet import (SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_MANAGED, SHARED_ADDRESS_UNIT,
+                           api_port, is_gateway)
 from serving.haproxy.instance import GATEWAY, GATEWAY_ENV_FILE
 
 FACT = "gateway_left"
-# the first line of the configuration the shared_address role writes (roles/shared_address/keepalived.py)
-OURS = "Managed by dgemma-fleet"
 
 
 def facts(v: dict) -> dict:
@@ -30,20 +28,19 @@ def script(v: dict) -> str:
         units=(GATEWAY.unit_name(v), accounting.UNIT),
         files=(GATEWAY.unit_path(v), accounting.UNIT_PATH, GATEWAY_ENV_FILE, accounting.PROGRAM),
         folders=(GATEWAY.dir, GATEWAY.socket_dir),
-        shared_unit=SHARED_ADDRESS_UNIT, shared_conf=SHARED_ADDRESS_CONF, shared_check=SHARED_ADDRESS_CHECK, ours=OURS)
+        shared_unit=SHARED_ADDRESS_UNIT, shared_conf=SHARED_ADDRESS_CONF, shared_check=SHARED_ADDRESS_CHECK, ours=SHARED_ADDRESS_MANAGED)
 
 
 def removal(ctx):
     """The gateway left on a host that is no longer in the group `gateway`, removed; nothing when
     there is none."""
-    state = (ctx.facts.get(FACT) or {}) if not is_gateway(ctx.vars) else {}
-    if state.get("LoadState") != "loaded":  # its unit file is gone, or never was
+    if is_gateway(ctx.vars) or not leftovers.still_there(ctx.facts, (FACT,)):
         return
     unit = GATEWAY.unit_name(ctx.vars)
-    yield Command("gateway removed", script=script(ctx.vars),
-                  describe=f"{ctx.name} is no longer in the group `gateway`: stop and remove {unit}, "
-                           f"{accounting.UNIT}, the gateway's files and keys, and its share of the shared address "
-                           f"(its HAProxy holds port {api_port(ctx.vars)}, where the front door goes back)",
-                  interpret=lambda result: leftovers.removed(
-                      result, f"{unit} and {accounting.UNIT} stopped and removed, with the gateway's files and keys, "
-                              f"and {SHARED_ADDRESS_UNIT} stopped"))
+    yield leftovers.removal(
+        "gateway removed", script(ctx.vars),
+        describe=f"{ctx.name} is no longer in the group `gateway`: stop and remove {unit}, {accounting.UNIT}, the "
+                 f"gateway's files and keys, and its share of the shared address (its HAProxy holds port "
+                 f"{api_port(ctx.vars)}, where the front door goes back)",
+        done=f"{unit} and {accounting.UNIT} stopped and removed, with the gateway's files and keys, and "
+             f"{SHARED_ADDRESS_UNIT} stopped")

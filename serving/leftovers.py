@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from converge.changes import Command
 from converge.errors import StepFailed
 
 from serving.host_programs import Program
@@ -19,6 +20,17 @@ def script(units, files, folders, shared_unit: str = "", shared_conf: str = "", 
     return PROGRAM.script({"UNITS": "\n".join(units), "FILES": "\n".join(files), "FOLDERS": "\n".join(folders),
                            "SHARED_UNIT": shared_unit, "SHARED_CONF": shared_conf, "SHARED_CHECK": shared_check,
                            "OURS": ours})
+
+
+def still_there(facts, names) -> bool:
+    """Whether any of the facts ``names`` (UnitState) finds its unit still loaded."""
+    return any(((facts or {}).get(name) or {}).get("LoadState") == "loaded" for name in names)
+
+
+def removal(name: str, script: str, describe: str, done: str) -> Command:
+    """The step that runs the program (``script``), says ``done`` when it ended well and fails
+    with what the host said when not."""
+    return Command(name, script=script, describe=describe, interpret=lambda result: removed(result, done))
 
 
 def removed(result, done: str) -> str:

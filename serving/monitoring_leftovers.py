@@ -6,7 +6,6 @@ removes them (roles/frontdoor): both units, their files and the configuration fo
 samples and silences (the data folders) stay, for the user to copy or delete."""
 from __future__ import annotations
 
-from converge.changes import Command
 from converge.facts.host import UnitState
 
 from serving import container_unit, leftovers
@@ -34,17 +33,13 @@ def script(v: dict) -> str:
 def removal(ctx):
     """Prometheus and Alertmanager left on a host that is no longer in the group `monitoring`,
     removed; nothing when there are none."""
-    if is_monitoring(ctx.vars):
-        return
-    left = [fact for fact in FACTS if ((ctx.facts or {}).get(fact) or {}).get("LoadState") == "loaded"]
-    if not left:
+    if is_monitoring(ctx.vars) or not leftovers.still_there(ctx.facts, FACTS):
         return
     units = " and ".join(container_unit.unit_name(ctx.vars, name) for name in FACTS.values())
-    yield Command("monitoring removed", script=script(ctx.vars),
-                  describe=f"{ctx.name} is no longer in the group `monitoring`: stop and remove {units}, and "
-                           f"{PROMETHEUS_DIR} and {ALERTMANAGER_DIR} (the monitoring key); keep their samples "
-                           f"and silences ({PROMETHEUS_DATA}, {ALERTMANAGER_DATA})",
-                  interpret=lambda result: leftovers.removed(
-                      result, f"{units} stopped and removed, with their configuration and the monitoring key; their "
-                              f"samples and silences kept in {PROMETHEUS_DATA} and {ALERTMANAGER_DATA} (rm -rf them "
-                              f"once copied or not needed)"))
+    yield leftovers.removal(
+        "monitoring removed", script(ctx.vars),
+        describe=f"{ctx.name} is no longer in the group `monitoring`: stop and remove {units}, and {PROMETHEUS_DIR} "
+                 f"and {ALERTMANAGER_DIR} (the monitoring key); keep their samples and silences ({PROMETHEUS_DATA}, "
+                 f"{ALERTMANAGER_DATA})",
+        done=f"{units} stopped and removed, with their configuration and the monitoring key; their samples and "
+             f"silences kept in {PROMETHEUS_DATA} and {ALERTMANAGER_DATA} (rm -rf them once copied or not needed)")

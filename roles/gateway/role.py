@@ -34,7 +34,6 @@ from serving import key_limits as limits
 
 from . import usage_steps
 
-ENV_FILE = GATEWAY_ENV_FILE
 # checks every second, a server out after two failures; connects give up after a second
 BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
 
@@ -50,7 +49,7 @@ def keys_facts(v):
 
 
 def facts(v):
-    return {**proxy.facts(v, GATEWAY, "gateway"), **keys_facts(v), "gateway_env": FileState(ENV_FILE, secret=True),
+    return {**proxy.facts(v, GATEWAY, "gateway"), **keys_facts(v), "gateway_env": FileState(GATEWAY_ENV_FILE, secret=True),
             **usage_steps.facts(v)}
 
 
@@ -147,13 +146,13 @@ def plan(ctx):
     upstream_map, accepted, maps = read
     want = wanted(ctx, upstream_map, accepted, maps)
     yield Decision("generation", produces=GATEWAY_GENERATION, value=want.generation)
-    env = File("gateway environment", path=ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
+    env = File("gateway environment", path=GATEWAY_ENV_FILE, content=f"GATEWAY_KEY={key}\n", mode="0600", secret=True,
                current=ctx.facts.get("gateway_env"))
     yield env
     # the usage service first: HAProxy sends it each request's record from its start
     yield from usage_steps.service_steps(ctx)
     shared = shared_address(ctx.vars)
-    yield from proxy.steps(ctx, GATEWAY, "gateway", want, ENV_FILE, env_changed=env.content_changed(),
+    yield from proxy.steps(ctx, GATEWAY, "gateway", want, GATEWAY_ENV_FILE, env_changed=env.content_changed(),
                            extra_files=(upstream_keys_file(ctx, upstream_map), *maps),
                            handoff=proxy.Handoff(shared, GATEWAY.port(ctx.vars), SHARED_ADDRESS_UNIT) if shared else None)
 

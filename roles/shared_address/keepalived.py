@@ -9,14 +9,11 @@ from pathlib import Path
 
 import jinja2
 
-from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_UNIT
+from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_MANAGED, SHARED_ADDRESS_UNIT
 from serving.templates import environment
 
 HERE = Path(__file__).parent
-CONF = SHARED_ADDRESS_CONF
-CHECK = SHARED_ADDRESS_CHECK
 UNIT = SHARED_ADDRESS_UNIT
-MANAGED = "# Managed by dgemma-fleet (roles/shared_address)"
 INSTANCE = "dgemma_gateway"
 
 
@@ -99,10 +96,12 @@ def _templates() -> jinja2.Environment:
 
 def render_config(host: str, v: dict, place: Placement, gateways: dict[str, str]) -> str:
     return _templates().get_template("keepalived.conf.j2").render(
-        managed=MANAGED, host=host, instance=INSTANCE, check=CHECK, place=place, shared=v["gateway_address"],
+        managed=SHARED_ADDRESS_MANAGED, host=host, instance=INSTANCE, check=SHARED_ADDRESS_CHECK, place=place,
+        shared=v["gateway_address"],
         router_id=int(v.get("gateway_vrrp_id", 51)), priority=priority(host, gateways),
         preempt=bool(v.get("gateway_preempt", False)), peers=peers(host, gateways, place))
 
 
 def render_check(host: str, port: int, ca_file: str) -> str:
-    return _templates().get_template("answers.sh.j2").render(managed=MANAGED, host=host, port=port, ca=ca_file)
+    return _templates().get_template("answers.sh.j2").render(managed=SHARED_ADDRESS_MANAGED, host=host, port=port,
+                                                             ca=ca_file)

@@ -17,7 +17,7 @@ from converge.changes import Check, Command, Decision, File, Role
 from converge.facts import Fact
 from converge.facts.host import Commands, FileState, OsRelease, UnitState
 
-from serving.fleet import is_gateway
+from serving.fleet import SHARED_ADDRESS_CHECK, SHARED_ADDRESS_CONF, SHARED_ADDRESS_MANAGED, is_gateway
 from serving.haproxy.instance import GATEWAY
 from serving.handoffs import KEEPALIVED
 
@@ -25,7 +25,7 @@ from serving.host_programs import RESULT_LIBRARY, Program, Protocol, ended
 from serving.systemd import SYSTEMD_FILE, systemctl, systemd_parameters
 
 from . import keepalived
-from .keepalived import CHECK, CONF, UNIT
+from .keepalived import UNIT
 
 FILES = Path(__file__).parent / "files"
 ANSWERING = Protocol("the shared address answering", result={
@@ -46,7 +46,7 @@ class Ipv4Addresses(Fact):
 
 def facts(v):
     return {"ipv4_addresses": Ipv4Addresses(), "keepalived_commands": Commands("keepalived", "apt-get", "dnf"),
-            "keepalived_conf": FileState(CONF), "keepalived_check": FileState(CHECK),
+            "keepalived_conf": FileState(SHARED_ADDRESS_CONF), "keepalived_check": FileState(SHARED_ADDRESS_CHECK),
             "keepalived_unit": UnitState(UNIT), "os": OsRelease()}
 
 
@@ -83,10 +83,10 @@ def plan(ctx):
         return
     yield from _install(ctx)
     port = int(v.get("api_port", 8000))
-    files = [File("shared address check", path=CHECK, mode="0755",
+    files = [File("shared address check", path=SHARED_ADDRESS_CHECK, mode="0755",
                   content=keepalived.render_check(shlex.quote(ctx.name), port, f"{GATEWAY.dir}/ca.crt"),
                   current=f.get("keepalived_check")),
-             File("keepalived configuration", path=CONF, mode="0644",
+             File("keepalived configuration", path=SHARED_ADDRESS_CONF, mode="0644",
                   content=keepalived.render_config(ctx.name, v, place, gateways(ctx)),
                   current=f.get("keepalived_conf"))]
     yield Decision("configuration", produces=KEEPALIVED, value=files[1].sha256)
@@ -143,17 +143,20 @@ def _install(ctx):
 def _removal(ctx):
     """gateway_address taken out of the inventory: the address and our keepalived go."""
     conf = ctx.facts.get("keepalived_conf") or {}
-    if not conf.get("content", "").startswith(keepalived.MANAGED):
+    if not conf.get("content", "").startswith(SHARED_ADDRESS_MANAGED):
         return
-    yield Command("shared address removed", script=systemctl(UNIT, "remove", remove=(CONF, CHECK)),
-                  describe=f"systemctl disable --now {UNIT}; remove {CONF} (gateway_address is no longer set)")
+    yield Command("shared address removed",
+                  script=systemctl(UNIT, "remove", remove=(SHARED_ADDRESS_CONF, SHARED_ADDRESS_CHECK)),
+                  describe=f"systemctl disable --now {UNIT}; remove {SHARED_ADDRESS_CONF} (gateway_address is no "
+                           f"longer set)")
 
 
 def summary(ctx) -> dict:
     shared = ctx.vars.get("gateway_address")
     if not shared or ctx.results.get(KEEPALIVED) is None:
         return {}
-    return {"shared_address": {"address": shared, "unit": UNIT, "config": CONF, "ca": f"{GATEWAY.dir}/ca.crt",
+    return {"shared_address": {"address": shared, "unit": UNIT, "config": SHARED_ADDRESS_CONF,
+                               "ca": f"{GATEWAY.dir}/ca.crt",
                                "config_sha256": ctx.results[KEEPALIVED], "gateways": list(gateways(ctx)),
                                "port": int(ctx.vars.get("api_port", 8000))}}
 

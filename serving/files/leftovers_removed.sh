@@ -10,7 +10,7 @@ printf '%s\n' "$UNITS" | while IFS= read -r unit; do
 done
 printf '%s\n' "$FILES" | while IFS= read -r path; do [ -z "$path" ] || rm -f "$path"; done
 printf '%s\n' "$FOLDERS" | while IFS= read -r path; do [ -z "$path" ] || rm -rf "$path"; done
-if [ -n "$SHARED_CONF" ] && grep -qs "$OURS" "$SHARED_CONF"; then
+if [ -n "$SHARED_CONF" ] && grep -qsF "$OURS" "$SHARED_CONF"; then
   systemctl disable --now "$SHARED_UNIT" 2>/dev/null
   rm -f "$SHARED_CONF" "$SHARED_CHECK"
 fi

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import config, sh
@@ -73,28 +74,48 @@ def download_unpacked(names: list[str], target: Path, downloads: Path, refresh, 
     shutil.rmtree(downloads)
 
 
-def foreign_apt(arch: str) -> list[str]:
-    """apt's options for the lab's suite in ``arch`` (a Debian arch name), its lists in a folder
-    of the lab's cache (signatures checked against this machine's keyring)."""
-    apt = config.CACHE / f"apt-{config.SUITE}-{arch}"
-    return ["-o", f"Dir::Etc::SourceList={apt / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
-            "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
-            "-o", "Dir::State::status=/dev/null", "-o", f"APT::Architecture={arch}",
-            "-o", f"APT::Architectures::={arch}", "-o", "Debug::NoLocking=1"]
+@dataclass(frozen=True)
+class Lists:
+    """A suite's package lists for some arches, read into a folder of their own (``home``, in the
+    lab's cache), never this machine's apt setup; signatures checked against this machine's
+    keyring. ``architecture``: the arch a package name without one means (None: this machine's)."""
+    home: Path
+    suite: str
+    arches: tuple[str, ...]  # Debian's names: amd64, arm64
+    architecture: str | None = None
+
+    def options(self) -> list[str]:
+        """apt's options that read these lists alone."""
+        return ["-o", f"Dir::Etc::SourceList={self.home / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+                "-o", f"Dir::State::Lists={self.home / 'lists'}", "-o", f"Dir::Cache={self.home / 'cache'}",
+                "-o", "Dir::State::status=/dev/null",
+                *(["-o", f"APT::Architecture={self.architecture}"] if self.architecture else []),
+                *(o for arch in self.arches for o in ("-o", f"APT::Architectures::={arch}")),
+                "-o", "Debug::NoLocking=1"]
+
+    def read(self, what: str, log=print):
+        """``apt-get update`` into ``home``; ``what``: the lists and why, for the log and the error."""
+        for folder in ("lists/partial", "cache/archives/partial"):
+            (self.home / folder).mkdir(parents=True, exist_ok=True)
+        (self.home / "sources.list").write_text(f"deb [arch={','.join(self.arches)}] {config.MIRROR} {self.suite} "
+                                                f"main\n")
+        log(f"reading {what} ({config.MIRROR} {self.suite})")
+        proc = subprocess.run(["apt-get", *self.options(), "update", "-q"], capture_output=True, text=True,
+                              timeout=900)
+        if proc.returncode != 0 or "W: GPG error" in proc.stderr or "NO_PUBKEY" in proc.stderr:
+            raise sh.LabError(f"apt-get update of {what} ({config.MIRROR} {self.suite}) failed: "
+                              f"{(proc.stdout + proc.stderr)[-1500:]}\nIs the mirror reachable, and is "
+                              f"debian-archive-keyring current (apt-get install debian-archive-keyring)?")
+
+    def read_once(self, what: str, log=print):
+        """``read`` unless the lists were read before."""
+        if not (self.home / "lists").is_dir():
+            self.read(what, log)
 
 
-def foreign_lists(arch: str, log=print):
-    """The lab's suite's package lists for ``arch``, read into the lab's cache."""
-    apt = config.CACHE / f"apt-{config.SUITE}-{arch}"
-    for folder in ("lists/partial", "cache/archives/partial"):
-        (apt / folder).mkdir(parents=True, exist_ok=True)
-    (apt / "sources.list").write_text(f"deb [arch={arch}] {config.MIRROR} {config.SUITE} main\n")
-    log(f"reading Debian's {arch} package lists ({config.MIRROR} {config.SUITE}) for the lab's images")
-    proc = subprocess.run(["apt-get", *foreign_apt(arch), "update", "-q"], capture_output=True, text=True,
-                          timeout=900)
-    if proc.returncode != 0 or "W: GPG error" in proc.stderr or "NO_PUBKEY" in proc.stderr:
-        raise sh.LabError(f"apt-get update of Debian's {arch} lists ({config.MIRROR} {config.SUITE}) failed: "
-                          f"{(proc.stdout + proc.stderr)[-1500:]}\nIs the mirror reachable?")
+def foreign_lists(arch: str) -> Lists:
+    """The lab's suite for ``arch`` (a Debian arch name), its lists in the lab's cache."""
+    return Lists(config.CACHE / f"apt-{config.SUITE}-{arch}", config.SUITE, (arch,), architecture=arch)
 
 
 def unpacked(packages: list[str], base: Path, name: str, log=print, arch: str | None = None) -> Path:
@@ -110,10 +131,9 @@ def unpacked(packages: list[str], base: Path, name: str, log=print, arch: str | 
     if arch is None or arch == os.uname().machine:
         apt, refresh = [], lambda: sh.run("apt-get", "update", "-q", timeout=900)
     else:
-        deb_arch = config.DEB_ARCH[arch]
-        apt, refresh = foreign_apt(deb_arch), lambda: foreign_lists(deb_arch, log)
-        if not (config.CACHE / f"apt-{config.SUITE}-{deb_arch}" / "lists").is_dir():
-            refresh()
+        lists, what = foreign_lists(config.DEB_ARCH[arch]), f"Debian's {config.DEB_ARCH[arch]} package lists"
+        lists.read_once(what, log)
+        apt, refresh = lists.options(), lambda: lists.read(what, log)
     wanted = dependencies(packages, installed_in(base), apt)
     if not wanted:  # the base has them all
         target.mkdir(parents=True)

@@ -37,27 +37,9 @@ exec "$root/{loader}" --library-path "$root/usr/lib/{triplet}" --argv0 "$0" "$ro
 """
 
 
-def _apt_options() -> list[str]:
-    """apt's options for Debian 13's lists in a folder of their own, never this machine's."""
-    apt = HOME / "apt"
-    return ["-o", f"Dir::Etc::SourceList={apt / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
-            "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
-            "-o", "Dir::State::status=/dev/null", "-o", "APT::Architectures::=amd64",
-            "-o", "APT::Architectures::=arm64", "-o", "Debug::NoLocking=1"]
-
-
-def _lists(log):
-    apt = HOME / "apt"
-    for folder in ("lists/partial", "cache/archives/partial"):
-        (apt / folder).mkdir(parents=True, exist_ok=True)
-    (apt / "sources.list").write_text(f"deb [arch=amd64,arm64] {config.MIRROR} {SUITE} main\n")
-    log(f"reading Debian 13's package lists ({config.MIRROR} {SUITE}) for HAProxy {BRANCH}")
-    proc = subprocess.run(["apt-get", *_apt_options(), "update", "-q"], capture_output=True, text=True,
-                          timeout=900)
-    if proc.returncode != 0 or "W: GPG error" in proc.stderr or "NO_PUBKEY" in proc.stderr:
-        raise sh.LabError(f"apt-get update of Debian 13's lists ({config.MIRROR} {SUITE}) failed: "
-                          f"{(proc.stdout + proc.stderr)[-1500:]}\nIs the mirror reachable, and is "
-                          f"debian-archive-keyring current (apt-get install debian-archive-keyring)?")
+# Debian 13's lists, both arches, in a folder of their own
+LISTS = debs.Lists(HOME / "apt", SUITE, ("amd64", "arm64"))
+READING = f"Debian 13's package lists for HAProxy {BRANCH}"
 
 
 def ensure(arch: str, log=print) -> Path:
@@ -70,10 +52,9 @@ def ensure(arch: str, log=print) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     suffix = "" if arch == os.uname().machine else f":{config.DEB_ARCH[arch]}"
     names = [name + suffix for name in PACKAGES]
-    if not (HOME / "apt" / "lists").is_dir():
-        _lists(log)
+    LISTS.read_once(READING, log)
     log(f"unpacking Debian 13's HAProxy {BRANCH} for {arch} ({len(names)} packages, not installed)")
-    debs.download_unpacked(names, target, HOME / arch / "download", lambda: _lists(log), _apt_options())
+    debs.download_unpacked(names, target, HOME / arch / "download", lambda: LISTS.read(READING, log), LISTS.options())
     if not (target / "usr/sbin/haproxy").exists() or not (target / LOADER[arch]).exists():
         raise sh.LabError(f"Debian 13's packages unpacked in {target} lack usr/sbin/haproxy or {LOADER[arch]}")
     done.touch()

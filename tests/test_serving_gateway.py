@@ -153,4 +153,5 @@ def test_a_serving_host_out_of_the_group_monitoring_has_prometheus_removed_and_i
                     "var/lib/dgemma/prometheus/wal/0"], kept
     calls = (tmp_path / "systemctl.log").read_text().splitlines()
     assert calls == ["disable --now docker-dgemma-prometheus.service", "disable --now docker-dgemma-alertmanager.service",
-                     "daemon-reload"], calls
+                     "daemon-reload", "reset-failed docker-dgemma-prometheus.service",
+                     "reset-failed docker-dgemma-alertmanager.service"], calls

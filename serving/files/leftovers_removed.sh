@@ -15,3 +15,8 @@ if [ -n "$SHARED_CONF" ] && grep -qsF "$OURS" "$SHARED_CONF"; then
   rm -f "$SHARED_CONF" "$SHARED_CHECK"
 fi
 systemctl daemon-reload
+# a unit stopped with an error (a container's stop) stays listed as failed until reset
+printf '%s\n' "$UNITS" | while IFS= read -r unit; do
+  [ -z "$unit" ] || systemctl reset-failed "$unit" 2>/dev/null
+done
+true

@@ -13,7 +13,7 @@ from bench.gateway import loopback, parts
 def rendered(tmp_path_factory):
     folder = tmp_path_factory.mktemp("loopback")
     loopback.prepare(folder)
-    return folder, (folder / "gateway-limits" / "haproxy.cfg").read_text()
+    return folder, (folder / loopback.KINDS["dedicated"].limits_dir / "haproxy.cfg").read_text()
 
 
 def _lines(text: str) -> set[str]:
@@ -22,7 +22,7 @@ def _lines(text: str) -> set[str]:
 
 def test_every_variant_takes_away_its_part_and_nothing_else(rendered):
     folder, config = rendered
-    sink = folder / "gateway-limits" / "sink.sock"
+    sink = folder / loopback.KINDS["dedicated"].limits_dir / "sink.sock"
     every = parts.variants(config, sink)
     whole = _lines(config)
     assert every[parts.EVERYTHING][1] == config

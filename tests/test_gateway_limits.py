@@ -30,7 +30,7 @@ from credentials.keys import digest
 from serving import key_limits as limits
 from serving.accounting import Accounting, Peer, lua
 from serving.haproxy.config import Server, render_config, render_keys
-from serving.haproxy.instance import GATEWAY
+from serving.haproxy.instance import GATEWAY, LIVE_ANSWERS, live_answers
 from serving.haproxy.pools import Pool, upstream
 from tests.conftest import ROOT
 from tests.haproxy_program import haproxy
@@ -280,6 +280,7 @@ class Fleet:
             (gw.dir / "keys.map").write_text(limits.keys_map({n: digest(k) for n, k in self.keys.items()}))
             (gw.dir / "limits.map").write_text(limits.limits_map(KEYS))
             (gw.dir / "usage.lua").write_text(lua())
+            (gw.dir / LIVE_ANSWERS).write_text(live_answers())
             (gw.dir / "monitoring.sha256").write_text(render_keys({"monitoring": digest("sk-monitoring")}))
             (gw.dir / "targets.json").write_text("[]\n")
             (gw.dir / "upstream-keys.map").write_text("gemma4 sk-upstream\n")

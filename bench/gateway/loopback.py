@@ -26,12 +26,14 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +49,8 @@ KEY = "dgk-loopback-bench-user-key"  # a throwaway key of this bench's own CA an
 GATEWAY_KEY = "dgk-loopback-bench-gateway-key"
 VLLM_KEY = "loopback-bench-vllm-key"
 MODEL = "diffusiongemma"
-PORTS = {"direct": 18100, "frontdoor": 18000, "gateway": 18443,
-         # the same gateway with each key's limits and its accounting (serving/accounting: Lua, peers, usage service)
-         "limits": 18444, "limits-peers": 18445, "limits-usage": 18446, "limits-stats": 18447}
+# the replica and the front door; each kind of gateway's are in KINDS
+PORTS = {"direct": 18100, "frontdoor": 18000}
 USAGE_SERVICE = ROOT / "serving" / "accounting" / "files" / "usage_service.py"
 # the bench key's limits: every one checked on every request, none reached
 BENCH_LIMITS = {"requests_per_minute": 100_000_000, "requests_at_once": 100_000, "tokens_per_day": 4_000_000_000}
@@ -82,44 +83,128 @@ def no_cost_config(port: int) -> str:
         ""])
 
 
+FLEETS = Path(__file__).parent / "fleets"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of gateway the bench runs: the host it is rendered as, in its own fleet
+    (fleets/NAME/hosts.yml, read as deploy reads an inventory), and its ports here. The gateway
+    with limits is the one deploy renders (its port and its peers' are the fleet's); the one
+    without is the reference its cost is measured against, a bench's question."""
+    name: str
+    host: str
+    plain: int  # the same gateway without limits
+    plain_stats: int  # its stats and Prometheus exporter (the role's 8405)
+    limits: int  # as deploy renders it: the fleet's api_port
+    peers: int  # the fleet's gateway_peers_port
+    usage: int  # its usage service's /metrics (the role's 9466)
+    stats: int
+
+    @property
+    def plain_dir(self) -> str:
+        return f"{self.name}-gateway"
+
+    @property
+    def limits_dir(self) -> str:
+        return f"{self.name}-gateway-limits"
+
+    @property
+    def plain_path(self) -> str:
+        return f"front door + {self.name} gateway"
+
+    @property
+    def limits_path(self) -> str:
+        return f"front door + {self.name} gateway, limits"
+
+
+# a dedicated gateway (the group `gateway` alone: the built-in lab's) and a serving one (the small and
+# two-machine labs': its threads and memory set apart, vLLM keeping the rest of the host)
+KINDS = {"dedicated": Kind("dedicated", "gateway01", 18443, 18448, 18444, 18445, 18446, 18447),
+         "serving": Kind("serving", "rtx01", 18453, 18458, 18454, 18455, 18456, 18457)}
+
+
+def fleet_hostvars(kind: Kind) -> tuple[dict, dict]:
+    """(the gateway host's variables, every host's) as deploy reads them from the kind's fleet
+    (cli/runs.py load_play: the roles' schemas and defaults; group_names and all)."""
+    import roles
+    from converge.play import Play
+    play = Play.load(str(FLEETS / kind.name), roles.schemas(), roles.defaults())
+    problems = play.problems()
+    if problems:
+        raise SystemExit(f"bench/gateway/fleets/{kind.name}: " + "; ".join(problems))
+    every = {name: play.hostvars(name) for name in play.inventory.host_names}
+    v = every[kind.host]
+    if (int(v.get("api_port", 0)), int(v.get("gateway_peers_port", 0))) != (kind.limits, kind.peers):
+        raise SystemExit(f"bench/gateway/fleets/{kind.name}: {kind.host}'s api_port and gateway_peers_port must be "
+                         f"the bench's {kind.limits} and {kind.peers} (loopback.py KINDS)")
+    return v, every
+
+
+def gateway_config(kind: Kind, limits: bool = True) -> str:
+    """The kind's gateway configuration as the role renders it for its host (with its limits), or
+    the same less them (the reference), before ``localised``."""
+    from roles.gateway.role import rendered_from
+    from serving.fleet import fleet_of
+    from serving.haproxy.config import render_config
+    from serving.haproxy.instance import GATEWAY
+    v, every = fleet_hostvars(kind)
+    inputs = rendered_from(kind.host, v, fleet_of(every))
+    if not limits:
+        v, inputs = {**v, "api_port": kind.plain}, {**inputs, "accounting": None}
+    return render_config(kind.host, v, generation=GENERATION, proxy=GATEWAY, **inputs)
+
+
+def haproxy_args(kind: Kind) -> list[str]:
+    """What the kind's gateway's container adds to HAProxy's command line: the memory set apart
+    for a gateway on a serving host (-m), as its unit runs it."""
+    from serving.haproxy.instance import GATEWAY, set_apart
+    bounds = set_apart(fleet_hostvars(kind)[0], GATEWAY)
+    return ["-m", str(bounds["memory_mib"])] if bounds else []
+
+
+GENERATION = "loopback"  # what the bench's proxies answer as (deploy's: a digest of what they load)
+
+
+def localised(config: str, files: Path, stats: int, usage: int) -> str:
+    """A gateway configuration as the bench runs it, and nothing else changed: its files and sockets
+    in ``files`` (the role's: the container's folder and /run/dgemma-gateway), HAProxy's stats and its
+    usage service's /metrics on the bench's ports, and no drop to the user haproxy (the bench runs as
+    whoever starts it)."""
+    from serving.accounting import USAGE_PORT
+    from serving.haproxy.instance import CONTAINER_DIR, GATEWAY
+    out = config.replace("    user haproxy\n    group haproxy\n", "")
+    out = out.replace(f"{CONTAINER_DIR}/", f"{files}/").replace(f"{GATEWAY.socket_dir}/", f"{files}/")
+    out = out.replace(f"bind 127.0.0.1:{GATEWAY.metrics_port}\n", f"bind 127.0.0.1:{stats}\n")
+    return out.replace(f"server usage 127.0.0.1:{USAGE_PORT}\n", f"server usage 127.0.0.1:{usage}\n")
+
+
 def prepare(folder: Path, replicas: int = 1):
-    """Render both proxies' configurations with the roles' own code, a throwaway fleet CA and
-    certificates, the key list, and wrk's request script, into ``folder``."""
+    """Render the front door's configuration and both kinds of gateway as deploy renders them for
+    their hosts (KINDS), a throwaway fleet CA and certificates, the key list, and wrk's request
+    script, into ``folder``."""
     from bench.gateway.run import wrk_script
     from credentials import ca as fleet_ca
-    from serving.fleet import Fleet, FrontDoor
-    from serving.haproxy.instance import CONTAINER_DIR, FRONTDOOR, GATEWAY
+    from serving.haproxy.instance import CONTAINER_DIR, FRONTDOOR
     from serving.haproxy.config import Server, render_config, render_keys
-    from roles.gateway.role import BACKEND, servers as gateway_servers
     from serving.replicas import replica
     folder.mkdir(parents=True, exist_ok=True)
     digests = {"bench": hashlib.sha256(KEY.encode()).hexdigest(),
                "gateway": hashlib.sha256(GATEWAY_KEY.encode()).hexdigest()}
-    for name, proxy, host, v, servers, backend in (
-            ("frontdoor", FRONTDOOR, "rtx01", {"api_host": "127.0.0.1", "api_port": PORTS["frontdoor"]},
-             [Server(r.server, r.address, replica=r.index) for r in
-              (replica({"replica_base_port": PORTS["direct"]}, i) for i in range(replicas))], None),
-            ("gateway", GATEWAY, "gateway01", {"api_host": "127.0.0.1", "api_port": PORTS["gateway"]},
-             gateway_servers(Fleet((FrontDoor("rtx01", "127.0.0.1", PORTS["frontdoor"]),), ())), BACKEND)):
-        files = folder / name
-        files.mkdir(exist_ok=True)
-        issued = fleet_ca.host_certificate(folder / "credentials", host, [host, "127.0.0.1"], make=True)
-        (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
-        (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
-        (files / "keys.sha256").write_text(render_keys(digests if name == "frontdoor" else {"bench": digests["bench"]}))
-        # the metrics routes' key list and scrape targets: HAProxy opens both when it loads
-        (files / "monitoring.sha256").write_text("")
-        (files / "targets.json").write_text("[]\n")
-        config = render_config(host, v, servers, "loopback", proxy=proxy, files=str(files),
-                               socket=str(files / "admin.sock"), admin=str(files / "admin-http.sock"),
-                               backend=backend)
-        # as the user that runs the bench (the lab's master reads as root, then drops to haproxy)
-        config = config.replace("    user haproxy\n    group haproxy\n", "")
-        config = config.replace(f"{CONTAINER_DIR}/", f"{files}/")
-        (files / "haproxy.cfg").write_text(config)
-        for path in files.iterdir():
-            path.chmod(0o600)
-    _prepare_limits(folder, digests["bench"], fleet_ca)
+    files = folder / "frontdoor"
+    files.mkdir(exist_ok=True)
+    _certificates(folder, files, "rtx01", fleet_ca)
+    (files / "keys.sha256").write_text(render_keys(digests))
+    servers = [Server(r.server, r.address, replica=r.index)
+               for r in (replica({"replica_base_port": PORTS["direct"]}, i) for i in range(replicas))]
+    config = render_config("rtx01", {"api_host": "127.0.0.1", "api_port": PORTS["frontdoor"]}, servers, GENERATION,
+                           proxy=FRONTDOOR, files=str(files), socket=str(files / "admin.sock"),
+                           admin=str(files / "admin-http.sock"))
+    config = config.replace("    user haproxy\n    group haproxy\n", "").replace(f"{CONTAINER_DIR}/", f"{files}/")
+    (files / "haproxy.cfg").write_text(config)
+    _private(files)
+    for kind in KINDS.values():
+        _prepare_gateway(folder, kind, digests["bench"], fleet_ca)
     # a user's key for the proxies; vLLM's own for the direct call (the front door swaps them)
     for name, key in (("request.lua", KEY), ("request-direct.lua", VLLM_KEY)):
         script = folder / name
@@ -127,50 +212,60 @@ def prepare(folder: Path, replicas: int = 1):
         script.chmod(0o600)
     from serving.accounting import RECORDS_QUEUE, USAGE_NICE, USAGE_READERS
     (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS,
+                                                  "kinds": {k.name: {**asdict(k), "haproxy_args": haproxy_args(k)}
+                                                            for k in KINDS.values()},
                                                   "records_queue": RECORDS_QUEUE, "usage_nice": USAGE_NICE,
                                                   "usage_readers": USAGE_READERS}))
 
 
-def _prepare_limits(folder: Path, digest: str, fleet_ca):
-    """The gateway again, with each key's limits and counting (requests a minute, at once, tokens a
-    day; the usage.lua filter, the peers' tables, the record of every request to the usage service)."""
-    from serving.fleet import Fleet, FrontDoor
-    from serving import key_limits as limits
-    from serving.accounting import Accounting, Peer, lua
-    from roles.gateway.role import BACKEND, servers as gateway_servers
-    from serving.haproxy.config import render_config
-    from serving.haproxy.instance import CONTAINER_DIR, GATEWAY
-    files = folder / "gateway-limits"
-    files.mkdir(exist_ok=True)
-    issued = fleet_ca.host_certificate(folder / "credentials", "gateway01", ["gateway01", "127.0.0.1"], make=True)
+def _certificates(folder: Path, files: Path, host: str, fleet_ca):
+    issued = fleet_ca.host_certificate(folder / "credentials", host, [host, "127.0.0.1"], make=True)
     (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
-    peer = fleet_ca.peer_certificate(folder / "credentials", "gateway01", make=True)
+    # the metrics routes' key list and scrape targets, the gateway's guard of its checks: HAProxy opens them
+    # when it loads
+    from serving.haproxy.instance import LIVE_ANSWERS, live_answers
+    (files / LIVE_ANSWERS).write_text(live_answers())
+    (files / "monitoring.sha256").write_text("")
+    (files / "targets.json").write_text("[]\n")
+
+
+def _private(files: Path):
+    for path in files.iterdir():
+        if path.is_file():
+            path.chmod(0o600)
+
+
+def _prepare_gateway(folder: Path, kind: Kind, digest: str, fleet_ca):
+    """The kind's gateway with each key's limits and counting (requests a minute, at once, tokens a
+    day; the usage.lua filter, the peers' tables, the record of every request to the usage service),
+    and the same without them."""
+    from serving import key_limits as limits
+    from serving.accounting import lua
+    from serving.haproxy.config import render_keys
+    plain = folder / kind.plain_dir
+    plain.mkdir(exist_ok=True)
+    _certificates(folder, plain, kind.host, fleet_ca)
+    (plain / "keys.sha256").write_text(render_keys({"bench": digest}))
+    (plain / "haproxy.cfg").write_text(localised(gateway_config(kind, limits=False), plain, kind.plain_stats, kind.usage))
+    _private(plain)
+    files = folder / kind.limits_dir
+    files.mkdir(exist_ok=True)
+    _certificates(folder, files, kind.host, fleet_ca)
+    peer = fleet_ca.peer_certificate(folder / "credentials", kind.host, make=True)
     (files / "peer.pem").write_text(peer.cert_pem + peer.key_pem)
     (files / "peers-ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
+    (files / "keys.sha256").write_text(render_keys({"bench": digest}))
     (files / "keys.map").write_text(limits.keys_map({"bench": digest}))
     (files / "limits.map").write_text(limits.limits_map({"bench": limits.effective({}, BENCH_LIMITS)}))
     (files / "usage.lua").write_text(lua())
-    (files / "monitoring.sha256").write_text("")
-    (files / "targets.json").write_text("[]\n")
-    peers = f"127.0.0.1:{PORTS['limits-peers']}"
-    account = Accounting(str(files / "usage.sock"), "/metrics/usage", PORTS["limits-usage"], peers,
-                         (Peer("gateway01", peers),))
-    config = render_config("gateway01", {"api_host": "127.0.0.1", "api_port": PORTS["limits"]},
-                           gateway_servers(Fleet((FrontDoor("rtx01", "127.0.0.1", PORTS["frontdoor"]),), ())),
-                           "loopback", proxy=GATEWAY, files=str(files), socket=str(files / "admin.sock"),
-                           admin=str(files / "admin-http.sock"), backend=BACKEND, accounting=account)
-    config = config.replace("    user haproxy\n    group haproxy\n", "")
-    config = config.replace(f"{CONTAINER_DIR}/", f"{files}/").replace(
-        f"127.0.0.1:{GATEWAY.metrics_port}", f"127.0.0.1:{PORTS['limits-stats']}")
-    (files / "haproxy.cfg").write_text(config)
-    for path in files.iterdir():
-        path.chmod(0o600)
+    (files / "haproxy.cfg").write_text(localised(gateway_config(kind), files, kind.stats, kind.usage))
+    _private(files)
 
 
-def _metrics(port: str) -> list[str]:
+def _metrics(port: int) -> list[str]:
     import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORTS[port]}/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         return resp.read().decode().splitlines()
 
 
@@ -178,20 +273,41 @@ def _total(lines: list[str], prefix: str) -> int:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)))
 
 
-def usage_counts() -> tuple[int, int, int]:
-    """From the usage service's /metrics: the requests it counted for the bench key (every gateway
-    record), the records HAProxy could not deliver to it (its DroppedLogs, which the service counts
-    as lost), and the lines it read from HAProxy (records, and lines of connections that carried no
-    request)."""
-    lines = _metrics("limits-usage")
+def usage_counts(kind: Kind) -> tuple[int, int, int]:
+    """From the kind's usage service's /metrics: the requests it counted for the bench key (every
+    gateway record), the records HAProxy could not deliver to it (its DroppedLogs, which the service
+    counts as lost), and the lines it read from HAProxy (records, and lines of connections that
+    carried no request)."""
+    lines = _metrics(kind.usage)
     return (_total(lines, 'dgemma_usage_requests_total{key="bench"'), _total(lines, "dgemma_usage_records_lost_total"),
             _total(lines, "dgemma_usage_records_read_total"))
 
 
-def requests_taken() -> int:
-    """The requests the gateway with limits took on its API front end (HAProxy's own count: each one
-    logged, and so a record sent, wrk's unanswered ones at the end of a row included)."""
-    return _total(_metrics("limits-stats"), 'haproxy_frontend_http_requests_total{proxy="api"}')
+def requests_taken(kind: Kind) -> int:
+    """The requests the kind's gateway with limits took on its API front end (HAProxy's own count:
+    each one logged, and so a record sent, wrk's unanswered ones at the end of a row included)."""
+    return _total(_metrics(kind.stats), 'haproxy_frontend_http_requests_total{proxy="api"}')
+
+
+# an access line's status and termination state (httplog's, and the gateway's record's access part)
+TERMINATION = re.compile(r" -?\d+/-?\d+/-?\d+/-?\d+/\+?-?\d+ (\d{3}) \d+ \S+ \S+ ([A-Za-z-]{4}) ")
+
+
+def failed_by_state(log: Path, offset: int, path: str = "/v1/chat/completions") -> dict[str, int]:
+    """The requests to ``path`` a proxy logged from ``offset`` on that were not answered 2xx, by
+    HAProxy's termination state and status ("SC-- 503": no server could take it)."""
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        lines = handle.read().decode("utf-8", "replace").splitlines()
+    out: dict[str, int] = {}
+    for line in dict.fromkeys(lines):
+        if f" {path} " not in line:
+            continue
+        found = TERMINATION.search(line)
+        if found and not (found.group(1).startswith("2") and found.group(2) == "----"):
+            state = f"{found.group(2)} {found.group(1)}"
+            out[state] = out.get(state, 0) + 1
+    return out
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30):
@@ -246,6 +362,7 @@ class Processes:
         self.usage_readers = usage_readers  # the usage service's --readers, as the role's unit sets it (0: its own)
         self.records_queue = records_queue  # the usage service's --records-queue (0: the host's as it is)
         self.usage_nice = usage_nice  # and its unit's Nice= (as root alone: a user cannot go below 0)
+        self.usage: dict[str, subprocess.Popen] = {}  # each kind's usage service
 
     def _start(self, name: str, args: list[str], env: dict, port: int, pin_as: str | None = None, nice: int = 0):
         log = open(self.folder / f"{name}.log", "w")
@@ -262,7 +379,36 @@ class Processes:
         self.procs.append(proc)
         _wait_port(port, proc, name)
 
+    def _start_kind(self, kind: Kind, haproxy_args: list[str]):
+        """The kind's gateway without limits, its usage service, then its gateway with limits (the
+        service first, as its unit is ordered: HAProxy sends it each request's record)."""
+        self._start(kind.plain_dir, [haproxy_program(), "-W", "-db", *haproxy_args,
+                                     "-f", str(self.folder / kind.plain_dir / "haproxy.cfg")],
+                    {"GATEWAY_KEY": GATEWAY_KEY}, kind.plain, pin_as="gateway")
+        limits = self.folder / kind.limits_dir
+        shutil.rmtree(limits / "usage", ignore_errors=True)
+        self._start(f"{kind.name}-usage", [
+            sys.executable, str(USAGE_SERVICE), "--socket", str(limits / "usage.sock"),
+            "--runtime-api", str(limits / "admin.sock"), "--state", str(limits / "usage"),
+            "--limits", str(limits / "limits.map"), "--listen", f"127.0.0.1:{kind.usage}",
+            # the records' queue the role's unit asks for (written by `prepare`); as root alone, as there
+            *(["--records-queue", str(self.records_queue)] if self.records_queue and os.geteuid() == 0 else []),
+            *(["--readers", str(self.usage_readers)] if self.usage_readers else [])],
+            {}, kind.usage, pin_as="gateway", nice=self.usage_nice if os.geteuid() == 0 else 0)
+        self.usage[kind.name] = self.procs[-1]
+        self._start(kind.limits_dir, [haproxy_program(), "-W", "-db", *haproxy_args, "-f", str(limits / "haproxy.cfg")],
+                    {"GATEWAY_KEY": GATEWAY_KEY}, kind.limits, pin_as="gateway")
+
     def __enter__(self):
+        try:
+            return self._start_all()
+        except BaseException:
+            # what did start stops: a proxy left behind keeps its port (SO_REUSEPORT), and the next
+            # run's proxy would share it, answering with another run's certificates
+            self.__exit__(None, None, None)
+            raise
+
+    def _start_all(self):
         env = {"VLLM_STANDIN_COLD_START": "0", "VLLM_STANDIN_ROUTES": str(ROUTES), "VLLM_API_KEY": VLLM_KEY,
                "PYTHONUNBUFFERED": "1"}
         if self.pace not in (None, NO_COST):
@@ -279,22 +425,9 @@ class Processes:
                             env, port)
         self._start("frontdoor", [haproxy_program(), "-W", "-db", "-f", str(self.folder / "frontdoor" / "haproxy.cfg")],
                     {"VLLM_API_KEY": VLLM_KEY}, PORTS["frontdoor"])
-        self._start("gateway", [haproxy_program(), "-W", "-db", "-f", str(self.folder / "gateway" / "haproxy.cfg")],
-                    {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["gateway"])
-        limits = self.folder / "gateway-limits"
-        shutil.rmtree(limits / "usage", ignore_errors=True)
-        self._start("usage", [sys.executable, str(USAGE_SERVICE), "--socket", str(limits / "usage.sock"),
-                              "--runtime-api", str(limits / "admin.sock"), "--state", str(limits / "usage"),
-                              "--limits", str(limits / "limits.map"), "--listen", f"127.0.0.1:{PORTS['limits-usage']}",
-                              # the records' queue the role's unit asks for (written by `prepare`); as
-                              # root alone, as there
-                              *(["--records-queue", str(self.records_queue)]
-                                if self.records_queue and os.geteuid() == 0 else []),
-                              *(["--readers", str(self.usage_readers)] if self.usage_readers else [])],
-                    {}, PORTS["limits-usage"], pin_as="gateway",
-                    nice=self.usage_nice if os.geteuid() == 0 else 0)
-        self._start("gateway-limits", [haproxy_program(), "-W", "-db", "-f", str(limits / "haproxy.cfg")],
-                    {"GATEWAY_KEY": GATEWAY_KEY}, PORTS["limits"], pin_as="gateway")
+        plan = json.loads((self.folder / "plan.json").read_text())
+        for kind in KINDS.values():
+            self._start_kind(kind, plan["kinds"][kind.name]["haproxy_args"])
         time.sleep(3)  # the gateway's and the front door's first health checks have passed
         return self
 
@@ -345,25 +478,33 @@ def proxy_timers(log: Path, offset: int) -> dict:
     return out
 
 
-# the proxies on each path, by the name of their log in the bench folder
-PROXIES = {"direct": (), "front door": ("frontdoor",), "front door + gateway": ("frontdoor", "gateway"),
-           "front door + gateway, limits": ("frontdoor", "gateway-limits")}
+def paths() -> list[tuple[str, str, dict[str, str]]]:
+    """Each path the bench loads: its name, its URL, and its proxies' logs in the bench folder (the
+    front door's and the gateway's: a gateway with limits logs to its usage service alone, which
+    writes each record's access part to its own output)."""
+    out = [("direct", f"http://127.0.0.1:{PORTS['direct']}", {}),
+           ("front door", f"https://127.0.0.1:{PORTS['frontdoor']}", {"frontdoor": "frontdoor"})]
+    for kind in KINDS.values():
+        out += [(kind.plain_path, f"https://127.0.0.1:{kind.plain}", {"frontdoor": "frontdoor", "gateway": kind.plain_dir}),
+                (kind.limits_path, f"https://127.0.0.1:{kind.limits}",
+                 {"frontdoor": "frontdoor", "gateway": f"{kind.name}-usage"})]
+    return out
 
 
 def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int = 1,
         paces: dict | None = None, pin: bool = False) -> dict:
     """Every path at every concurrency, ``rounds`` times, the paths interleaved within a round
-    (direct, front door, gateway, then again), so the machine's drift falls on each alike."""
+    (direct, front door, each kind of gateway without and with limits, then again), so the
+    machine's drift falls on each alike."""
     if not haproxy_program():
         raise SystemExit("bench/gateway/loopback.py needs HAProxy: invoke lab.haproxy unpacks the 3.0 LTS the tests run "
                          "(or set DGEMMA_HAPROXY to one)")
     if not shutil.which("wrk"):
         raise SystemExit("bench/gateway/loopback.py needs wrk on PATH (Debian: apt-get install wrk)")
     plan = json.loads((folder / "plan.json").read_text())
+    if set(plan.get("kinds", ())) != set(KINDS):
+        raise SystemExit(f"{folder}: prepared by another version of the bench: run bench/gateway/loopback.py prepare again")
     rows = []
-    paths = [("direct", f"http://127.0.0.1:{PORTS['direct']}"), ("front door", f"https://127.0.0.1:{PORTS['frontdoor']}"),
-             ("front door + gateway", f"https://127.0.0.1:{PORTS['gateway']}"),
-             ("front door + gateway, limits", f"https://127.0.0.1:{PORTS['limits']}")]
     pins = placement(plan["replicas"], os.cpu_count() or 1) if pin else None
     if pin and pins is None:
         raise SystemExit(f"--pin needs at least {plan['replicas'] + 6} cores")
@@ -371,35 +512,50 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
     for pace_name, pace in (paces or PACES).items():
         with Processes(folder, pace, plan["replicas"], pins, plan.get("records_queue", 0),
                        plan.get("usage_nice", 0), plan.get("usage_readers", 0)):
-            answered = 0  # by the gateway with limits, warm-ups included: what its usage service must count
+            answered = dict.fromkeys(KINDS, 0)  # by each gateway with limits, warm-ups included: what its service must count
             for concurrency in levels:
                 for number in range(1, rounds + 1):
-                    for path, base in paths:
+                    for path, base, logs in paths():
                         url = f"{base}/v1/chat/completions"
                         script = "request-direct.lua" if path == "direct" else "request.lua"
                         cpus = (pins or {}).get("wrk")
                         warm = wrk(folder, url, min(concurrency, 4), 1, threads, script, cpus)  # connections and caches warm
-                        offsets = {name: (folder / f"{name}.log").stat().st_size for name in PROXIES[path]}
+                        offsets = {role: (folder / f"{log}.log").stat().st_size for role, log in logs.items()}
                         result = wrk(folder, url, concurrency, seconds, threads, script, cpus)
-                        if path.endswith("limits"):
-                            answered += warm["requests"] + result["requests"]
-                        timers = {name: proxy_timers(folder / f"{name}.log", offsets[name]) for name in PROXIES[path]}
+                        for kind in KINDS.values():
+                            if path == kind.limits_path:
+                                answered[kind.name] += warm["requests"] + result["requests"]
+                        timers = {role: proxy_timers(folder / f"{log}.log", offsets[role]) for role, log in logs.items()}
+                        # what went wrong, as the path's first proxy logged it
+                        first = "gateway" if "gateway" in logs else "frontdoor" if logs else None
+                        failed = failed_by_state(folder / f"{logs[first]}.log", offsets[first]) if first else {}
                         rows.append({"pace": pace_name, "path": path, "concurrency": concurrency, "round": number,
-                                     **result, "haproxy": timers})
-                        print(f"{pace_name:>9} {path:>22} c={concurrency:<3} round {number}: "
+                                     **result, "haproxy": timers, "failed_by_state": failed})
+                        print(f"{pace_name:>9} {path:>37} c={concurrency:<3} round {number}: "
                               f"{result['requests'] / (result['duration_us'] / 1e6):8.0f} req/s p50 "
                               f"{result['p50_us'] / 1000:7.2f} ms p99 {result['p99_us'] / 1000:7.2f} ms "
-                              f"errors {result['errors']} idle {result['cpu_idle']:.0f}%", flush=True)
-            time.sleep(2)  # the last records reach the usage service
-            time.sleep(1.5)  # the service has read HAProxy's count of records it dropped (every 0.5 s)
-            (counted, lost, read), taken = usage_counts(), requests_taken()
-            counts.append({"pace": pace_name, "answered": answered, "counted": counted, "lost": lost, "taken": taken,
-                           "read": read})
-            print(f"{pace_name:>9} the gateway with limits answered {answered} requests (wrk), took {taken} (its "
-                  f"HAProxy), its usage service counted {counted}, read {read} lines, lost {lost}", flush=True)
+                              f"errors {result['errors']}{' ' + json.dumps(failed) if failed else ''} "
+                              f"idle {result['cpu_idle']:.0f}%", flush=True)
+            time.sleep(2)  # the last records reach the usage services
+            time.sleep(1.5)  # the services have read HAProxy's count of records it dropped (every 0.5 s)
+            for kind in KINDS.values():
+                (counted, lost, read), taken = usage_counts(kind), requests_taken(kind)
+                counts.append({"pace": pace_name, "kind": kind.name, "answered": answered[kind.name], "counted": counted,
+                               "lost": lost, "taken": taken, "read": read})
+                print(f"{pace_name:>9} the {kind.name} gateway with limits answered {answered[kind.name]} requests "
+                      f"(wrk), took {taken} (its HAProxy), its usage service counted {counted}, read {read} lines, "
+                      f"lost {lost}", flush=True)
     return {"counts": counts, "machine": platform.node(), "cores": os.cpu_count(), "cpu": _cpu_name(), "seconds": seconds,
             "rounds": rounds, "replicas": plan["replicas"], "haproxy": _version([haproxy_program(), "-v"]), "rows": rows,
+            "kinds": {k.name: {"host": k.host, "threads": _threads(folder / k.limits_dir / "haproxy.cfg")}
+                      for k in KINDS.values()},
             "pinned": {k: sorted(v) for k, v in pins.items()} if pins else None}
+
+
+def _threads(config: Path) -> str:
+    """The threads a gateway's configuration keeps to (nbthread), or HAProxy's own choice."""
+    found = re.search(r"^\s*nbthread (\d+)", config.read_text(), re.M)
+    return found.group(1) if found else "every core"
 
 
 def _median(values: list[float]) -> float:
@@ -422,6 +578,15 @@ def _version(args: list[str]) -> str:
         return "?"
 
 
+def _states(runs: list[dict]) -> str:
+    """The failed requests of ``runs`` by HAProxy's termination state and status, summed."""
+    total: dict[str, int] = {}
+    for r in runs:
+        for state, n in (r.get("failed_by_state") or {}).items():
+            total[state] = total.get(state, 0) + n
+    return ", ".join(f"{n} {state}" for state, n in sorted(total.items())) or "-"
+
+
 def table(result: dict) -> str:
     """A row per pace, path and concurrency: the median over the rounds of each figure, and of
     each round's difference from that round's direct call (*added*)."""
@@ -430,8 +595,9 @@ def table(result: dict) -> str:
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["pace"], r["path"], r["concurrency"]), []).append(r)
-    lines = ["| pace | path | c | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors | CPU idle % |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| pace | path | c | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors | failed, by termination "
+             "state | CPU idle % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for (pace, path, concurrency), runs in groups.items():
         def median(key):
             return _median([key(r) for r in runs])
@@ -443,54 +609,49 @@ def table(result: dict) -> str:
                           for k in ("p50_us", "p99_us"))
         lines.append(f"| {pace} | {path} | {concurrency} | {median(lambda r: r['requests'] / (r['duration_us'] / 1e6)):.0f} "
                      f"| {median(lambda r: r['p50_us']) / 1000:.2f} | {median(lambda r: r['p99_us']) / 1000:.2f} | "
-                     f"{added[0]} | {added[1]} | {sum(r['errors'] for r in runs)} | "
+                     f"{added[0]} | {added[1]} | {sum(r['errors'] for r in runs)} | {_states(runs)} | "
                      f"{median(lambda r: r['cpu_idle']):.0f} |")
     return "\n".join(lines)
 
 
 def limits_table(result: dict) -> str:
-    """What each key's limits and counting add to the gateway: the path with them minus the
-    same path without, round by round (medians), and whether the usage service counted every
-    request the gateway answered."""
+    """What each key's limits and counting add to each kind of gateway: the path with them minus
+    the same gateway without, round by round (medians), the share of its requests a second the
+    gateway keeps, and whether its usage service counted every request it took."""
     rows = result["rows"]
-    plain = {(r["pace"], r["concurrency"], r.get("round", 1)): r for r in rows if r["path"] == "front door + gateway"}
+    by_round = {(r["pace"], r["path"], r["concurrency"], r.get("round", 1)): r for r in rows}
     groups: dict = {}
-    for r in rows:
-        if r["path"] == "front door + gateway, limits":
-            groups.setdefault((r["pace"], r["concurrency"]), []).append((r, plain.get((r["pace"], r["concurrency"],
-                                                                                     r.get("round", 1)))))
+    for kind in KINDS.values():
+        for r in rows:
+            if r["path"] == kind.limits_path:
+                plain = by_round.get((r["pace"], kind.plain_path, r["concurrency"], r.get("round", 1)))
+                if plain:
+                    groups.setdefault((r["pace"], kind.name, r["concurrency"]), []).append((r, plain))
     if not groups:
         return ""
-    lines = ["| pace | c | req/s without | req/s with | added p50 ms | added p99 ms |", "|---|---:|---:|---:|---:|---:|"]
-    for (pace, concurrency), pairs in groups.items():
-        pairs = [(r, b) for r, b in pairs if b]
+    kinds = result.get("kinds", {})
+    lines = ["| pace | gateway | c | req/s without | req/s with | kept | added p50 ms | added p99 ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (pace, name, concurrency), pairs in groups.items():
         rate = lambda r: r["requests"] / (r["duration_us"] / 1e6)  # noqa: E731
-        lines.append(f"| {pace} | {concurrency} | {_median([rate(b) for _, b in pairs]):.0f} | "
-                     f"{_median([rate(r) for r, _ in pairs]):.0f} | "
+        without, with_ = _median([rate(b) for _, b in pairs]), _median([rate(r) for r, _ in pairs])
+        threads = kinds.get(name, {}).get("threads")
+        lines.append(f"| {pace} | {name} ({KINDS[name].host}{', threads: ' + threads if threads else ''}) | "
+                     f"{concurrency} | {without:.0f} | {with_:.0f} | {100 * with_ / without:.1f}% | "
                      f"{_median([(r['p50_us'] - b['p50_us']) / 1000 for r, b in pairs]):+.3f} | "
                      f"{_median([(r['p99_us'] - b['p99_us']) / 1000 for r, b in pairs]):+.3f} |")
     for count in result.get("counts", []):
-        lost, taken = count.get("lost"), count.get("taken")
+        lost, taken, who = count.get("lost"), count.get("taken"), count.get("kind", "dedicated")
         if taken:
             # HAProxy's own count: every request it took is logged, so a record sent (or dropped)
             missed = taken - count["counted"] - (lost or 0)
-            lines.append(f"\n{count['pace']}: the gateway with limits took {taken} requests (its HAProxy's count, "
-                         f"warm-ups included; wrk's answered {count['answered']}); its usage service counted "
+            lines.append(f"\n{count['pace']}, the {who} gateway: with limits it took {taken} requests (its HAProxy's "
+                         f"count, warm-ups included; wrk's answered {count['answered']}); its usage service counted "
                          f"{count['counted']} ({100 * count['counted'] / taken:.2f}%)"
                          + (f"; it read {count['read']} lines of HAProxy's in all" if count.get("read") else "")
                          + (f"; HAProxy dropped {lost} lines (a full socket queue), which the service counts as "
                             f"lost (dgemma_usage_records_lost_total)" if lost else "")
                          + (f"; {missed} neither counted nor counted lost" if missed > 0 else "") + ".")
-            continue
-        missed = count["answered"] - count["counted"]
-        lines.append(f"\n{count['pace']}: the gateway with limits answered {count['answered']} requests (wrk's count, "
-                     f"warm-ups included); its usage service counted {count['counted']}"
-                     + (f" ({100 * count['counted'] / count['answered']:.1f}%)" if count["answered"] else "")
-                     + (f"; {missed} not counted" if missed > 0 else "")
-                     + (f", HAProxy having dropped {lost} records (a full socket queue), which the service counts as lost "
-                        f"(dgemma_usage_records_lost_total)" if lost and missed > 0 else "")
-                     + (" (in flight when wrk stopped a row: at most the sum of the rows' concurrency)"
-                        if missed > 0 and not lost else "") + ".")
     return "\n".join(lines)
 
 
@@ -522,8 +683,8 @@ def write(results: list[dict]):
     from bench.toolkit import write_section
     parts = [f"{MARK_BEGIN}\n## The front door and the gateway on loopback, where cores are spare\n\n"
              f"`python3 bench/gateway/loopback.py` ({time.strftime('%Y-%m-%d')}): the vLLM stand-in, the front "
-             f"door's and the gateway's HAProxy as plain processes on loopback, with the configurations the roles "
-             f"render (TLS, allowlist, key check by sha256, retries, access log to a file), loaded by wrk "
+             f"door's and the gateways' HAProxy as plain processes on loopback, with the configurations deploy "
+             f"renders (TLS, allowlist, key check by sha256, retries, access log to a file), loaded by wrk "
              f"(non-streaming chat completions of 16 tokens, kept-alive connections, each sending its next request "
              f"when the last is answered). *realistic*: the stand-in's own pace (~96 ms an answer: one canvas); "
              f"*at once*: time per step 0, so the rows show what each layer holds at saturation (the stand-in, one "
@@ -537,7 +698,15 @@ def write(results: list[dict]):
              f"p99 goes: waiting for the next hop (HAProxy's Tr) or the proxy's own work (Ta - Tr, whole ms). "
              f"At concurrency 64 the stand-in's own p99 moves by several ms from round to round (an asyncio "
              f"timer per request, one event loop), and the added p99 moves with it; the proxies' own p99 is the "
-             f"figure that belongs to them."]
+             f"figure that belongs to them. Two kinds of gateway, each rendered by the gateway role for a host of "
+             f"its own fleet (bench/gateway/fleets, read as deploy reads an inventory; tests/test_bench_gateway_render.py "
+             f"holds each to the role's render line for line): *dedicated*, a host in the group `gateway` alone "
+             f"(HAProxy takes every core), as the built-in lab's gateways; *serving*, a host that serves too, its "
+             f"gateway kept to the threads set apart for it (`gateway_threads`, 2 by default), as the small and "
+             f"two-machine labs' gateways. Each runs with its limits, as deploy renders it, and without (the "
+             f"reference its cost is measured against). *Failed, by termination state*: each request the path's first "
+             f"proxy did not answer 2xx, by HAProxy's termination state and status (`SC-- 503`: no server to send "
+             f"it to)."]
     for result in results:
         pinned = result.get("pinned")
         placed = ("; each part on CPUs of its own (" + ", ".join(f"{k} {v[0]}-{v[-1]}" if len(v) > 1 else f"{k} {v[0]}"
@@ -549,8 +718,9 @@ def write(results: list[dict]):
                      f"interleaved (medians); {result['replicas']} stand-in replica(s) behind the front "
                      f"door{placed}.\n\n{table(result)}\n" +
                      (f"\nWhere the p99 goes, from the proxies' access logs:\n\n{profile}\n" if profile else "") +
-                     (f"\nWhat each key's limits and counting add to the gateway (the same path with them, minus "
-                      f"without; the bench key has every limit, none reached):\n\n{limited}\n" if limited else ""))
+                     (f"\nWhat each key's limits and counting add to each kind of gateway (the same gateway with "
+                      f"them, minus without; *kept*: its requests a second with them, of without; the bench key has "
+                      f"every limit, none reached):\n\n{limited}\n" if limited else ""))
     write_section(MARK_BEGIN, MARK_END, "".join(parts) + f"\n{MARK_END}")
 
 

@@ -118,13 +118,14 @@ def _config_of(limits: Path, name: str) -> Path:
     return limits / f"parts-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.cfg"
 
 
-def _start_gateway(folder: Path, config: Path, procs: loopback.Processes) -> subprocess.Popen:
-    with open(folder / "gateway-limits.log", "a") as log:  # HAProxy keeps its own copy of the descriptor
-        proc = subprocess.Popen([haproxy_program(), "-W", "-db", "-f", str(config)],
+def _start_gateway(folder: Path, kind: loopback.Kind, config: Path, procs: loopback.Processes,
+                   haproxy_args: list[str]) -> subprocess.Popen:
+    with open(folder / f"{kind.limits_dir}.log", "a") as log:  # HAProxy keeps its own copy of the descriptor
+        proc = subprocess.Popen([haproxy_program(), "-W", "-db", *haproxy_args, "-f", str(config)],
                                 env={**os.environ, "GATEWAY_KEY": loopback.GATEWAY_KEY},
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     procs.procs.append(proc)
-    loopback._wait_port(loopback.PORTS["limits"], proc, "the gateway with limits")
+    loopback._wait_port(kind.limits, proc, f"the {kind.name} gateway with limits")
     return proc
 
 
@@ -145,78 +146,103 @@ def run(folder: Path, seconds: int, concurrency: int, rounds: int, threads: int,
                          "(or set DGEMMA_HAPROXY to one)")
     if not shutil.which("wrk"):
         raise SystemExit("bench/gateway/parts.py needs wrk on PATH (Debian: apt-get install wrk)")
-    limits = folder / "gateway-limits"
-    base = (limits / "haproxy.cfg").read_text()
-    sink = limits / "sink.sock"
-    every = variants(base, sink)
-    chosen = [name for name in every if only is None or name in only]
-    unknown = sorted(set(only or ()) - set(every))
-    if unknown:
-        raise SystemExit(f"--only: no variant {', '.join(unknown)}; there are: {', '.join(every)}")
-    for name in chosen:
-        _config_of(limits, name).write_text(every[name][1])
-    sink.unlink(missing_ok=True)
-    sinker = subprocess.Popen([sys.executable, "-c", SINK, str(sink)], start_new_session=True)
-    rows = []
     plan = json.loads((folder / "plan.json").read_text())
+    if set(plan.get("kinds", ())) != set(loopback.KINDS):
+        raise SystemExit(f"{folder}: prepared by another version of the bench: run bench/gateway/loopback.py prepare again")
+    every, chosen = {}, []
+    for kind in loopback.KINDS.values():
+        limits = folder / kind.limits_dir
+        every[kind.name] = variants((limits / "haproxy.cfg").read_text(), limits / "sink.sock")
+        chosen = [name for name in every[kind.name] if only is None or name in only]
+        unknown = sorted(set(only or ()) - set(every[kind.name]))
+        if unknown:
+            raise SystemExit(f"--only: no variant {', '.join(unknown)}; there are: {', '.join(every[kind.name])}")
+        for name in chosen:
+            _config_of(limits, name).write_text(every[kind.name][name][1])
+    rows = []
+    sinkers = []
     try:
+        for kind in loopback.KINDS.values():
+            sink = folder / kind.limits_dir / "sink.sock"
+            sink.unlink(missing_ok=True)
+            sinkers.append(subprocess.Popen([sys.executable, "-c", SINK, str(sink)], start_new_session=True))
         with loopback.Processes(folder, loopback.NO_COST, plan["replicas"], None, plan.get("records_queue", 0),
                                 plan.get("usage_nice", 0), plan.get("usage_readers", 0)) as procs:
-            # as loopback.Processes starts them: the replicas, the front door, the gateway, its usage service,
-            # the gateway with limits
-            plain, usage, gateway = procs.procs[plan["replicas"] + 1: plan["replicas"] + 4]
+            # as loopback.Processes starts them: the replicas, the front door, then each kind's gateway
+            # without limits, its usage service and its gateway with limits
+            started = procs.procs[plan["replicas"] + 1:]
+            running = {kind.name: started[3 * i: 3 * i + 3] for i, kind in enumerate(loopback.KINDS.values())}
             for number in range(1, rounds + 1):
-                for name in [PLAIN, *chosen]:
-                    if name == PLAIN:
-                        url, measured = f"https://127.0.0.1:{loopback.PORTS['gateway']}/v1/chat/completions", plain
-                    else:
-                        _stop(gateway)
-                        gateway = _start_gateway(folder, _config_of(limits, name), procs)
-                        time.sleep(1.5)  # its first health checks have passed
-                        url, measured = f"https://127.0.0.1:{loopback.PORTS['limits']}/v1/chat/completions", gateway
-                    loopback.wrk(folder, url, min(concurrency, 4), 1, threads, "request.lua")  # warm
-                    before = [records.group_cpu_seconds(p.pid) for p in (measured, usage, sinker)]
-                    result = loopback.wrk(folder, url, concurrency, seconds, threads, "request.lua")
-                    after = [records.group_cpu_seconds(p.pid) for p in (measured, usage, sinker)]
-                    answered = max(result["requests"], 1)
-                    cpu = {who: 1e6 * (b - a) / answered for who, a, b in zip(("haproxy", "usage", "sink"), before, after)}
-                    if name == PLAIN:
-                        cpu["usage"] = cpu["sink"] = 0.0  # they serve the other gateway
-                    rps = result["requests"] / (result["duration_us"] / 1e6)
-                    rows.append({"variant": name, "round": number, "rps": rps, "p50_ms": result["p50_us"] / 1000,
-                                 "p99_ms": result["p99_us"] / 1000, "errors": result["errors"],
-                                 "idle": result["cpu_idle"], "cpu_us": cpu})
-                    print(f"{name:>28} round {number}: {rps:8.0f} req/s p50 {result['p50_us'] / 1000:6.2f} ms "
-                          f"errors {result['errors']} idle {result['cpu_idle']:3.0f}% CPU a request: HAProxy "
-                          f"{cpu['haproxy']:6.1f} µs, usage service {cpu['usage']:5.1f} µs, sink {cpu['sink']:4.1f} µs",
-                          flush=True)
+                for kind, sinker in zip(loopback.KINDS.values(), sinkers):
+                    plain, usage, gateway = running[kind.name]
+                    args = plan["kinds"][kind.name]["haproxy_args"]
+                    for name in [PLAIN, *chosen]:
+                        if name == PLAIN:
+                            url, measured = f"https://127.0.0.1:{kind.plain}/v1/chat/completions", plain
+                        else:
+                            _stop(gateway)
+                            gateway = _start_gateway(folder, kind, _config_of(folder / kind.limits_dir, name), procs, args)
+                            running[kind.name][2] = gateway
+                            time.sleep(1.5)  # its first health checks have passed
+                            url, measured = f"https://127.0.0.1:{kind.limits}/v1/chat/completions", gateway
+                        loopback.wrk(folder, url, min(concurrency, 4), 1, threads, "request.lua")  # warm
+                        before = [records.group_cpu_seconds(p.pid) for p in (measured, usage, sinker)]
+                        result = loopback.wrk(folder, url, concurrency, seconds, threads, "request.lua")
+                        after = [records.group_cpu_seconds(p.pid) for p in (measured, usage, sinker)]
+                        answered = max(result["requests"], 1)
+                        cpu = {who: 1e6 * (b - a) / answered
+                               for who, a, b in zip(("haproxy", "usage", "sink"), before, after)}
+                        if name == PLAIN:
+                            cpu["usage"] = cpu["sink"] = 0.0  # they serve the other gateway
+                        rps = result["requests"] / (result["duration_us"] / 1e6)
+                        rows.append({"kind": kind.name, "variant": name, "round": number, "rps": rps,
+                                     "p50_ms": result["p50_us"] / 1000, "p99_ms": result["p99_us"] / 1000,
+                                     "errors": result["errors"], "idle": result["cpu_idle"], "cpu_us": cpu})
+                        print(f"{kind.name:>9} {name:>28} round {number}: {rps:8.0f} req/s p50 "
+                              f"{result['p50_us'] / 1000:6.2f} ms errors {result['errors']} idle "
+                              f"{result['cpu_idle']:3.0f}% CPU a request: HAProxy {cpu['haproxy']:6.1f} µs, usage "
+                              f"service {cpu['usage']:5.1f} µs, sink {cpu['sink']:4.1f} µs", flush=True)
     finally:
-        _stop(sinker)
+        for sinker in sinkers:
+            _stop(sinker)
+    first = next(iter(every.values()))
     return {"machine": platform.node(), "cores": os.cpu_count(), "cpu": loopback._cpu_name(),
             "haproxy": loopback._version([haproxy_program(), "-v"]), "seconds": seconds, "concurrency": concurrency,
             "rounds": rounds, "threads": threads, "rows": rows,
-            "takes_away": {name: every[name][0] for name in chosen}}
+            "kinds": {k.name: {"host": k.host, "threads": loopback._threads(folder / k.limits_dir / "haproxy.cfg")}
+                      for k in loopback.KINDS.values()},
+            "takes_away": {name: first[name][0] for name in chosen}}
 
 
 def table(result: dict) -> str:
-    names = list(dict.fromkeys(r["variant"] for r in result["rows"]))
+    """A row per variant, each kind of gateway side by side: its requests a second, their share of
+    the same gateway without limits, its p50, HAProxy's and the usage service's CPU a request."""
+    rows = result["rows"]
+    kinds = list(dict.fromkeys(r.get("kind", "dedicated") for r in rows))
+    names = list(dict.fromkeys(r["variant"] for r in rows))
 
-    def median(name, pick):
-        return loopback._median([pick(r) for r in result["rows"] if r["variant"] == name])
+    def median(kind, name, pick):
+        picked = [pick(r) for r in rows if r.get("kind", "dedicated") == kind and r["variant"] == name]
+        return loopback._median(picked) if picked else None
 
-    plain = median(PLAIN, lambda r: r["rps"])
-    everything = median(EVERYTHING, lambda r: r["rps"]) if EVERYTHING in names else None
-    out = ["| variant | what it takes away | req/s | of the gateway without limits | of everything | p50 ms | "
-           "HAProxy CPU µs a request | usage service CPU µs a request | errors |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    about = result.get("kinds", {})
+    head = "| variant | what it takes away | " + " | ".join(
+        f"{k} ({about.get(k, {}).get('threads', '?')} threads): req/s | of without limits | p50 ms | "
+        f"HAProxy CPU µs a request | usage service CPU µs a request | errors" for k in kinds) + " |"
+    out = [head, "|---|---|" + "---:|---:|---:|---:|---:|---:|" * len(kinds)]
     for name in names:
-        rps = median(name, lambda r: r["rps"])
+        cells = []
+        for kind in kinds:
+            rps, plain = median(kind, name, lambda r: r["rps"]), median(kind, PLAIN, lambda r: r["rps"])
+            if rps is None:
+                cells.append("- | - | - | - | - | -")
+                continue
+            usage = median(kind, name, lambda r: r["cpu_us"]["usage"] + r["cpu_us"]["sink"])
+            errors = sum(r["errors"] for r in rows if r.get("kind", "dedicated") == kind and r["variant"] == name)
+            cells.append(f"{rps:.0f} | {100 * rps / plain:.0f}% | {median(kind, name, lambda r: r['p50_ms']):.2f} | "
+                         f"{median(kind, name, lambda r: r['cpu_us']['haproxy']):.1f} | {usage:.1f} | {errors}")
         away = "(the reference)" if name == PLAIN else result["takes_away"].get(name, "")
-        usage = median(name, lambda r: r["cpu_us"]["usage"] + r["cpu_us"]["sink"])
-        out.append(f"| {name} | {away} | {rps:.0f} | {100 * rps / plain:.0f}% | "
-                   f"{(f'{100 * rps / everything:.0f}%' if everything and name != PLAIN else '-')} | "
-                   f"{median(name, lambda r: r['p50_ms']):.2f} | {median(name, lambda r: r['cpu_us']['haproxy']):.1f} | "
-                   f"{usage:.1f} | {sum(r['errors'] for r in result['rows'] if r['variant'] == name)} |")
+        out.append(f"| {name} | {away} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -226,8 +252,9 @@ def write(result: dict):
             f"`python3 bench/gateway/parts.py` ({time.strftime('%Y-%m-%d')}), {result['cores']} cores: {result['cpu']} "
             f"({result['machine']}), {result['haproxy']}. The loopback bench's *no cost* pace (an HAProxy answers in "
             f"the replica's place), wrk at concurrency {result['concurrency']} ({result['threads']} thread), "
-            f"{result['seconds']} s a row, {result['rounds']} round(s) interleaved (medians). Each variant is the "
-            f"gateway with limits as the role renders it, less one part: a bench's question, not a configuration "
+            f"{result['seconds']} s a row, {result['rounds']} round(s) interleaved (medians), each kind of gateway "
+            f"(the loopback bench's: dedicated, and serving with its threads set apart) side by side. Each variant is "
+            f"the gateway with limits as deploy renders it, less one part: a bench's question, not a configuration "
             f"to serve with. CPU a request: the process's user and system time over the row, over the requests "
             f"answered (HAProxy's threads all together; the usage service's readers included, or the sink's in the "
             f"variant that sends the records there).\n\n{table(result)}\n\n{MARK_END}")
@@ -250,8 +277,8 @@ def main():
     if args.results:
         result = json.loads(Path(args.results).read_text())
     else:
-        if not (folder / "gateway-limits" / "haproxy.cfg").exists():
-            raise SystemExit(f"{folder}: no gateway-limits/haproxy.cfg: run bench/gateway/loopback.py prepare {args.folder} first")
+        if not (folder / "plan.json").exists():
+            raise SystemExit(f"{folder}: not prepared: run bench/gateway/loopback.py prepare {args.folder} first")
         result = run(folder, args.seconds, args.concurrency, args.rounds, args.threads,
                      args.only.split(",") if args.only else None)
     print(table(result))

@@ -67,13 +67,13 @@ def group_cpu_seconds(group: int) -> float:
     return total
 
 
-def sample(pid: int, rows: list, stop: threading.Event, every: float = 0.5):
+def sample(pid: int, rows: list, stop: threading.Event, kind, every: float = 0.5):
     """(seconds since the start, the service's cores over the interval (its readers' included), counted, lost)
     each ``every``."""
     started = last_t = time.monotonic()
-    last_cpu, last_counts = family_cpu_seconds(pid), loopback.usage_counts()
+    last_cpu, last_counts = family_cpu_seconds(pid), loopback.usage_counts(kind)
     while not stop.wait(every):
-        now, used, counts = time.monotonic(), family_cpu_seconds(pid), loopback.usage_counts()
+        now, used, counts = time.monotonic(), family_cpu_seconds(pid), loopback.usage_counts(kind)
         rows.append((now - started, (used - last_cpu) / (now - last_t), counts[0] - last_counts[0],
                      counts[1] - last_counts[1]))
         last_t, last_cpu, last_counts = now, used, counts
@@ -84,15 +84,17 @@ def main():
     parser.add_argument("folder", help="a folder loopback.py prepared")
     parser.add_argument("--concurrency", default="64,256")
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--kind", choices=sorted(loopback.KINDS), default="dedicated", help="which gateway (loopback.KINDS)")
     args = parser.parse_args()
+    kind = loopback.KINDS[args.kind]
     folder = Path(args.folder)
     plan = json.loads((folder / "plan.json").read_text())
-    url = f"https://127.0.0.1:{loopback.PORTS['limits']}/v1/chat/completions"
+    url = f"https://127.0.0.1:{kind.limits}/v1/chat/completions"
     with loopback.Processes(folder, loopback.NO_COST, 1, None, plan.get("records_queue", 0),
                             plan.get("usage_nice", 0), plan.get("usage_readers", 0)) as processes:
-        service = next(p for p in processes.procs if str(loopback.USAGE_SERVICE) in p.args)
+        service = processes.usage[kind.name]
         rows, stop = [], threading.Event()
-        sampler = threading.Thread(target=sample, args=(service.pid, rows, stop))
+        sampler = threading.Thread(target=sample, args=(service.pid, rows, stop, kind))
         sampler.start()
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             began = len(rows)
@@ -106,8 +108,8 @@ def main():
                   f"lost {min((r[3] for r in busy), default=0)}-{max((r[3] for r in busy), default=0)}", flush=True)
         stop.set()
         sampler.join()
-        counted, lost, read = loopback.usage_counts()
-        print(f"in all: the gateway's HAProxy took {loopback.requests_taken()} requests; the service counted "
+        counted, lost, read = loopback.usage_counts(kind)
+        print(f"in all: the gateway's HAProxy took {loopback.requests_taken(kind)} requests; the service counted "
               f"{counted}, read {read} lines of HAProxy's; HAProxy dropped {lost} lines", flush=True)
         threads = {task: cpu_seconds(service.pid, task) for task in os.listdir(f"/proc/{service.pid}/task")}
     print("seconds, service cores, counted, lost")

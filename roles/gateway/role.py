@@ -25,7 +25,7 @@ from serving.handoffs import GATEWAY_GENERATION
 from serving.haproxy import steps as proxy, tls
 from serving.haproxy.config import Server
 from serving.haproxy.instance import (CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S,
-                                     GATEWAY_ENV_FILE)
+                                     GATEWAY_ENV_FILE, LIVE_ANSWERS, live_answers)
 from serving.haproxy.pools import UPSTREAM_KEYS, fleet_families, gateway_pools, render_upstream_keys, serving
 
 from serving import accounting
@@ -34,8 +34,12 @@ from serving import key_limits as limits
 
 from . import usage_steps
 
-# checks every second, a server out after two failures; connects give up after a second
-BACKEND = {"connect_timeout": "1s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
+# checks every second, a server out after two failures. A request's connect to a front door (its TLS
+# handshake included) gives up after 3 s and is tried on another: a busy gateway's handshakes wait
+# behind its own traffic (80 at once on a gateway kept to two threads took over a second), while a
+# check's connect keeps to its interval, a second (HAProxy's min(timeout connect, inter)), so that
+# a dead host is out in 2-3 s as before
+BACKEND = {"connect_timeout": "3s", "check_timeout": f"{GATEWAY_CHECK_TIMEOUT_S}s", "inter": f"{GATEWAY_CHECK_INTERVAL_S}s", "tcp_keepalive": True}
 
 
 def keys_facts(v):
@@ -45,6 +49,7 @@ def keys_facts(v):
             "gateway_upstream_keys": FileState(f"{GATEWAY.dir}/{UPSTREAM_KEYS}", secret=True),
             "gateway_peer_pem": FileState(f"{GATEWAY.dir}/{accounting.PEER_PEM}", secret=True),
             "gateway_peers_ca": FileState(f"{GATEWAY.dir}/{accounting.PEERS_CA}"),
+            "gateway_live_answers": FileState(f"{GATEWAY.dir}/{LIVE_ANSWERS}"),
             **usage_steps.map_facts(v)}
 
 
@@ -80,19 +85,27 @@ def upstream_keys(ctx) -> str:
     return render_upstream_keys(keys)
 
 
+def rendered_from(name: str, v: dict, fleet) -> dict:
+    """What host ``name``'s gateway configuration is rendered from besides its variables
+    (config.render_config's servers, backend, pools and accounting): deploy's, and the loopback
+    bench's (bench/gateway/loopback.py renders its gateways with it)."""
+    return {"servers": servers(fleet), "backend": BACKEND,
+            "pools": gateway_pools(fleet, lambda doors: servers(fleet, doors), v.get("model_fallback")),
+            "accounting": accounting.accounting(name, v, {door.host: door.address for door in fleet.gateways})}
+
+
 def wanted(ctx, upstream_map: str, accepted: dict[str, str], maps: tuple) -> proxy.Wanted:
     """``accepted``: each key's name -> its sha256; ``maps``: the files of the keys' names and limits
     (usage_steps.map_files), which the generation counts as it counts the upstream keys."""
     fleet = ctx.services.get("fleet")
     # front doors with a certificate of their own: the gateway trusts their CAs too
     own_cas = tuple(dict.fromkeys(door.ca_file for door in fleet.serving if door.ca_file))
-    return proxy.wanted(ctx, GATEWAY, servers(fleet), accepted, BACKEND, own_cas,
-                        pools=gateway_pools(fleet, lambda doors: servers(fleet, doors), ctx.vars.get("model_fallback")),
+    inputs = rendered_from(ctx.name, ctx.vars, fleet)
+    return proxy.wanted(ctx, GATEWAY, inputs["servers"], accepted, inputs["backend"], own_cas, pools=inputs["pools"],
                         secret_files=upstream_map + "".join(f.content for f in maps),
                         targets=scrape_targets.render(scrape_targets.host_targets(
                             ctx.name, ctx.vars, [], gateway=True, node=not is_serving(ctx.vars))),
-                        accounting=accounting.accounting(ctx.name, ctx.vars,
-                                                         {door.host: door.address for door in fleet.gateways}))
+                        accounting=inputs["accounting"])
 
 
 def keys_and_limits(ctx) -> tuple[dict[str, str], tuple]:
@@ -173,6 +186,9 @@ def generation_inputs(ctx):
     except CredentialError as exc:
         yield Check("keys", ok=False, message=str(exc))
         return None
+    # the guard of its health checks: HAProxy loads it, so a change is a reload and a new generation too
+    maps += (File("gateway health checks' guard (Lua)", path=f"{GATEWAY.dir}/{LIVE_ANSWERS}", content=live_answers(),
+                  mode="0644", current=ctx.facts.get("gateway_live_answers")),)
     try:
         maps += peer_files(ctx)  # read as the maps are: a change is a reload, and a new generation
     except CredentialError as exc:

@@ -64,6 +64,14 @@ GATEWAY_SEES_FLAG_S = GATEWAY_CHECK_TIMEOUT_S + GATEWAY_CHECK_INTERVAL_S + 0.5
 GATEWAY_SAW_MARGIN_S = 0.3
 
 
+# the gateway's guard of its health checks (files/live_answers.lua), in its folder beside haproxy.cfg
+LIVE_ANSWERS = "live_answers.lua"
+
+
+def live_answers() -> str:
+    return (HERE / "files" / LIVE_ANSWERS).read_text()
+
+
 def runtime_socket(proxy: Proxy) -> str:
     """HAProxy's runtime API (root only)."""
     return f"{proxy.socket_dir}/admin.sock"

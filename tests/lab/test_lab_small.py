@@ -296,6 +296,14 @@ def test_the_address_holders_power_cut_moves_it_within_5_s_and_the_limits_count_
 TWO = lab_inventory.two_directory()
 
 
+def gateway_log(host: str, since: float) -> str:
+    """The gateway's own lines about its servers on ``host`` since ``since``: state changes, checks
+    that timed out while a server answered (live_answers.lua), a pool with no server."""
+    out = ssh(host, f"journalctl -q --no-pager --since @{int(since)} -u '*-dgemma-gateway.service' "
+                    "| grep -E 'is (DOWN|UP)|kept in service|no server available' | tail -n 20", check=False)
+    return out.stdout
+
+
 def test_two_machines_spark01_serves_and_is_the_gateway_and_the_monitoring_host(small_lab):
     """The mission's `invoke deploy --hosts spark01,rtx01` with everything on (`inventory-two`):
     spark01 (a DGX Spark: Docker, reached as its user with sudo's password, aarch64) serves, is the
@@ -340,12 +348,15 @@ def test_two_machines_spark01_serves_and_is_the_gateway_and_the_monitoring_host(
     assert added.returncode == 0, added.stdout[-2000:] + added.stderr[-2000:]
     secret = added.stdout.strip().splitlines()[-1]
     try:
-        # one after another: 80 at once are the small lab's test; on spark01 (its gateway emulated, under
-        # a CI machine's load) 4 of the 30 admitted were once answered 503
+        # 80 at once to a serving gateway kept to two threads on an emulated arm64 host: its health checks
+        # time out behind the burst's TLS handshakes, and its servers stay in (live_answers.lua): no 503
         clear_of_the_minute_turn(50)
-        answers = [front_door("spark01", "/v1/chat/completions", secret, CHAT, timeout=60, address=spark)
-                   for _ in range(80)]
-        assert collections.Counter(a[0] for a in answers) == {200: 30, 429: 50}
+        burst = time.time()
+        answers = at_once(80, lambda i: front_door("spark01", "/v1/chat/completions", secret, CHAT, timeout=60,
+                                                   address=spark))
+        assert collections.Counter(a[0] for a in answers) == {200: 30, 429: 50}, \
+            (collections.Counter(a[0] for a in answers), gateway_log("spark01", burst))
+        kept = gateway_log("spark01", burst).count("kept in service")
         counted = 0
         for _ in range(20):
             counted = usage_requests(name, TWO)
@@ -366,4 +377,5 @@ def test_two_machines_spark01_serves_and_is_the_gateway_and_the_monitoring_host(
         assert time.monotonic() < deadline, (down, jobs)
         time.sleep(3)
     print(f"two machines: spark01 serves, gateways and monitors; 20 requests to spark01:8000 answered by "
-          f"{dict(by_host)}; a key at 30 a minute: 30 of 80; Prometheus on spark01: {len(seen)} targets up")
+          f"{dict(by_host)}; a key at 30 a minute: 30 of 80 sent at once, no 503 ({kept} timed-out checks of a "
+          f"server that answered kept it in); Prometheus on spark01: {len(seen)} targets up")

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from serving.haproxy.instance import LIVE_ANSWERS, live_answers
+from serving.haproxy.instance import LIVE_ANSWERS, LIVE_ANSWERS_BUSY_IDLE_PCT, live_answers
 from tests.haproxy_program import haproxy
 
 
@@ -64,7 +64,11 @@ def _state(admin: str) -> str:
 
 
 @pytest.fixture
-def gateway(tmp_path):
+def gateway(tmp_path, request):
+    """A gateway in front of the server; it counts itself busy always (idle under 101%: the rules'
+    tests), or as deploy renders it (``busy_idle_pct`` marked: an idle gateway here)."""
+    marker = request.node.get_closest_marker("busy_idle_pct")
+    busy = marker.args[0] if marker else 101
     backend = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port, admin = _free_port(), str(tmp_path / "admin.sock")
@@ -73,7 +77,7 @@ def gateway(tmp_path):
     # a failure, out after two
     (tmp_path / "haproxy.cfg").write_text(f"""global
     stats socket {admin} mode 600 level admin
-    lua-load {tmp_path / LIVE_ANSWERS}
+    lua-load {tmp_path / LIVE_ANSWERS} {busy}
     log stdout format raw local0
 defaults
     mode http
@@ -182,3 +186,20 @@ def test_a_server_that_holds_requests_and_answers_none_goes_out_after_the_bound(
         assert time.monotonic() - started < keep_s + 5, _state(admin)
         time.sleep(0.2)
     assert time.monotonic() - started >= keep_s
+
+
+@pytest.mark.busy_idle_pct(LIVE_ANSWERS_BUSY_IDLE_PCT)
+def test_a_gateway_with_time_to_spare_keeps_no_server_its_checks_time_out_on(gateway):
+    """As deploy renders it, on an idle gateway: a check that timed out is the server's slowness (a
+    vLLM stopping, a front door hung), not the gateway's, and the server goes out as before, live
+    requests in flight or answered."""
+    port, admin, _, log = gateway
+    threads = [threading.Thread(target=_get, args=(port, "/slow/30", []), daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 6
+    while _state(admin) != "DOWN":
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+        assert time.monotonic() < deadline, _state(admin)
+        time.sleep(0.1)
+    assert "kept in service" not in log.read_text()

@@ -713,7 +713,7 @@ def write(results: list[dict]):
                                                                for k, v in pinned.items()) + ")") if pinned else ""
         profile = profile_table(result)
         limited = limits_table(result)
-        parts.append(f"\n### {result['cores']} cores: {result['cpu']} ({result['machine']}){', pinned' if pinned else ''}\n\n"
+        parts.append(f"\n\n### {result['cores']} cores: {result['cpu']} ({result['machine']}){', pinned' if pinned else ''}\n\n"
                      f"{result['haproxy']}; {result['seconds']} s per row, {result.get('rounds', 1)} round(s) "
                      f"interleaved (medians); {result['replicas']} stand-in replica(s) behind the front "
                      f"door{placed}.\n\n{table(result)}\n" +
@@ -740,7 +740,14 @@ def main():
     parser.add_argument("--json", help="write the figures as JSON to this file")
     parser.add_argument("--results", help="with --write: JSON files of earlier runs (another machine's), comma-separated")
     parser.add_argument("--write", action="store_true", help="put the table(s) into docs/PERFORMANCE.md")
+    parser.add_argument("--no-run", action="store_true",
+                        help="with --write and --results: write those runs' tables alone (a run made on another machine)")
     args = parser.parse_args()
+    if args.no_run:
+        if not (args.write and args.results):
+            raise SystemExit("--no-run writes the runs --results names: give both --write and --results")
+        write([json.loads(Path(p).read_text()) for p in args.results.split(",")])
+        return
     import tempfile
     folder = Path(args.folder or tempfile.mkdtemp(prefix="bench-loopback-"))
     if args.step in (None, "prepare"):

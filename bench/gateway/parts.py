@@ -226,8 +226,12 @@ def table(result: dict) -> str:
         return loopback._median(picked) if picked else None
 
     about = result.get("kinds", {})
+    def threads(kind):
+        given = about.get(kind, {}).get("threads", "?")
+        return given if given == "every core" else f"{given} threads"
+
     head = "| variant | what it takes away | " + " | ".join(
-        f"{k} ({about.get(k, {}).get('threads', '?')} threads): req/s | of without limits | p50 ms | "
+        f"{k} ({threads(k)}): req/s | of without limits | p50 ms | "
         f"HAProxy CPU µs a request | usage service CPU µs a request | errors" for k in kinds) + " |"
     out = [head, "|---|---|" + "---:|---:|---:|---:|---:|---:|" * len(kinds)]
     for name in names:

@@ -12,7 +12,8 @@ from serving import scrape_targets
 from serving.catalog import DEFAULT_FAMILY
 from serving.declared import served_name
 
-from .instance import CONTAINER_DIR, FRONTDOOR, STATE_FILE, Proxy, admin_socket, runtime_socket, set_apart, templates
+from .instance import (CONTAINER_DIR, FRONTDOOR, LIVE_ANSWERS_BUSY_IDLE_PCT, STATE_FILE, Proxy, admin_socket,
+                       runtime_socket, set_apart, templates)
 from .pools import UPSTREAM_KEYS, Pool, model_names, models_list
 
 # vLLM's routes a user needs (OpenAI's API); every other route vLLM registers stays on loopback
@@ -68,7 +69,7 @@ def render_config(host: str, v: dict, servers: list[Server], generation: str, *,
         metrics_paths=metrics_paths, metrics_replicas=replicas, dcgm=dcgm, sd_path=st.SD_PATH,
         haproxy_path=st.HAPROXY_PATH, node_path=st.NODE_PATH, gpu_path=st.GPU_PATH,
         node_port=st.NODE_EXPORTER_PORT, gpu_port=st.DCGM_EXPORTER_PORT, accounting=accounting,
-        diffusion=diffusion or {}, threads=set_apart(v, proxy).get("threads"))
+        diffusion=diffusion or {}, threads=set_apart(v, proxy).get("threads"), live_answers_busy=LIVE_ANSWERS_BUSY_IDLE_PCT)
 
 
 def render_keys(hashes: dict[str, str]) -> str:

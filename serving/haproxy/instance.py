@@ -66,6 +66,9 @@ GATEWAY_SAW_MARGIN_S = 0.3
 
 # the gateway's guard of its health checks (files/live_answers.lua), in its folder beside haproxy.cfg
 LIVE_ANSWERS = "live_answers.lua"
+# ... and when it counts the gateway busy: its threads idle less than this share of the time (HAProxy's
+# Idle_pct; saturated, it reads 0-20). A gateway with time to spare keeps no server: a timeout is the server's
+LIVE_ANSWERS_BUSY_IDLE_PCT = 50
 
 
 def live_answers() -> str:

@@ -5,7 +5,9 @@
 -- (a burst of new TLS clients, a host that serves too, a gateway kept to two threads) it waits
 -- behind that traffic and times out, and two in a row took a pool out of service while its servers
 -- were answering every request sent to them (503 "no server available"). Here, four times a second,
--- a server whose last check timed out is called up again, before a second timeout takes it out, when
+-- while the gateway is busy (its threads idle under the share this file is loaded with, or were in
+-- the last BUSY_HOLD_S: a check that timed out then may have waited behind its own traffic), a server
+-- whose last check timed out is called up again, before a second timeout takes it out, when
 --   * it answered live requests (2xx) since the last look, whatever the check's timeout; or
 --   * its check timed out after its host took the connection (L6TOUT, L7TOUT: the host is there,
 --     the handshake or the answer was late) and it holds live requests now: a burst's first
@@ -13,15 +15,24 @@
 --     door that takes connections and answers nothing goes out then.
 -- What a check finds otherwise stands: a refused connection, a front door answering 503 (its vLLM
 -- down) or 404 (its pool drained), a host that does not take the connection (L4TOUT: a dead host, a
--- cut link) and answers nothing: its checks take it out as before.
+-- cut link) and answers nothing, and any timeout on a gateway with time to spare (the server's own
+-- slowness): its checks take it out as before.
+local BUSY_IDLE_PCT = tonumber((...)) or 50  -- lua-load's argument (serving/haproxy/instance.py)
+local BUSY_HOLD_S = 3
 local TICK_MS = 250
 local KEEP_S = 10
 local AFTER_CONNECT = { L6TOUT = true, L7TOUT = true }
 local TIMED_OUT = { L4TOUT = true, L6TOUT = true, L7TOUT = true }
 local answered, quiet_since = {}, {}
 
+local busy_until = 0
+
 local function look()
     local now_s = core.now().sec
+    if (tonumber(core.get_info().Idle_pct) or 100) < BUSY_IDLE_PCT then
+        busy_until = now_s + BUSY_HOLD_S
+    end
+    local busy = now_s <= busy_until
     for name, backend in pairs(core.backends) do
         if name:sub(1, 5) == "pool_" then
             for server_name, server in pairs(backend.servers) do
@@ -39,7 +50,7 @@ local function look()
                 local falling = status:match("^UP %d+/%d+$") or status:match("^DOWN")
                 local holding = (tonumber(stats.scur) or 0) > 0
                 local why
-                if falling and TIMED_OUT[check] then
+                if busy and falling and TIMED_OUT[check] then
                     if fresh then
                         why = string.format("answered %d requests", count - before)
                     elseif AFTER_CONNECT[check] and holding then

@@ -26,6 +26,7 @@ from serving.haproxy import steps as proxy, tls
 from serving.haproxy.config import Server
 from serving.haproxy.instance import (CONTAINER_DIR, GATEWAY, GATEWAY_CHECK_INTERVAL_S, GATEWAY_CHECK_TIMEOUT_S,
                                      GATEWAY_ENV_FILE, LIVE_ANSWERS, live_answers)
+from serving.haproxy.reach import reach_step
 from serving.haproxy.pools import UPSTREAM_KEYS, fleet_families, gateway_pools, render_upstream_keys, serving
 
 from serving import accounting
@@ -145,6 +146,8 @@ def plan(ctx):
     if refused:
         yield from refused
         return
+    if not is_serving(ctx.vars):  # a gateway that serves asked in preflight, before its front door moved aside
+        yield reach_step(ctx.name, fleet.serving)
     yield from tls.made_step(ctx, (tls.GATEWAY_KEY, tls.MONITORING_KEY),
                              also=[f"{ctx.name}'s peer certificate"]
                              if peer_certificate_due(directory(ctx.vars), ctx.name) else [])

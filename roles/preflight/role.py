@@ -10,6 +10,7 @@ from converge.facts.nvidia import NvidiaSmi
 
 from serving.fleet import is_gateway, is_serving
 from serving.gateway_checks import refusals
+from serving.haproxy.reach import reach_step
 from serving.handoffs import CHOICE
 from serving.hf_cache import status as weights_complete
 from serving.nixos_module import module_path
@@ -124,6 +125,9 @@ def plan(ctx):
         if refused:
             yield from refused
             return
+        # and one that cannot reach every front door, before its own moves aside (a dedicated
+        # gateway asks in its own role, before anything changes there)
+        yield reach_step(ctx.name, ctx.services.get("fleet").serving)
     ok = True
     for step in plan_choice(ctx):
         ok = ok and (not isinstance(step, Check) or step.ok)

@@ -379,3 +379,28 @@ def test_two_machines_spark01_serves_and_is_the_gateway_and_the_monitoring_host(
     print(f"two machines: spark01 serves, gateways and monitors; 20 requests to spark01:8000 answered by "
           f"{dict(by_host)}; a key at 30 a minute: 30 of 80 sent at once, no 503 ({kept} timed-out checks of a "
           f"server that answered kept it in); Prometheus on spark01: {len(seen)} targets up")
+
+
+def test_a_gateway_that_cannot_reach_a_serving_host_is_refused_before_anything_changes(small_lab, tmp_path):
+    """The seeds' three machines with the gateway on the Spark: spark01 (the lab's network alone)
+    cannot reach h100-01's front door (behind bastion01). The deploy fails in spark01's preflight
+    naming that hop, and nothing changes on spark01."""
+    import shutil
+    import yaml
+    lab_inventory.write_two(config.hosts(0))
+    three = tmp_path / "inventory-three"
+    shutil.copytree(TWO, three)
+    doc = yaml.safe_load((three / "hosts.yml").read_text())
+    lab_doc = yaml.safe_load((config.STATE / "inventory" / "hosts.yml").read_text())
+    h100 = lab_doc["all"]["children"]["h100"]["hosts"]["h100-01"]
+    doc["all"]["children"]["h100"] = {"hosts": {"h100-01": h100}}
+    (three / "hosts.yml").write_text(yaml.safe_dump(doc))
+    proc, data = deploy_json("--hosts", "spark01", inventory=three)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    tasks = data["hosts"]["spark01"]["tasks"]
+    failed = [t for t in tasks if t["status"] == "failed"]
+    assert [(t["role"], t["task"]) for t in failed] == [("preflight", "gateway reaches the front doors")], tasks
+    hop = f"spark01 -> h100-01 ({h100['ansible_host']}:8000)"
+    assert hop in failed[0]["message"] and "nothing was changed on spark01" in failed[0]["message"], failed
+    assert not [t for t in tasks if t["status"] == "changed"], tasks
+    print(f"refused in preflight: {failed[0]['message'][:160]}")

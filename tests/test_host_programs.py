@@ -19,6 +19,7 @@ from converge import hostlock
 from converge.changes import WRITE_FILE
 from converge.facts import GATHER
 from converge.verify import CheckShell
+from serving.haproxy.reach import REACH_PROGRAM
 from serving.relay_probe import PING_PROGRAM
 from converge.errors import StepFailed
 from converge.transport import Result
@@ -60,6 +61,7 @@ PROGRAMS = {"roll": ROLL_PROGRAM, "start": START_PROGRAM, "answering": ANSWERING
             # libraries of facts' functions, the engine's (converge/facts/files) and the roles'
             **{f"facts-{p.parent.parent.name}-{p.stem}": Program((p,)) for p in FACT_LIBRARIES},
             "write-file": Program((WRITE_FILE,)), "relay-ping": PING_PROGRAM, "gather": Program((GATHER,)),
+            "front-doors-reached": REACH_PROGRAM,
             "check-shell": Program((CheckShell.SCRIPT,)),
             # day 2's readings: each ends in one result line (tests/test_day2_programs.py runs and reads them)
             "day2-replicas": readings.REPLICAS_PROGRAM, "day2-serving-host": readings.SERVING_HOST_PROGRAM, "day2-gateway": readings.GATEWAY_PROGRAM,
@@ -93,7 +95,7 @@ def test_the_program_passes_shellcheck_as_dash(name, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(set(PROGRAMS) - {"collector", "hostlock", "systemd", "folders",
                                                           "keepalived-install", "day2-usage-days", "day2-records",
-                                                          "write-file", "relay-ping", "gather", "check-shell",
+                                                          "write-file", "relay-ping", "front-doors-reached", "gather", "check-shell",
                                                           "leftovers-removed"}
                                              - {n for n in PROGRAMS if n.startswith("facts-")}))
 def test_what_a_program_prints_is_what_its_protocol_declares(name):

@@ -210,6 +210,8 @@ def _gateway_files(tmp_path, config: str, accepted: dict | None = None) -> str:
     (tmp_path / "keys.sha256").write_text(render_keys(accepted or {}))
     (tmp_path / "monitoring.sha256").write_text(render_keys({}))
     (tmp_path / "targets.json").write_text("[]\n")
+    from serving.haproxy.instance import LIVE_ANSWERS, live_answers
+    (tmp_path / LIVE_ANSWERS).write_text(live_answers())
     config = (config.replace("/usr/local/etc/haproxy/ca.crt", str(tmp_path / "ca" / "ca.crt"))
               .replace("/usr/local/etc/haproxy", str(tmp_path)).replace("/run/dgemma-gateway", str(tmp_path))
               .replace("    user haproxy\n    group haproxy\n", ""))  # this test may not run as root

@@ -19,6 +19,7 @@ import pytest
 
 from serving.haproxy.instance import LIVE_ANSWERS, LIVE_ANSWERS_BUSY_IDLE_PCT, live_answers
 from tests.haproxy_program import haproxy
+from tests.test_gateway_limits import _free_port
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -42,12 +43,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _state(admin: str) -> str:

@@ -141,25 +141,25 @@ def fleet_hostvars(kind: Kind) -> tuple[dict, dict]:
     return v, every
 
 
-def gateway_config(kind: Kind, limits: bool = True) -> str:
-    """The kind's gateway configuration as the role renders it for its host (with its limits), or
-    the same less them (the reference), before ``localised``."""
+def gateway_config(kind: Kind, v: dict, every: dict, limits: bool = True) -> str:
+    """The kind's gateway configuration as the role renders it for its host (``v``, of the fleet
+    ``every``: fleet_hostvars), with its limits, or the same less them (the reference), before
+    ``localised``."""
     from roles.gateway.role import rendered_from
     from serving.fleet import fleet_of
     from serving.haproxy.config import render_config
     from serving.haproxy.instance import GATEWAY
-    v, every = fleet_hostvars(kind)
     inputs = rendered_from(kind.host, v, fleet_of(every))
     if not limits:
         v, inputs = {**v, "api_port": kind.plain}, {**inputs, "accounting": None}
     return render_config(kind.host, v, generation=GENERATION, proxy=GATEWAY, **inputs)
 
 
-def haproxy_args(kind: Kind) -> list[str]:
-    """What the kind's gateway's container adds to HAProxy's command line: the memory set apart
-    for a gateway on a serving host (-m), as its unit runs it."""
+def haproxy_args(v: dict) -> list[str]:
+    """What a gateway's container adds to HAProxy's command line for a host of variables ``v``: the
+    memory set apart for a gateway on a serving host (-m), as its unit runs it."""
     from serving.haproxy.instance import GATEWAY, set_apart
-    bounds = set_apart(fleet_hostvars(kind)[0], GATEWAY)
+    bounds = set_apart(v, GATEWAY)
     return ["-m", str(bounds["memory_mib"])] if bounds else []
 
 
@@ -203,8 +203,7 @@ def prepare(folder: Path, replicas: int = 1):
     config = config.replace("    user haproxy\n    group haproxy\n", "").replace(f"{CONTAINER_DIR}/", f"{files}/")
     (files / "haproxy.cfg").write_text(config)
     _private(files)
-    for kind in KINDS.values():
-        _prepare_gateway(folder, kind, digests["bench"], fleet_ca)
+    args = {kind.name: _prepare_gateway(folder, kind, digests["bench"], fleet_ca) for kind in KINDS.values()}
     # a user's key for the proxies; vLLM's own for the direct call (the front door swaps them)
     for name, key in (("request.lua", KEY), ("request-direct.lua", VLLM_KEY)):
         script = folder / name
@@ -212,7 +211,7 @@ def prepare(folder: Path, replicas: int = 1):
         script.chmod(0o600)
     from serving.accounting import RECORDS_QUEUE, USAGE_NICE, USAGE_READERS
     (folder / "plan.json").write_text(json.dumps({"replicas": replicas, "ports": PORTS,
-                                                  "kinds": {k.name: {**asdict(k), "haproxy_args": haproxy_args(k)}
+                                                  "kinds": {k.name: {**asdict(k), "haproxy_args": args[k.name]}
                                                             for k in KINDS.values()},
                                                   "records_queue": RECORDS_QUEUE, "usage_nice": USAGE_NICE,
                                                   "usage_readers": USAGE_READERS}))
@@ -222,10 +221,7 @@ def _certificates(folder: Path, files: Path, host: str, fleet_ca):
     issued = fleet_ca.host_certificate(folder / "credentials", host, [host, "127.0.0.1"], make=True)
     (files / "tls.pem").write_text(issued.cert_pem + issued.key_pem)
     (files / "ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
-    # the metrics routes' key list and scrape targets, the gateway's guard of its checks: HAProxy opens them
-    # when it loads
-    from serving.haproxy.instance import LIVE_ANSWERS, live_answers
-    (files / LIVE_ANSWERS).write_text(live_answers())
+    # the metrics routes' key list and scrape targets: HAProxy opens both when it loads
     (files / "monitoring.sha256").write_text("")
     (files / "targets.json").write_text("[]\n")
 
@@ -236,22 +232,27 @@ def _private(files: Path):
             path.chmod(0o600)
 
 
-def _prepare_gateway(folder: Path, kind: Kind, digest: str, fleet_ca):
+def _prepare_gateway(folder: Path, kind: Kind, digest: str, fleet_ca) -> list[str]:
     """The kind's gateway with each key's limits and counting (requests a minute, at once, tokens a
     day; the usage.lua filter, the peers' tables, the record of every request to the usage service),
-    and the same without them."""
+    and the same without them; what its HAProxy's command line adds (haproxy_args)."""
     from serving import key_limits as limits
     from serving.accounting import lua
     from serving.haproxy.config import render_keys
+    from serving.haproxy.instance import LIVE_ANSWERS, live_answers
+    v, every = fleet_hostvars(kind)
     plain = folder / kind.plain_dir
     plain.mkdir(exist_ok=True)
     _certificates(folder, plain, kind.host, fleet_ca)
+    (plain / LIVE_ANSWERS).write_text(live_answers())  # the guard of its checks, every gateway's
     (plain / "keys.sha256").write_text(render_keys({"bench": digest}))
-    (plain / "haproxy.cfg").write_text(localised(gateway_config(kind, limits=False), plain, kind.plain_stats, kind.usage))
+    (plain / "haproxy.cfg").write_text(localised(gateway_config(kind, v, every, limits=False), plain,
+                                                 kind.plain_stats, kind.usage))
     _private(plain)
     files = folder / kind.limits_dir
     files.mkdir(exist_ok=True)
     _certificates(folder, files, kind.host, fleet_ca)
+    (files / LIVE_ANSWERS).write_text(live_answers())
     peer = fleet_ca.peer_certificate(folder / "credentials", kind.host, make=True)
     (files / "peer.pem").write_text(peer.cert_pem + peer.key_pem)
     (files / "peers-ca.crt").write_text(fleet_ca.ca_pem(folder / "credentials", make=True))
@@ -259,8 +260,9 @@ def _prepare_gateway(folder: Path, kind: Kind, digest: str, fleet_ca):
     (files / "keys.map").write_text(limits.keys_map({"bench": digest}))
     (files / "limits.map").write_text(limits.limits_map({"bench": limits.effective({}, BENCH_LIMITS)}))
     (files / "usage.lua").write_text(lua())
-    (files / "haproxy.cfg").write_text(localised(gateway_config(kind), files, kind.stats, kind.usage))
+    (files / "haproxy.cfg").write_text(localised(gateway_config(kind, v, every), files, kind.stats, kind.usage))
     _private(files)
+    return haproxy_args(v)
 
 
 def _metrics(port: int) -> list[str]:
@@ -293,12 +295,16 @@ def requests_taken(kind: Kind) -> int:
 TERMINATION = re.compile(r" -?\d+/-?\d+/-?\d+/-?\d+/\+?-?\d+ (\d{3}) \d+ \S+ \S+ ([A-Za-z-]{4}) ")
 
 
-def failed_by_state(log: Path, offset: int, path: str = "/v1/chat/completions") -> dict[str, int]:
-    """The requests to ``path`` a proxy logged from ``offset`` on that were not answered 2xx, by
-    HAProxy's termination state and status ("SC-- 503": no server could take it)."""
+def logged_since(log: Path, offset: int) -> list[str]:
+    """The lines a proxy logged from ``offset`` on."""
     with open(log, "rb") as handle:
         handle.seek(offset)
-        lines = handle.read().decode("utf-8", "replace").splitlines()
+        return handle.read().decode("utf-8", "replace").splitlines()
+
+
+def failed_by_state(lines: list[str], path: str = "/v1/chat/completions") -> dict[str, int]:
+    """The requests to ``path`` among a proxy's logged ``lines`` that were not answered 2xx, by
+    HAProxy's termination state and status ("SC-- 503": no server could take it)."""
     out: dict[str, int] = {}
     for line in dict.fromkeys(lines):
         if f" {path} " not in line:
@@ -460,15 +466,12 @@ def wrk(folder: Path, url: str, concurrency: int, seconds: int, threads: int, sc
     return out
 
 
-def proxy_timers(log: Path, offset: int) -> dict:
-    """Where a proxy's time went for the requests it logged from ``offset`` on (its access
-    log's timers, whole ms): the p50 and p99 of *server* (Tr: from the request sent to the
+def proxy_timers(lines: list[str]) -> dict:
+    """Where a proxy's time went for the requests of its logged ``lines`` (its access log's
+    timers, whole ms): the p50 and p99 of *server* (Tr: from the request sent to the
     next hop until its answer's headers, the wait for the stand-in or the front door) and
     of *own* (Ta - Tr: everything else, HAProxy's own reading, queueing, connecting and
     sending)."""
-    with open(log, "rb") as handle:
-        handle.seek(offset)
-        lines = handle.read().decode("utf-8", "replace").splitlines()
     timers = haproxy_timers(lines)
     server, own = [tr for tr, _ in timers], [ta - tr for tr, ta in timers]
     out: dict = {"logged": len(timers)}
@@ -525,10 +528,11 @@ def run(folder: Path, seconds: int, levels: list[int], threads: int, rounds: int
                         for kind in KINDS.values():
                             if path == kind.limits_path:
                                 answered[kind.name] += warm["requests"] + result["requests"]
-                        timers = {role: proxy_timers(folder / f"{log}.log", offsets[role]) for role, log in logs.items()}
+                        logged = {role: logged_since(folder / f"{log}.log", offsets[role]) for role, log in logs.items()}
+                        timers = {role: proxy_timers(lines) for role, lines in logged.items()}
                         # what went wrong, as the path's first proxy logged it
                         first = "gateway" if "gateway" in logs else "frontdoor" if logs else None
-                        failed = failed_by_state(folder / f"{logs[first]}.log", offsets[first]) if first else {}
+                        failed = failed_by_state(logged[first]) if first else {}
                         rows.append({"pace": pace_name, "path": path, "concurrency": concurrency, "round": number,
                                      **result, "haproxy": timers, "failed_by_state": failed})
                         print(f"{pace_name:>9} {path:>37} c={concurrency:<3} round {number}: "
